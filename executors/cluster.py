@@ -1,0 +1,97 @@
+"""The cluster interface the scheduler dispatches to.
+
+Two implementations carry it: the simulated cluster (``executors.simulated``),
+which is what runs on machines without GPUs, and the Slurm dispatcher. Both
+receive the same plan actions from the same round code.
+"""
+
+from __future__ import annotations
+
+import datetime as dt
+from dataclasses import dataclass, field
+from typing import Protocol
+
+from scheduler_core.domain import PlanAction
+
+
+@dataclass(frozen=True)
+class DispatchResult:
+    action: PlanAction
+    ok: bool
+    detail: str = ""
+
+
+@dataclass(frozen=True)
+class RunningJob:
+    job_id: int
+    gpu_id: int
+    sm_pct: int
+
+
+@dataclass
+class MetricRow:
+    gpu_id: int
+    minute_utc: dt.datetime
+    gpu_util_pct: float
+    sm_activity_pct: float
+    sm_occupancy_pct: float
+    mem_used_bytes: float
+    mem_total_bytes: float
+    mem_bw_util_pct: float | None
+    sm_clock_mhz: float
+    power_w: float | None
+    temperature_c: float | None
+    online_gpu_util_pct: float | None
+    online_sm_activity_pct: float | None
+    online_mem_used_bytes: float | None
+    online_mem_bw_util_pct: float | None
+    online_qps: float | None
+    online_latency_ms: float | None
+    online_solo_latency_ms: float | None
+    offline_job_id: int | None
+    health: str
+
+
+@dataclass(frozen=True)
+class ExecutionRecord:
+    job_id: int
+    gpu_id: int
+    start_utc: dt.datetime
+    end_utc: dt.datetime
+    sm_pct: int
+    steps: float
+    wall_s: float
+    solo_equiv_s: float
+
+
+@dataclass(frozen=True)
+class EvictionRecord:
+    job_id: int
+    gpu_id: int
+    at_utc: dt.datetime
+    reason: str
+    health: str
+    steps_lost: float
+
+
+@dataclass
+class IntervalReport:
+    """What the cluster observed while time passed: the node agents' reports."""
+
+    metrics: list[MetricRow] = field(default_factory=list)
+    executions: list[ExecutionRecord] = field(default_factory=list)
+    evictions: list[EvictionRecord] = field(default_factory=list)
+    completed: dict[int, dt.datetime] = field(default_factory=dict)
+    progress: dict[int, tuple[float, float]] = field(default_factory=dict)  # job → (steps_done, checkpoint_step)
+    health: dict[int, str] = field(default_factory=dict)  # gpu → SysMonitor state at the end
+
+
+class Cluster(Protocol):
+    simulated: bool
+
+    def dispatch(self, actions: list[PlanAction], now_utc: dt.datetime) -> list[DispatchResult]:
+        """Carry out plan actions. Idempotent per action: repeating one changes nothing."""
+        ...
+
+    def running(self) -> dict[int, RunningJob]:
+        ...

@@ -1,0 +1,342 @@
+"""A simulated GPU cluster: the honest stand-in for real GPUs on machines without them.
+
+Every GPU runs one online service replica whose request rate follows its
+daily cycle (with noise and occasional bursts); its utilization, SM activity,
+memory, SM clock and latency follow from that load (``scheduler_core.online_load``).
+An offline job placed on the GPU runs under an MPS share and progresses at the
+normalized throughput the calibrated interference model gives, slowing the
+online service by the model's factor. A SysMonitor per GPU evicts offline work
+on Overlimit. Everything it reports is labelled ``simulated``.
+
+Randomness comes from one named stream per purpose derived from a single seed.
+"""
+
+from __future__ import annotations
+
+import datetime as dt
+from dataclasses import dataclass, field
+
+import numpy as np
+
+from executors.cluster import (
+    DispatchResult,
+    EvictionRecord,
+    ExecutionRecord,
+    IntervalReport,
+    MetricRow,
+    RunningJob,
+)
+from scheduler_core.domain import Action, GpuHealth, GpuTypeSpec, PlanAction
+from scheduler_core.gpu_specs import get_spec
+from scheduler_core.interference import InterferenceParams, colocate
+from scheduler_core.online_load import (
+    diurnal_qps,
+    load_of,
+    solo_gpu_util_pct,
+    solo_latency_ms,
+    solo_sm_activity_pct,
+)
+from scheduler_core.sysmonitor import GpuSample, SysMonitor, SysMonitorConfig
+from scheduler_core.workloads import ONLINE_FAMILIES, OnlineFamily, WorkloadCatalog
+
+SOURCE = "simulated"
+
+
+def rng_stream(seed: int, purpose: str) -> np.random.Generator:
+    """An independent, reproducible random stream per purpose (Gavel's practice)."""
+    return np.random.default_rng([seed, *purpose.encode()])
+
+
+@dataclass(frozen=True)
+class SimServiceSpec:
+    name: str
+    family: str
+    qps_min: float
+    qps_max: float
+    peak_hour_utc: float
+    mem_bytes: int
+
+
+@dataclass(frozen=True)
+class SimGpuSpec:
+    gpu_id: int
+    gpu_type: str
+    service: SimServiceSpec
+
+
+@dataclass(frozen=True)
+class SimJobSpec:
+    job_id: int
+    job_type: str
+    total_steps: int
+    steps_done: float = 0.0
+    mem_bytes: int = 0
+
+
+@dataclass(frozen=True)
+class SimSettings:
+    seed: int = 0
+    startup_s: float = 60.0  # container start and CUDA init of an offline job
+    restart_s: float = 90.0  # checkpoint load on a migration restart
+    checkpoint_interval_s: float = 600.0
+    qps_noise_frac: float = 0.06
+    burst_prob_per_min: float = 0.003
+    burst_factor: float = 1.6
+    burst_minutes: tuple[int, int] = (3, 12)
+    interference: InterferenceParams = field(default_factory=InterferenceParams)
+    sysmonitor: SysMonitorConfig = field(default_factory=SysMonitorConfig)
+
+
+@dataclass
+class _Gpu:
+    spec: SimGpuSpec
+    gtype: GpuTypeSpec
+    family: OnlineFamily
+    monitor: SysMonitor
+    noise: float = 0.0
+    burst_left: int = 0
+
+
+@dataclass
+class _Job:
+    spec: SimJobSpec
+    gpu_id: int
+    sm_pct: int
+    steps_done: float
+    checkpoint_step: float
+    warmup_left_s: float
+    exec_start: dt.datetime
+    exec_steps: float = 0.0
+    exec_wall_s: float = 0.0
+    last_checkpoint_s: float = 0.0
+
+
+class SimulatedCluster:
+    """Implements :class:`executors.cluster.Cluster` over modelled GPUs."""
+
+    simulated = True
+
+    def __init__(self, gpus: list[SimGpuSpec], catalog: WorkloadCatalog, settings: SimSettings = SimSettings()):
+        self.settings = settings
+        self.catalog = catalog
+        self._gpus: dict[int, _Gpu] = {}
+        for g in gpus:
+            self._gpus[g.gpu_id] = _Gpu(
+                g, get_spec(g.gpu_type), ONLINE_FAMILIES[g.service.family], SysMonitor(settings.sysmonitor)
+            )
+        self._jobs: dict[int, _Job] = {}
+        self._known_jobs: dict[int, SimJobSpec] = {}
+        self._noise_rng = rng_stream(settings.seed, "online-load")
+        self._burst_rng = rng_stream(settings.seed, "bursts")
+        self._elapsed_s = 0.0
+        # Executions closed and resume points set by dispatch or events between reports.
+        self._pending_execs: list[ExecutionRecord] = []
+        self._pending_progress: dict[int, tuple[float, float]] = {}
+
+    # -- jobs known to the cluster (the queue of record lives in the store) --
+    def register_job(self, job: SimJobSpec) -> None:
+        self._known_jobs[job.job_id] = job
+
+    def restore(self, job_id: int, gpu_id: int, sm_pct: int, steps_done: float, checkpoint_step: float,
+                now: dt.datetime) -> None:
+        """Re-create a job the store says is running (a new process picking up the cluster)."""
+        spec = self._known_jobs[job_id]
+        self._jobs[job_id] = _Job(spec, gpu_id, sm_pct, steps_done, checkpoint_step, 0.0, now)
+
+    def running(self) -> dict[int, RunningJob]:
+        return {j: RunningJob(j, r.gpu_id, r.sm_pct) for j, r in self._jobs.items()}
+
+    def health(self) -> dict[int, GpuHealth]:
+        return {gid: g.monitor.state for gid, g in self._gpus.items()}
+
+    def solo_steps_per_s(self, job_type: str, gpu_type: str) -> float:
+        return self.catalog.offline_workload(job_type).solo_steps_per_s_p100 * get_spec(gpu_type).relative_speed
+
+    # -- dispatch --------------------------------------------------------------
+    def dispatch(self, actions: list[PlanAction], now_utc: dt.datetime) -> list[DispatchResult]:
+        results: dict[int, DispatchResult] = {}
+        # Evictions, then the checkpoint half of every migration, free GPUs before
+        # restarts and starts claim them, so swaps and chains of moves succeed.
+        order = {Action.EVICT: 0, Action.MIGRATE: 1, Action.KEEP: 2, Action.START: 3}
+        ranked = sorted(enumerate(actions), key=lambda p: order[p[1].action])
+        parked: dict[int, float] = {}
+        for i, act in ranked:
+            job = self._jobs.get(act.job_id)
+            if act.action == Action.MIGRATE and job is not None and not (job.gpu_id == act.gpu_id and job.sm_pct == act.sm_pct):
+                parked[act.job_id] = self._stop(job, now_utc, checkpoint=True)
+        for i, act in ranked:
+            if act.job_id in parked:
+                results[i] = self._restart(act, parked[act.job_id], now_utc)
+            else:
+                results[i] = self._apply(act, now_utc)
+        return [results[i] for i in range(len(actions))]
+
+    def _restart(self, act: PlanAction, steps: float, now: dt.datetime) -> DispatchResult:
+        holder = next((j for j in self._jobs.values() if j.gpu_id == act.gpu_id), None)
+        if holder is not None or act.gpu_id not in self._gpus:
+            # The checkpoint is safe; the job waits in the queue for the next round.
+            return DispatchResult(act, False, f"checkpointed, but GPU {act.gpu_id} is not free")
+        self._jobs[act.job_id] = _Job(
+            self._known_jobs[act.job_id], act.gpu_id, int(act.sm_pct or 0), steps, steps, self.settings.restart_s, now
+        )
+        return DispatchResult(act, True, "checkpointed and restarted")
+
+    def _apply(self, act: PlanAction, now: dt.datetime) -> DispatchResult:
+        job = self._jobs.get(act.job_id)
+        if act.action == Action.KEEP:
+            ok = job is not None and job.gpu_id == act.gpu_id
+            return DispatchResult(act, ok, "" if ok else "job is not running where the plan keeps it")
+        if act.action == Action.EVICT:
+            if job is None:
+                return DispatchResult(act, True, "already stopped")
+            self._stop(job, now, checkpoint=True)
+            return DispatchResult(act, True, "checkpointed and requeued")
+        if act.gpu_id not in self._gpus:
+            return DispatchResult(act, False, f"unknown GPU {act.gpu_id}")
+        holder = next((j for j in self._jobs.values() if j.gpu_id == act.gpu_id and j.spec.job_id != act.job_id), None)
+        if holder is not None:
+            return DispatchResult(act, False, f"GPU {act.gpu_id} still hosts job {holder.spec.job_id}")
+        if act.action == Action.START:
+            if job is not None:
+                ok = job.gpu_id == act.gpu_id and job.sm_pct == act.sm_pct
+                return DispatchResult(act, ok, "already running" if ok else "running elsewhere")
+            spec = self._known_jobs.get(act.job_id)
+            if spec is None:
+                return DispatchResult(act, False, f"unknown job {act.job_id}")
+            self._jobs[act.job_id] = _Job(
+                spec, act.gpu_id, int(act.sm_pct or 0), spec.steps_done, spec.steps_done, self.settings.startup_s, now
+            )
+            return DispatchResult(act, True, "started")
+        # MIGRATE of a job already where the plan wants it (a repeated dispatch).
+        if job is not None and job.gpu_id == act.gpu_id and job.sm_pct == act.sm_pct:
+            return DispatchResult(act, True, "already migrated")
+        return DispatchResult(act, False, "migrate of a job that is not running")
+
+    def _stop(self, job: _Job, now: dt.datetime, checkpoint: bool) -> float:
+        """Remove a running job; return the step it resumes from."""
+        self._pending_execs.append(self._close_execution(job, now))
+        del self._jobs[job.spec.job_id]
+        resume = job.steps_done if checkpoint else job.checkpoint_step
+        spec = self._known_jobs[job.spec.job_id]
+        self._known_jobs[job.spec.job_id] = SimJobSpec(spec.job_id, spec.job_type, spec.total_steps, resume, spec.mem_bytes)
+        self._pending_progress[job.spec.job_id] = (resume, resume)
+        return resume
+
+    def _close_execution(self, job: _Job, now: dt.datetime) -> ExecutionRecord:
+        solo = self.solo_steps_per_s(job.spec.job_type, self._gpus[job.gpu_id].spec.gpu_type)
+        rec = ExecutionRecord(
+            job.spec.job_id, job.gpu_id, job.exec_start, now, job.sm_pct, job.exec_steps,
+            job.exec_wall_s, job.exec_steps / solo,
+        )
+        job.exec_start, job.exec_steps, job.exec_wall_s = now, 0.0, 0.0
+        return rec
+
+    # -- time ------------------------------------------------------------------
+    def advance(self, start_utc: dt.datetime, minutes: int) -> IntervalReport:
+        """Run the cluster for ``minutes`` simulated minutes from ``start_utc``."""
+        report = IntervalReport()
+        for minute in range(minutes):
+            now = start_utc + dt.timedelta(minutes=minute)
+            hour = now.hour + now.minute / 60.0
+            for gid, g in self._gpus.items():
+                report.metrics.append(self._step_gpu(gid, g, now, hour, report))
+            self._elapsed_s += 60.0
+        end = start_utc + dt.timedelta(minutes=minutes)
+        for job in self._jobs.values():
+            report.executions.append(self._close_execution(job, end))
+            report.progress[job.spec.job_id] = (job.steps_done, job.checkpoint_step)
+        report.executions.extend(e for e in self._pending_execs if e.wall_s > 0 or e.steps > 0)
+        for job_id, prog in self._pending_progress.items():
+            report.progress.setdefault(job_id, prog)
+        self._pending_execs, self._pending_progress = [], {}
+        report.health = {gid: g.monitor.state.value for gid, g in self._gpus.items()}
+        return report
+
+    def _online_qps(self, g: _Gpu, hour: float) -> float:
+        s = self.settings
+        g.noise = 0.8 * g.noise + self._noise_rng.normal(0.0, s.qps_noise_frac)
+        if g.burst_left > 0:
+            g.burst_left -= 1
+        elif self._burst_rng.random() < s.burst_prob_per_min:
+            g.burst_left = int(self._burst_rng.integers(s.burst_minutes[0], s.burst_minutes[1] + 1))
+        svc = g.spec.service
+        qps = float(diurnal_qps(hour, svc.qps_min, svc.qps_max, svc.peak_hour_utc)) * (1.0 + g.noise)
+        if g.burst_left > 0:
+            qps *= s.burst_factor
+        return max(0.0, qps)
+
+    def _step_gpu(self, gid: int, g: _Gpu, now: dt.datetime, hour: float, report: IntervalReport) -> MetricRow:
+        fam, gt = g.family, g.gtype
+        qps = self._online_qps(g, hour)
+        load = float(load_of(qps, fam, gt))
+        on_util = float(solo_gpu_util_pct(load, fam))
+        on_sm = float(solo_sm_activity_pct(load, fam))
+        on_mem = float(g.spec.service.mem_bytes)
+        solo_lat = float(solo_latency_ms(load, fam, gt))
+        on_traits = self.catalog.online[fam.name]
+        job = next((j for j in self._jobs.values() if j.gpu_id == gid), None)
+        on_bw = 100.0 * on_traits.mem_bw * load
+        util, sm_act, mem, bw, slowdown, job_id = on_util, on_sm, on_mem, on_bw, 1.0, None
+        if job is not None:
+            job_id = job.spec.job_id
+            wl = self.catalog.offline_workload(job.spec.job_type)
+            tput, slow = colocate(on_traits, load, wl.traits, job.sm_pct, self.settings.interference)
+            tput, slowdown = float(tput), float(slow)
+            active_s = max(0.0, 60.0 - job.warmup_left_s)
+            job.warmup_left_s = max(0.0, job.warmup_left_s - 60.0)
+            duty = active_s / 60.0
+            e_off = min(job.sm_pct / 100.0, wl.traits.sm_need)
+            util = 100.0 * (1.0 - (1.0 - on_util / 100.0) * (1.0 - 0.95 * duty * min(1.0, tput / 0.6)))
+            sm_act = min(100.0, on_sm + 100.0 * e_off * duty * (0.6 + 0.4 * tput))
+            mem = on_mem + job.spec.mem_bytes
+            bw = min(100.0, on_bw + 100.0 * wl.traits.mem_bw * duty * tput)
+            steps = tput * self.solo_steps_per_s(job.spec.job_type, gt.name) * active_s
+            steps = min(steps, job.spec.total_steps - job.steps_done)
+            job.steps_done += steps
+            job.exec_steps += steps
+            job.exec_wall_s += 60.0
+            job.last_checkpoint_s += 60.0
+            if job.last_checkpoint_s >= self.settings.checkpoint_interval_s:
+                job.checkpoint_step, job.last_checkpoint_s = job.steps_done, 0.0
+        clock_frac = 1.0 - gt.clock_drop_frac * max(0.0, (sm_act / 100.0 - 0.4) / 0.6)
+        sample = GpuSample(util, sm_act, clock_frac, mem / gt.memory_bytes)
+        g.monitor.step(self._elapsed_s, sample)
+        row = MetricRow(
+            gpu_id=gid, minute_utc=now, gpu_util_pct=util, sm_activity_pct=sm_act,
+            sm_occupancy_pct=sm_act * 0.55, mem_used_bytes=mem, mem_total_bytes=float(gt.memory_bytes),
+            mem_bw_util_pct=bw, sm_clock_mhz=clock_frac * gt.max_sm_clock_mhz, power_w=None, temperature_c=None,
+            online_gpu_util_pct=on_util, online_sm_activity_pct=on_sm, online_mem_used_bytes=on_mem,
+            online_mem_bw_util_pct=on_bw,
+            online_qps=qps, online_latency_ms=solo_lat * slowdown, online_solo_latency_ms=solo_lat,
+            offline_job_id=job_id, health=g.monitor.state.value,
+        )
+        if job is None:
+            return row
+        end = now + dt.timedelta(minutes=1)
+        if job.steps_done >= job.spec.total_steps:
+            report.completed[job.spec.job_id] = end
+            self._pending_execs.append(self._close_execution(job, end))
+            report.progress[job.spec.job_id] = (job.steps_done, job.steps_done)
+            del self._jobs[job.spec.job_id]
+        elif g.monitor.state == GpuHealth.OVERLIMIT:
+            lost = job.steps_done - job.checkpoint_step
+            report.evictions.append(
+                EvictionRecord(job.spec.job_id, gid, end, _overlimit_reason(sample, self.settings.sysmonitor),
+                               g.monitor.state.value, lost)
+            )
+            self._stop(job, end, checkpoint=False)
+        return row
+
+
+def _overlimit_reason(s: GpuSample, cfg: SysMonitorConfig) -> str:
+    t = cfg.overlimit
+    parts = []
+    if s.sm_activity_pct >= t.sm_activity_pct:
+        parts.append(f"SM activity {s.sm_activity_pct:.1f}% >= {t.sm_activity_pct}%")
+    if s.sm_clock_frac <= t.sm_clock_frac:
+        parts.append(f"SM clock {s.sm_clock_frac:.2f} of max <= {t.sm_clock_frac}")
+    if s.mem_used_frac >= t.mem_used_frac:
+        parts.append(f"memory {s.mem_used_frac:.2f} >= {t.mem_used_frac}")
+    if s.gpu_util_pct >= t.gpu_util_pct:
+        parts.append(f"GPU util {s.gpu_util_pct:.1f}% >= {t.gpu_util_pct}%")
+    return "SysMonitor Overlimit (simulated): " + "; ".join(parts or ["threshold reached"])

@@ -1,0 +1,368 @@
+"""Feature-store schema (SQLAlchemy 2.0). Migrations in ``sql/migrations`` mirror it.
+
+Times are timezone-aware UTC (`_utc`), sizes in bytes (`_bytes`), percentages
+0–100 (`_pct`). Every row that comes from the simulated cluster carries
+``source='simulated'`` so that reports can label it.
+"""
+
+from __future__ import annotations
+
+import datetime as dt
+
+from sqlalchemy import (
+    JSON,
+    BigInteger,
+    Boolean,
+    CheckConstraint,
+    DateTime,
+    Float,
+    ForeignKey,
+    Index,
+    Integer,
+    LargeBinary,
+    MetaData,
+    String,
+    Text,
+    UniqueConstraint,
+)
+from sqlalchemy.orm import DeclarativeBase, Mapped, mapped_column, relationship
+
+from scheduler_core.domain import GpuHealth, JobState
+
+NAMING = {
+    "ix": "ix_%(column_0_label)s",
+    "uq": "uq_%(table_name)s_%(column_0_name)s",
+    "ck": "ck_%(table_name)s_%(constraint_name)s",
+    "fk": "fk_%(table_name)s_%(column_0_name)s_%(referred_table_name)s",
+    "pk": "pk_%(table_name)s",
+}
+
+JOB_STATES_SQL = ", ".join(f"'{s.value}'" for s in JobState)
+GPU_HEALTH_SQL = ", ".join(f"'{s.value}'" for s in GpuHealth)
+SOURCES_SQL = "'simulated', 'measured'"
+
+
+def utcnow() -> dt.datetime:
+    return dt.datetime.now(dt.timezone.utc)
+
+
+class Base(DeclarativeBase):
+    metadata = MetaData(naming_convention=NAMING)
+
+
+UtcDateTime = DateTime(timezone=True)
+
+
+class GpuType(Base):
+    __tablename__ = "gpu_types"
+    name: Mapped[str] = mapped_column(String(32), primary_key=True)
+    sm_count: Mapped[int] = mapped_column(Integer)
+    memory_bytes: Mapped[int] = mapped_column(BigInteger)
+    max_sm_clock_mhz: Mapped[int] = mapped_column(Integer)
+    __table_args__ = (
+        CheckConstraint("sm_count > 0", name="sm_count_positive"),
+        CheckConstraint("memory_bytes > 0", name="memory_positive"),
+        CheckConstraint("max_sm_clock_mhz > 0", name="clock_positive"),
+    )
+
+
+class Node(Base):
+    __tablename__ = "nodes"
+    id: Mapped[int] = mapped_column(Integer, primary_key=True)
+    name: Mapped[str] = mapped_column(String(64), unique=True)
+    simulated: Mapped[bool] = mapped_column(Boolean, default=False)
+    created_utc: Mapped[dt.datetime] = mapped_column(UtcDateTime, default=utcnow)
+    gpus: Mapped[list[Gpu]] = relationship(back_populates="node", order_by="Gpu.gpu_index")
+
+
+class Gpu(Base):
+    __tablename__ = "gpus"
+    id: Mapped[int] = mapped_column(Integer, primary_key=True)
+    node_id: Mapped[int] = mapped_column(ForeignKey("nodes.id", ondelete="CASCADE"))
+    gpu_index: Mapped[int] = mapped_column(Integer)
+    gpu_type: Mapped[str] = mapped_column(ForeignKey("gpu_types.name"))
+    uuid: Mapped[str] = mapped_column(String(64), unique=True)
+    health: Mapped[str] = mapped_column(String(16), default=GpuHealth.INIT.value)
+    health_since_utc: Mapped[dt.datetime] = mapped_column(UtcDateTime, default=utcnow)
+    overlimit_entries: Mapped[list] = mapped_column(JSON, default=list)  # UTC ISO times, last 2 h
+    node: Mapped[Node] = relationship(back_populates="gpus")
+    __table_args__ = (
+        UniqueConstraint("node_id", "gpu_index", name="uq_gpus_node_index"),
+        CheckConstraint(f"health IN ({GPU_HEALTH_SQL})", name="health_valid"),
+        CheckConstraint("gpu_index >= 0", name="index_nonneg"),
+    )
+
+
+class OnlineService(Base):
+    __tablename__ = "online_services"
+    id: Mapped[int] = mapped_column(Integer, primary_key=True)
+    name: Mapped[str] = mapped_column(String(64), unique=True)
+    model_family: Mapped[str] = mapped_column(String(32))
+    qps_min: Mapped[float] = mapped_column(Float)
+    qps_max: Mapped[float] = mapped_column(Float)
+    peak_hour_utc: Mapped[float] = mapped_column(Float, default=20.0)
+    latency_slo_ms: Mapped[float] = mapped_column(Float)
+    slowdown_allowance: Mapped[float] = mapped_column(Float, default=0.2)
+    mem_bytes: Mapped[int] = mapped_column(BigInteger)
+    created_utc: Mapped[dt.datetime] = mapped_column(UtcDateTime, default=utcnow)
+    __table_args__ = (
+        CheckConstraint("qps_min >= 0 AND qps_max >= qps_min", name="qps_range"),
+        CheckConstraint("latency_slo_ms > 0", name="slo_positive"),
+        CheckConstraint("slowdown_allowance >= 0", name="allowance_nonneg"),
+        CheckConstraint("mem_bytes > 0", name="mem_positive"),
+    )
+
+
+class ServiceInstance(Base):
+    """Where an online service runs: one replica per GPU (paper §3)."""
+
+    __tablename__ = "service_instances"
+    id: Mapped[int] = mapped_column(Integer, primary_key=True)
+    service_id: Mapped[int] = mapped_column(ForeignKey("online_services.id", ondelete="CASCADE"))
+    gpu_id: Mapped[int] = mapped_column(ForeignKey("gpus.id", ondelete="CASCADE"), unique=True)
+    service: Mapped[OnlineService] = relationship()
+    gpu: Mapped[Gpu] = relationship()
+
+
+class OfflineJob(Base):
+    __tablename__ = "offline_jobs"
+    id: Mapped[int] = mapped_column(Integer, primary_key=True)
+    name: Mapped[str] = mapped_column(String(128))
+    job_type: Mapped[str] = mapped_column(String(64))
+    command: Mapped[str] = mapped_column(Text)
+    mem_bytes: Mapped[int] = mapped_column(BigInteger)
+    allowed_gpu_types: Mapped[list] = mapped_column(JSON)
+    checkpoint_dir: Mapped[str] = mapped_column(Text)
+    priority: Mapped[int] = mapped_column(Integer, default=0)
+    total_steps: Mapped[int] = mapped_column(BigInteger)
+    steps_done: Mapped[float] = mapped_column(Float, default=0.0)
+    state: Mapped[str] = mapped_column(String(16), default=JobState.SUBMITTED.value)
+    state_reason: Mapped[str | None] = mapped_column(Text, nullable=True)
+    slurm_job_id: Mapped[int | None] = mapped_column(BigInteger, nullable=True, unique=True)
+    checkpoint_step: Mapped[float] = mapped_column(Float, default=0.0)
+    submitted_utc: Mapped[dt.datetime] = mapped_column(UtcDateTime, default=utcnow)
+    started_utc: Mapped[dt.datetime | None] = mapped_column(UtcDateTime, nullable=True)
+    finished_utc: Mapped[dt.datetime | None] = mapped_column(UtcDateTime, nullable=True)
+    __table_args__ = (
+        CheckConstraint(f"state IN ({JOB_STATES_SQL})", name="state_valid"),
+        CheckConstraint("mem_bytes > 0", name="mem_positive"),
+        CheckConstraint("total_steps > 0", name="steps_positive"),
+        CheckConstraint("steps_done >= 0", name="progress_nonneg"),
+        Index("ix_offline_jobs_state", "state"),
+    )
+
+
+class JobTransition(Base):
+    """Audit trail of every stored state change."""
+
+    __tablename__ = "job_transitions"
+    id: Mapped[int] = mapped_column(Integer, primary_key=True)
+    job_id: Mapped[int] = mapped_column(ForeignKey("offline_jobs.id", ondelete="CASCADE"), index=True)
+    from_state: Mapped[str] = mapped_column(String(16))
+    to_state: Mapped[str] = mapped_column(String(16))
+    reason: Mapped[str | None] = mapped_column(Text, nullable=True)
+    at_utc: Mapped[dt.datetime] = mapped_column(UtcDateTime, default=utcnow)
+
+
+class JobProfile(Base):
+    """Solo features of an offline job on one GPU type (DESIGN §5)."""
+
+    __tablename__ = "job_profiles"
+    id: Mapped[int] = mapped_column(Integer, primary_key=True)
+    job_id: Mapped[int] = mapped_column(ForeignKey("offline_jobs.id", ondelete="CASCADE"))
+    gpu_type: Mapped[str] = mapped_column(ForeignKey("gpu_types.name"))
+    gpu_util_pct: Mapped[float] = mapped_column(Float)
+    sm_activity_pct: Mapped[float] = mapped_column(Float)
+    sm_occupancy_pct: Mapped[float] = mapped_column(Float)
+    mem_used_bytes: Mapped[float] = mapped_column(Float)
+    mem_bw_util_pct: Mapped[float] = mapped_column(Float)
+    iter_time_s: Mapped[float] = mapped_column(Float)
+    sm_clock_mhz: Mapped[float] = mapped_column(Float)
+    source: Mapped[str] = mapped_column(String(16))
+    profiled_utc: Mapped[dt.datetime] = mapped_column(UtcDateTime, default=utcnow)
+    __table_args__ = (
+        UniqueConstraint("job_id", "gpu_type", name="uq_job_profiles_job_gpu_type"),
+        CheckConstraint(f"source IN ({SOURCES_SQL})", name="source_valid"),
+        CheckConstraint("iter_time_s > 0", name="iter_time_positive"),
+    )
+
+
+class GpuMetricMinute(Base):
+    """Per-minute aggregate of one GPU's monitor samples (raw samples stay on the node)."""
+
+    __tablename__ = "gpu_metrics_minute"
+    gpu_id: Mapped[int] = mapped_column(ForeignKey("gpus.id", ondelete="CASCADE"), primary_key=True)
+    minute_utc: Mapped[dt.datetime] = mapped_column(UtcDateTime, primary_key=True)
+    gpu_util_pct: Mapped[float] = mapped_column(Float)
+    sm_activity_pct: Mapped[float] = mapped_column(Float)
+    sm_occupancy_pct: Mapped[float] = mapped_column(Float)
+    mem_used_bytes: Mapped[float] = mapped_column(Float)
+    mem_total_bytes: Mapped[float] = mapped_column(Float)
+    mem_bw_util_pct: Mapped[float | None] = mapped_column(Float, nullable=True)
+    sm_clock_mhz: Mapped[float] = mapped_column(Float)
+    power_w: Mapped[float | None] = mapped_column(Float, nullable=True)
+    temperature_c: Mapped[float | None] = mapped_column(Float, nullable=True)
+    # The online service's own share (per-process accounting), what forecasts use.
+    online_gpu_util_pct: Mapped[float | None] = mapped_column(Float, nullable=True)
+    online_sm_activity_pct: Mapped[float | None] = mapped_column(Float, nullable=True)
+    online_mem_used_bytes: Mapped[float | None] = mapped_column(Float, nullable=True)
+    online_mem_bw_util_pct: Mapped[float | None] = mapped_column(Float, nullable=True)
+    online_qps: Mapped[float | None] = mapped_column(Float, nullable=True)
+    online_latency_ms: Mapped[float | None] = mapped_column(Float, nullable=True)
+    online_solo_latency_ms: Mapped[float | None] = mapped_column(Float, nullable=True)
+    offline_job_id: Mapped[int | None] = mapped_column(
+        ForeignKey("offline_jobs.id", ondelete="SET NULL"), nullable=True
+    )
+    health: Mapped[str] = mapped_column(String(16))
+    source: Mapped[str] = mapped_column(String(16))
+    __table_args__ = (
+        CheckConstraint(f"source IN ({SOURCES_SQL})", name="source_valid"),
+        Index("ix_gpu_metrics_minute_minute", "minute_utc"),
+    )
+
+
+class ColocationSample(Base):
+    """One measured (or simulated) co-location: the predictor's training data (paper §6)."""
+
+    __tablename__ = "colocation_samples"
+    id: Mapped[int] = mapped_column(Integer, primary_key=True)
+    gpu_type: Mapped[str] = mapped_column(ForeignKey("gpu_types.name"), index=True)
+    service_name: Mapped[str] = mapped_column(String(64))
+    job_type: Mapped[str] = mapped_column(String(64))
+    online_features: Mapped[dict] = mapped_column(JSON)
+    offline_features: Mapped[dict] = mapped_column(JSON)
+    sm_pct: Mapped[float] = mapped_column(Float)
+    offline_norm_tput: Mapped[float] = mapped_column(Float)
+    online_slowdown: Mapped[float] = mapped_column(Float)
+    method: Mapped[str] = mapped_column(String(16))  # simulated | mps | no-mps
+    collected_utc: Mapped[dt.datetime] = mapped_column(UtcDateTime, default=utcnow)
+    __table_args__ = (
+        CheckConstraint("sm_pct > 0 AND sm_pct <= 100", name="sm_pct_range"),
+        CheckConstraint("offline_norm_tput >= 0", name="tput_nonneg"),
+        CheckConstraint("online_slowdown >= 0", name="slowdown_nonneg"),
+    )
+
+
+class PredictorModel(Base):
+    __tablename__ = "predictor_models"
+    id: Mapped[int] = mapped_column(Integer, primary_key=True)
+    gpu_type: Mapped[str] = mapped_column(ForeignKey("gpu_types.name"))
+    version: Mapped[int] = mapped_column(Integer)
+    blob: Mapped[bytes] = mapped_column(LargeBinary)
+    config: Mapped[dict] = mapped_column(JSON)
+    feature_ranges: Mapped[dict] = mapped_column(JSON)
+    n_train: Mapped[int] = mapped_column(Integer)
+    n_holdout: Mapped[int] = mapped_column(Integer)
+    holdout_mae_tput: Mapped[float] = mapped_column(Float)
+    holdout_mae_slowdown: Mapped[float] = mapped_column(Float)
+    promoted: Mapped[bool] = mapped_column(Boolean, default=False)
+    trained_on: Mapped[str] = mapped_column(String(16))  # simulated | measured | mixed
+    created_utc: Mapped[dt.datetime] = mapped_column(UtcDateTime, default=utcnow)
+    __table_args__ = (UniqueConstraint("gpu_type", "version", name="uq_predictor_models_type_version"),)
+
+
+class SchedulingRound(Base):
+    __tablename__ = "scheduling_rounds"
+    id: Mapped[int] = mapped_column(Integer, primary_key=True)
+    window_start_utc: Mapped[dt.datetime] = mapped_column(UtcDateTime, unique=True)
+    started_utc: Mapped[dt.datetime] = mapped_column(UtcDateTime, default=utcnow)
+    finished_utc: Mapped[dt.datetime | None] = mapped_column(UtcDateTime, nullable=True)
+    status: Mapped[str] = mapped_column(String(16), default="planned")
+    gpus_considered: Mapped[int] = mapped_column(Integer, default=0)
+    jobs_pending: Mapped[int] = mapped_column(Integer, default=0)
+    feasible_pairs: Mapped[int] = mapped_column(Integer, default=0)
+    placements: Mapped[int] = mapped_column(Integer, default=0)
+    objective: Mapped[float] = mapped_column(Float, default=0.0)
+    predicted_oversold: Mapped[float | None] = mapped_column(Float, nullable=True)
+    action_counts: Mapped[dict] = mapped_column(JSON, default=dict)
+    timings_s: Mapped[dict] = mapped_column(JSON, default=dict)
+    snapshot: Mapped[dict] = mapped_column(JSON, default=dict)
+    simulated: Mapped[bool] = mapped_column(Boolean, default=False)
+    __table_args__ = (
+        CheckConstraint("status IN ('planned', 'dispatched', 'failed')", name="status_valid"),
+    )
+
+
+class Placement(Base):
+    __tablename__ = "placements"
+    id: Mapped[int] = mapped_column(Integer, primary_key=True)
+    round_id: Mapped[int] = mapped_column(ForeignKey("scheduling_rounds.id", ondelete="CASCADE"), index=True)
+    job_id: Mapped[int] = mapped_column(ForeignKey("offline_jobs.id", ondelete="CASCADE"))
+    gpu_id: Mapped[int] = mapped_column(ForeignKey("gpus.id", ondelete="CASCADE"))
+    sm_pct: Mapped[int] = mapped_column(Integer)
+    mem_quota_bytes: Mapped[int] = mapped_column(BigInteger)
+    predicted_norm_tput: Mapped[float] = mapped_column(Float)
+    predicted_online_slowdown: Mapped[float] = mapped_column(Float)
+    action: Mapped[str] = mapped_column(String(16))
+    __table_args__ = (
+        UniqueConstraint("round_id", "job_id", name="uq_placements_round_job"),
+        UniqueConstraint("round_id", "gpu_id", name="uq_placements_round_gpu"),
+        CheckConstraint("sm_pct > 0 AND sm_pct <= 100", name="sm_pct_range"),
+        CheckConstraint("action IN ('start', 'keep', 'migrate')", name="action_valid"),
+    )
+
+
+class DispatchLog(Base):
+    """Intent written before an action is sent, result after (idempotent dispatch)."""
+
+    __tablename__ = "dispatch_log"
+    id: Mapped[int] = mapped_column(Integer, primary_key=True)
+    round_id: Mapped[int] = mapped_column(ForeignKey("scheduling_rounds.id", ondelete="CASCADE"), index=True)
+    action_key: Mapped[str] = mapped_column(String(128), unique=True)
+    action: Mapped[str] = mapped_column(String(16))
+    job_id: Mapped[int] = mapped_column(ForeignKey("offline_jobs.id", ondelete="CASCADE"))
+    gpu_id: Mapped[int | None] = mapped_column(ForeignKey("gpus.id", ondelete="SET NULL"), nullable=True)
+    payload: Mapped[dict] = mapped_column(JSON, default=dict)
+    status: Mapped[str] = mapped_column(String(16), default="intent")
+    error: Mapped[str | None] = mapped_column(Text, nullable=True)
+    created_utc: Mapped[dt.datetime] = mapped_column(UtcDateTime, default=utcnow)
+    updated_utc: Mapped[dt.datetime] = mapped_column(UtcDateTime, default=utcnow)
+    __table_args__ = (
+        CheckConstraint("status IN ('intent', 'sent', 'done', 'failed')", name="status_valid"),
+        CheckConstraint("action IN ('start', 'keep', 'migrate', 'evict')", name="action_valid"),
+    )
+
+
+class JobExecution(Base):
+    """A stretch of time an offline job ran on one GPU: the basis of oversold GPU (§9)."""
+
+    __tablename__ = "job_executions"
+    id: Mapped[int] = mapped_column(Integer, primary_key=True)
+    job_id: Mapped[int] = mapped_column(ForeignKey("offline_jobs.id", ondelete="CASCADE"), index=True)
+    gpu_id: Mapped[int] = mapped_column(ForeignKey("gpus.id", ondelete="CASCADE"))
+    round_id: Mapped[int | None] = mapped_column(
+        ForeignKey("scheduling_rounds.id", ondelete="SET NULL"), nullable=True, index=True
+    )
+    start_utc: Mapped[dt.datetime] = mapped_column(UtcDateTime)
+    end_utc: Mapped[dt.datetime] = mapped_column(UtcDateTime)
+    sm_pct: Mapped[int] = mapped_column(Integer)
+    steps: Mapped[float] = mapped_column(Float)
+    wall_s: Mapped[float] = mapped_column(Float)
+    solo_equiv_s: Mapped[float] = mapped_column(Float)  # time the same steps take alone
+    source: Mapped[str] = mapped_column(String(16))
+    __table_args__ = (
+        CheckConstraint("wall_s >= 0 AND solo_equiv_s >= 0", name="times_nonneg"),
+        CheckConstraint(f"source IN ({SOURCES_SQL})", name="source_valid"),
+    )
+
+
+class Eviction(Base):
+    __tablename__ = "evictions"
+    id: Mapped[int] = mapped_column(Integer, primary_key=True)
+    job_id: Mapped[int] = mapped_column(ForeignKey("offline_jobs.id", ondelete="CASCADE"), index=True)
+    gpu_id: Mapped[int] = mapped_column(ForeignKey("gpus.id", ondelete="CASCADE"))
+    at_utc: Mapped[dt.datetime] = mapped_column(UtcDateTime, index=True)
+    reason: Mapped[str] = mapped_column(Text)
+    health: Mapped[str] = mapped_column(String(16))
+    source: Mapped[str] = mapped_column(String(16))
+
+
+class DeviceError(Base):
+    __tablename__ = "device_errors"
+    id: Mapped[int] = mapped_column(Integer, primary_key=True)
+    gpu_id: Mapped[int] = mapped_column(ForeignKey("gpus.id", ondelete="CASCADE"), index=True)
+    at_utc: Mapped[dt.datetime] = mapped_column(UtcDateTime, index=True)
+    kind: Mapped[str] = mapped_column(String(32))  # xid | mps_server_crash | mps_hang | ...
+    xid: Mapped[int | None] = mapped_column(Integer, nullable=True)
+    detail: Mapped[str | None] = mapped_column(Text, nullable=True)
+    source: Mapped[str] = mapped_column(String(16))

@@ -1,0 +1,195 @@
+"""Feature-store reads and writes used by the CLI, the main job and (later) Dagster assets.
+
+Each function takes an open session; the caller's ``Store.session()`` is the
+transaction, so a command either writes everything or nothing.
+"""
+
+from __future__ import annotations
+
+import datetime as dt
+from collections.abc import Iterable
+from dataclasses import asdict
+
+import numpy as np
+from sqlalchemy import delete, func, select
+from sqlalchemy.orm import Session
+
+from executors.cluster import EvictionRecord, ExecutionRecord, MetricRow
+from executors.store import models as m
+from scheduler_core.domain import (
+    GpuHealth,
+    GpuTypeSpec,
+    JobState,
+    OfflineFeatures,
+    PlannedPlacement,
+    RoundResult,
+)
+from scheduler_core.predictor import PredictorConfig, SpeedPredictor, TrainingReport
+
+
+def upsert_gpu_type(s: Session, spec: GpuTypeSpec) -> m.GpuType:
+    row = s.get(m.GpuType, spec.name)
+    if row is None:
+        row = m.GpuType(name=spec.name)
+        s.add(row)
+    row.sm_count, row.memory_bytes, row.max_sm_clock_mhz = spec.sm_count, spec.memory_bytes, spec.max_sm_clock_mhz
+    return row
+
+
+def gpu_type_names(s: Session) -> set[str]:
+    return set(s.scalars(select(m.GpuType.name)))
+
+
+def cluster_is_empty(s: Session) -> bool:
+    return s.scalar(select(func.count()).select_from(m.Node)) == 0
+
+
+def job_counts_by_state(s: Session) -> dict[str, int]:
+    return dict(s.execute(select(m.OfflineJob.state, func.count()).group_by(m.OfflineJob.state)).all())
+
+
+def jobs_in_states(s: Session, states: Iterable[JobState]) -> list[m.OfflineJob]:
+    return list(
+        s.scalars(
+            select(m.OfflineJob).where(m.OfflineJob.state.in_([st.value for st in states])).order_by(m.OfflineJob.id)
+        )
+    )
+
+
+def save_profile(s: Session, job_id: int, gpu_type: str, f: OfflineFeatures, source: str) -> None:
+    s.execute(delete(m.JobProfile).where(m.JobProfile.job_id == job_id, m.JobProfile.gpu_type == gpu_type))
+    s.add(m.JobProfile(job_id=job_id, gpu_type=gpu_type, source=source, **asdict(f)))
+
+
+def profiles_by_job(s: Session, job_ids: list[int]) -> dict[int, dict[str, OfflineFeatures]]:
+    out: dict[int, dict[str, OfflineFeatures]] = {}
+    if not job_ids:
+        return out
+    fields = OfflineFeatures.__dataclass_fields__
+    for p in s.scalars(select(m.JobProfile).where(m.JobProfile.job_id.in_(job_ids))):
+        out.setdefault(p.job_id, {})[p.gpu_type] = OfflineFeatures(**{k: getattr(p, k) for k in fields})
+    return out
+
+
+def add_samples(s: Session, samples: Iterable[object]) -> int:
+    rows = [m.ColocationSample(**asdict(x)) for x in samples]
+    s.add_all(rows)
+    return len(rows)
+
+
+def samples_for(s: Session, gpu_type: str) -> list[m.ColocationSample]:
+    return list(s.scalars(select(m.ColocationSample).where(m.ColocationSample.gpu_type == gpu_type)))
+
+
+def current_model(s: Session, gpu_type: str) -> m.PredictorModel | None:
+    return s.scalars(
+        select(m.PredictorModel)
+        .where(m.PredictorModel.gpu_type == gpu_type, m.PredictorModel.promoted.is_(True))
+        .order_by(m.PredictorModel.version.desc())
+        .limit(1)
+    ).first()
+
+
+def save_model(
+    s: Session, gpu_type: str, model: SpeedPredictor, cfg: PredictorConfig, report: TrainingReport,
+    promoted: bool, trained_on: str,
+) -> m.PredictorModel:
+    version = (s.scalar(select(func.max(m.PredictorModel.version)).where(m.PredictorModel.gpu_type == gpu_type)) or 0) + 1
+    if promoted:
+        for old in s.scalars(select(m.PredictorModel).where(m.PredictorModel.gpu_type == gpu_type)):
+            old.promoted = False
+    row = m.PredictorModel(
+        gpu_type=gpu_type, version=version, blob=model.to_bytes(), config=asdict(cfg),
+        feature_ranges=report.feature_ranges, n_train=report.n_train, n_holdout=report.n_holdout,
+        holdout_mae_tput=report.holdout_mae_tput, holdout_mae_slowdown=report.holdout_mae_slowdown,
+        promoted=promoted, trained_on=trained_on,
+    )
+    s.add(row)
+    s.flush()
+    return row
+
+
+def load_predictors(s: Session) -> dict[str, SpeedPredictor]:
+    out = {}
+    for gtype in gpu_type_names(s):
+        row = current_model(s, gtype)
+        if row is not None:
+            out[gtype] = SpeedPredictor.from_bytes(row.blob)
+    return out
+
+
+def write_metrics(s: Session, rows: list[MetricRow], source: str) -> None:
+    if rows:
+        s.execute(m.GpuMetricMinute.__table__.insert(), [{**asdict(r), "source": source} for r in rows])
+
+
+def recent_online_series(s: Session, gpu_ids: list[int], since_utc: dt.datetime) -> dict[int, dict[str, np.ndarray]]:
+    """Per GPU, the online service's own per-minute metrics since ``since_utc`` (oldest first)."""
+    cols = (
+        m.GpuMetricMinute.gpu_id, m.GpuMetricMinute.online_gpu_util_pct, m.GpuMetricMinute.online_sm_activity_pct,
+        m.GpuMetricMinute.online_mem_used_bytes, m.GpuMetricMinute.online_mem_bw_util_pct,
+        m.GpuMetricMinute.online_solo_latency_ms, m.GpuMetricMinute.online_qps, m.GpuMetricMinute.sm_clock_mhz,
+    )
+    names = ("gpu_util", "sm", "mem", "bw", "latency", "qps", "clock")
+    acc: dict[int, list[tuple]] = {g: [] for g in gpu_ids}
+    q = (
+        select(*cols)
+        .where(m.GpuMetricMinute.minute_utc >= since_utc, m.GpuMetricMinute.gpu_id.in_(gpu_ids))
+        .order_by(m.GpuMetricMinute.gpu_id, m.GpuMetricMinute.minute_utc)
+    )
+    for row in s.execute(q):
+        acc[row[0]].append(tuple(np.nan if v is None else float(v) for v in row[1:]))
+    out = {}
+    for gid, vals in acc.items():
+        arr = np.array(vals, dtype=float).reshape(-1, len(names))
+        out[gid] = {n: arr[:, i] for i, n in enumerate(names)}
+    return out
+
+
+def record_round(
+    s: Session, window_start: dt.datetime, result: RoundResult, snapshot: dict, simulated: bool,
+    jobs_pending: int, action_of: dict[int, str],
+) -> m.SchedulingRound:
+    rnd = s.scalars(select(m.SchedulingRound).where(m.SchedulingRound.window_start_utc == window_start)).first()
+    if rnd is not None:
+        raise ValueError(f"round for window {window_start.isoformat()} already exists (id {rnd.id})")
+    n_pred = sum(p.predicted_norm_tput for p in result.placements)
+    rnd = m.SchedulingRound(
+        window_start_utc=window_start, status="planned", gpus_considered=result.gpus_considered,
+        jobs_pending=jobs_pending, feasible_pairs=result.feasible_pairs, placements=len(result.placements),
+        objective=result.objective,
+        predicted_oversold=(n_pred / len(result.placements)) if result.placements else None,
+        action_counts=result.action_counts(), timings_s=result.timings_s, snapshot=snapshot, simulated=simulated,
+    )
+    s.add(rnd)
+    s.flush()
+    for p in result.placements:
+        s.add(_placement_row(rnd.id, p, action_of[p.job_id]))
+    return rnd
+
+
+def _placement_row(round_id: int, p: PlannedPlacement, action: str) -> m.Placement:
+    return m.Placement(
+        round_id=round_id, job_id=p.job_id, gpu_id=p.gpu_id, sm_pct=p.sm_pct, mem_quota_bytes=p.mem_quota_bytes,
+        predicted_norm_tput=p.predicted_norm_tput, predicted_online_slowdown=p.predicted_online_slowdown,
+        action=action,
+    )
+
+
+def write_executions(s: Session, recs: list[ExecutionRecord], round_id: int | None, source: str) -> None:
+    for r in recs:
+        s.add(m.JobExecution(round_id=round_id, source=source, **asdict(r)))
+
+
+def write_evictions(s: Session, recs: list[EvictionRecord], source: str) -> None:
+    for r in recs:
+        d = asdict(r)
+        d.pop("steps_lost")
+        s.add(m.Eviction(source=source, **d))
+
+
+def set_gpu_health(s: Session, health: dict[int, str], now: dt.datetime) -> None:
+    for gpu in s.scalars(select(m.Gpu).where(m.Gpu.id.in_(list(health)))):
+        new = GpuHealth(health[gpu.id]).value
+        if gpu.health != new:
+            gpu.health, gpu.health_since_utc = new, now

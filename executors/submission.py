@@ -1,0 +1,101 @@
+"""Offline job submission: validation at the edge, then one transactional insert."""
+
+from __future__ import annotations
+
+import re
+from dataclasses import dataclass
+
+from sqlalchemy.orm import Session
+
+from executors.store import models as m
+from executors.store import repo
+from scheduler_core.trace import TraceJob
+
+_SIZE = re.compile(r"^\s*(\d+(?:\.\d+)?)\s*([KMGT]i?B?|B)?\s*$", re.IGNORECASE)
+_UNITS = {"": 1, "B": 1, "K": 1e3, "KB": 1e3, "KIB": 1024, "M": 1e6, "MB": 1e6, "MIB": 1024**2,
+          "G": 1e9, "GB": 1e9, "GIB": 1024**3, "T": 1e12, "TB": 1e12, "TIB": 1024**4}
+
+
+class SubmissionError(ValueError):
+    """A submission that cannot be accepted; ``field`` names what is wrong."""
+
+    def __init__(self, field: str, message: str):
+        super().__init__(f"{field}: {message}")
+        self.field = field
+
+
+def parse_size_bytes(text: str, field: str = "mem") -> int:
+    match = _SIZE.match(str(text))
+    if not match:
+        raise SubmissionError(field, f"not a size: {text!r} (examples: 4GiB, 512MiB, 2000000000)")
+    value = float(match.group(1)) * _UNITS[(match.group(2) or "").upper()]
+    if value <= 0:
+        raise SubmissionError(field, f"must be positive, got {text!r}")
+    return int(value)
+
+
+@dataclass(frozen=True)
+class JobSpec:
+    name: str
+    command: str
+    job_type: str
+    mem_bytes: int
+    allowed_gpu_types: tuple[str, ...]
+    checkpoint_dir: str
+    total_steps: int
+    priority: int = 0
+    gpus: int = 1
+
+
+def validate(spec: JobSpec, known_gpu_types: set[str], known_job_types: set[str] | None) -> None:
+    if not spec.name.strip():
+        raise SubmissionError("name", "must not be empty")
+    if len(spec.name) > 128:
+        raise SubmissionError("name", "at most 128 characters")
+    if not spec.command.strip():
+        raise SubmissionError("command", "must not be empty")
+    if known_job_types is not None and spec.job_type not in known_job_types:
+        raise SubmissionError(
+            "job_type", f"unknown job type {spec.job_type!r} (the simulated cluster models: "
+            f"{', '.join(sorted(known_job_types))})"
+        )
+    if spec.mem_bytes <= 0:
+        raise SubmissionError("mem", "must be positive")
+    if not spec.allowed_gpu_types:
+        raise SubmissionError("gpu_types", "name at least one GPU type")
+    unknown = sorted(set(spec.allowed_gpu_types) - known_gpu_types)
+    if unknown:
+        raise SubmissionError(
+            "gpu_types", f"unknown GPU type(s) {', '.join(unknown)} (cluster has: {', '.join(sorted(known_gpu_types)) or 'none'})"
+        )
+    if not spec.checkpoint_dir.startswith("/"):
+        raise SubmissionError("checkpoint_dir", f"must be an absolute path, got {spec.checkpoint_dir!r}")
+    if spec.total_steps <= 0:
+        raise SubmissionError("steps", "must be positive")
+    if spec.gpus != 1:
+        raise SubmissionError(
+            "gpus", "MuxFlow shares one offline job per GPU; multi-GPU offline jobs are not supported (paper §8)"
+        )
+    if not -1000 <= spec.priority <= 1000:
+        raise SubmissionError("priority", "must be within -1000..1000")
+
+
+def submit(s: Session, spec: JobSpec, known_job_types: set[str] | None) -> m.OfflineJob:
+    validate(spec, repo.gpu_type_names(s), known_job_types)
+    job = m.OfflineJob(
+        name=spec.name, job_type=spec.job_type, command=spec.command, mem_bytes=spec.mem_bytes,
+        allowed_gpu_types=sorted(set(spec.allowed_gpu_types)), checkpoint_dir=spec.checkpoint_dir,
+        priority=spec.priority, total_steps=spec.total_steps,
+    )
+    s.add(job)
+    s.flush()
+    return job
+
+
+def spec_from_trace(t: TraceJob, mem_bytes: int, gpu_types: tuple[str, ...], root: str = "/data") -> JobSpec:
+    return JobSpec(
+        name=f"philly-l{t.line_no}-{t.job_type.split(' (')[0].lower()}",
+        command=t.command.replace("%s", root) + f" {t.steps_arg} {t.total_steps}",
+        job_type=t.job_type, mem_bytes=mem_bytes, allowed_gpu_types=gpu_types,
+        checkpoint_dir=f"/checkpoints/philly-l{t.line_no}", total_steps=t.total_steps, gpus=t.scale_factor,
+    )

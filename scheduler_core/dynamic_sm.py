@@ -1,0 +1,35 @@
+"""Dynamic SM allocation (paper §4.3, DESIGN §6).
+
+The offline job gets the SMs the online service is predicted to leave idle:
+``pct_off = clamp(100 − forecast_online_sm_pct − headroom, min_pct, max_pct)``.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+import numpy as np
+
+
+@dataclass(frozen=True)
+class SmPolicy:
+    headroom_pct: float = 10.0
+    min_pct: int = 10
+    max_pct: int = 90
+    # MuxFlow-S (paper §7.4) uses one fixed percentage for every pair.
+    fixed_pct: int | None = None
+
+    def __post_init__(self) -> None:
+        if not 1 <= self.min_pct <= self.max_pct <= 100:
+            raise ValueError("SM bounds must satisfy 1 <= min_pct <= max_pct <= 100")
+        if self.headroom_pct < 0:
+            raise ValueError("headroom_pct must be >= 0")
+
+
+def offline_sm_pct(forecast_online_sm_pct: np.ndarray | float, policy: SmPolicy = SmPolicy()) -> np.ndarray:
+    """Integer SM percentage for the offline job on each GPU (Slurm's MPS share is integral)."""
+    f = np.asarray(forecast_online_sm_pct, dtype=float)
+    if policy.fixed_pct is not None:
+        return np.full(f.shape, int(policy.fixed_pct), dtype=int)
+    raw = np.floor(100.0 - f - policy.headroom_pct)
+    return np.clip(raw, policy.min_pct, policy.max_pct).astype(int)

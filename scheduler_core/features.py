@@ -1,0 +1,84 @@
+"""Feature vectors of (online service, offline job, SM percentage) triples (DESIGN §5).
+
+The speed predictor sees only solo features: what the GPU monitor reports for
+the online service and what profiling measured for the offline job, plus the SM
+percentage the offline job would get (paper §5).
+"""
+
+from __future__ import annotations
+
+import math
+from collections.abc import Sequence
+
+import numpy as np
+
+from scheduler_core.domain import OfflineFeatures, OnlineFeatures
+
+FEATURE_NAMES: tuple[str, ...] = (
+    "on_gpu_util_pct",
+    "on_sm_activity_pct",
+    "on_sm_occupancy_pct",
+    "on_mem_frac",
+    "on_mem_bw_util_pct",
+    "on_log_latency_ms",
+    "on_qps",
+    "on_sm_clock_frac",
+    "off_gpu_util_pct",
+    "off_sm_activity_pct",
+    "off_sm_occupancy_pct",
+    "off_mem_frac",
+    "off_mem_bw_util_pct",
+    "off_log_iter_time_s",
+    "off_sm_clock_frac",
+    "sm_pct",
+)
+N_FEATURES = len(FEATURE_NAMES)
+
+
+class FeatureError(ValueError):
+    """A feature that is missing, NaN or infinite."""
+
+
+def online_vector(f: OnlineFeatures, memory_bytes: float, max_clock_mhz: float) -> np.ndarray:
+    return np.array(
+        [
+            f.gpu_util_pct,
+            f.sm_activity_pct,
+            f.sm_occupancy_pct,
+            f.mem_used_bytes / memory_bytes,
+            f.mem_bw_util_pct,
+            math.log(max(f.latency_ms, 1e-3)),
+            f.qps,
+            f.sm_clock_mhz / max_clock_mhz,
+        ],
+        dtype=np.float64,
+    )
+
+
+def offline_vector(f: OfflineFeatures, memory_bytes: float, max_clock_mhz: float) -> np.ndarray:
+    return np.array(
+        [
+            f.gpu_util_pct,
+            f.sm_activity_pct,
+            f.sm_occupancy_pct,
+            f.mem_used_bytes / memory_bytes,
+            f.mem_bw_util_pct,
+            math.log(max(f.iter_time_s, 1e-6)),
+            f.sm_clock_mhz / max_clock_mhz,
+        ],
+        dtype=np.float64,
+    )
+
+
+def pair_matrix(
+    online: np.ndarray, offline: np.ndarray, sm_pct: np.ndarray | Sequence[float]
+) -> np.ndarray:
+    """Stack row-aligned online (n×8), offline (n×7) vectors and SM% (n) into n×16."""
+    sm = np.asarray(sm_pct, dtype=np.float64).reshape(-1, 1)
+    x = np.hstack([np.atleast_2d(online), np.atleast_2d(offline), sm])
+    if x.shape[1] != N_FEATURES:
+        raise FeatureError(f"expected {N_FEATURES} features, got {x.shape[1]}")
+    if not np.all(np.isfinite(x)):
+        bad = sorted({FEATURE_NAMES[j] for j in np.argwhere(~np.isfinite(x))[:, 1]})
+        raise FeatureError(f"non-finite feature values in: {', '.join(bad)}")
+    return x

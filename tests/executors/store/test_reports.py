@@ -1,0 +1,264 @@
+"""SQL reports: known rows in, exact figures out, identical on SQLite and PostgreSQL."""
+
+from __future__ import annotations
+
+import datetime as dt
+import math
+from pathlib import Path
+from typing import Any
+
+import numpy as np
+import pandas as pd
+import pytest
+from sqlalchemy import create_engine
+
+from executors.store.db import Store
+from executors.store.models import (
+    DispatchLog,
+    Eviction,
+    Gpu,
+    GpuMetricMinute,
+    GpuType,
+    JobExecution,
+    Node,
+    OfflineJob,
+    Placement,
+    SchedulingRound,
+)
+from executors.store.reports import list_reports, run_report, write_csv
+
+REPORTS = {"evictions_per_day", "oversold_per_round", "placements_per_round", "utilization_per_hour"}
+
+
+def _at(day: int, hour: int, minute: int = 0, second: int = 0, us: int = 0) -> dt.datetime:
+    return dt.datetime(2024, 3, day, hour, minute, second, us, tzinfo=dt.timezone.utc)
+
+
+def _seed(store: Store) -> dict[str, Any]:
+    """Three GPUs, three jobs, three rounds, and metrics/executions/evictions around day edges."""
+    with store.session() as s:
+        s.add(GpuType(name="A100", sm_count=108, memory_bytes=80 << 30, max_sm_clock_mhz=1410))
+        node = Node(name="node-1")
+        s.add(node)
+        s.flush()
+        gpus = [Gpu(node_id=node.id, gpu_index=i, gpu_type="A100", uuid=f"GPU-{i}") for i in range(3)]
+        jobs = [
+            OfflineJob(name=f"job-{i}", job_type="resnet50", command="train", mem_bytes=1 << 30,
+                       allowed_gpu_types=["A100"], checkpoint_dir=f"/ckpt/{i}", total_steps=100)
+            for i in range(3)
+        ]
+        s.add_all(gpus + jobs)
+        s.flush()
+        g, j = [x.id for x in gpus], [x.id for x in jobs]
+
+        def minute(gpu: int, at: dt.datetime, util: float, sm: float, mem: float,
+                   job: int | None, source: str = "measured") -> GpuMetricMinute:
+            return GpuMetricMinute(gpu_id=gpu, minute_utc=at, gpu_util_pct=util, sm_activity_pct=sm,
+                                   sm_occupancy_pct=sm, mem_used_bytes=mem, mem_total_bytes=1000.0,
+                                   sm_clock_mhz=1410.0, offline_job_id=job, health="Healthy",
+                                   source=source)
+
+        s.add_all([
+            minute(g[0], _at(1, 10, 0), 80, 60, 500, j[0]),
+            minute(g[0], _at(1, 10, 59, 59, 999_999), 60, 40, 300, j[0]),
+            minute(g[1], _at(1, 10, 30), 20, 10, 250, None),
+            minute(g[0], _at(1, 11, 0), 30, 20, 100, None),
+            minute(g[2], _at(1, 10, 15), 90, 70, 900, j[1], "simulated"),
+        ])
+        rounds = [
+            SchedulingRound(window_start_utc=_at(1, 10, 0), status="dispatched", gpus_considered=4,
+                            jobs_pending=5, placements=3, objective=2.5, predicted_oversold=0.8),
+            SchedulingRound(window_start_utc=_at(1, 10, 15), status="dispatched", gpus_considered=2,
+                            jobs_pending=1, placements=1, objective=0.9, simulated=True),
+            SchedulingRound(window_start_utc=_at(1, 10, 30)),
+        ]
+        s.add_all(rounds)
+        s.flush()
+        r = [x.id for x in rounds]
+
+        def place(rnd: int, job: int, gpu: int, action: str) -> Placement:
+            return Placement(round_id=rnd, job_id=job, gpu_id=gpu, sm_pct=50, mem_quota_bytes=1 << 30,
+                             predicted_norm_tput=0.7, predicted_online_slowdown=0.1, action=action)
+
+        def dispatch(rnd: int, job: int, action: str) -> DispatchLog:
+            return DispatchLog(round_id=rnd, action_key=f"{rnd}:{action}:{job}", action=action, job_id=job)
+
+        s.add_all([
+            place(r[0], j[0], g[0], "start"), place(r[0], j[1], g[1], "keep"),
+            place(r[0], j[2], g[2], "migrate"), place(r[1], j[0], g[0], "start"),
+            dispatch(r[0], j[0], "start"), dispatch(r[0], j[1], "evict"), dispatch(r[0], j[2], "evict"),
+        ])
+
+        def run(job: int, gpu: int, rnd: int | None, start: dt.datetime, wall: float, solo: float,
+                source: str = "measured") -> JobExecution:
+            return JobExecution(job_id=job, gpu_id=gpu, round_id=rnd, start_utc=start,
+                                end_utc=start + dt.timedelta(seconds=wall), sm_pct=50, steps=10.0,
+                                wall_s=wall, solo_equiv_s=solo, source=source)
+
+        s.add_all([
+            run(j[0], g[0], r[0], _at(1, 10, 1), 100, 80),
+            run(j[1], g[1], r[0], _at(1, 10, 2), 300, 160),
+            run(j[0], g[0], r[1], _at(1, 10, 16), 50, 50, "simulated"),
+            run(j[2], g[2], None, _at(1, 12), 10, 5),
+            run(j[2], g[2], None, _at(1, 23, 59, 59, 999_999), 10, 5),
+            run(j[1], g[0], None, _at(2, 0), 10, 5),
+            run(j[1], g[1], None, _at(2, 1), 10, 5, "simulated"),
+        ])
+
+        def evict(job: int, gpu: int, at: dt.datetime, source: str = "measured") -> Eviction:
+            return Eviction(job_id=job, gpu_id=gpu, at_utc=at, reason="Overlimit", health="Overlimit",
+                            source=source)
+
+        s.add_all([
+            evict(j[0], g[0], _at(1, 10, 40)),
+            evict(j[0], g[1], _at(1, 23, 59, 59, 999_999)),
+            evict(j[1], g[1], _at(1, 11), "simulated"),
+            evict(j[1], g[0], _at(2, 0)),
+            evict(j[2], g[2], _at(3, 5)),
+        ])
+    return {"rounds": r}
+
+
+def _norm(value: Any) -> Any:
+    if value is None or (isinstance(value, float) and math.isnan(value)):
+        return None
+    if isinstance(value, np.integer):
+        return int(value)
+    if isinstance(value, (float, np.floating)):
+        # Rounded so that both backends' float sums compare equal to the exact figure.
+        return round(float(value), 9)
+    return value
+
+
+def _rows(df: pd.DataFrame) -> list[tuple[Any, ...]]:
+    return [tuple(_norm(v) for v in row) for row in df.itertuples(index=False, name=None)]
+
+
+def _check(df: pd.DataFrame, columns: list[str], expected: list[tuple[Any, ...]]) -> None:
+    assert list(df.columns) == columns
+    assert _rows(df) == [tuple(_norm(v) for v in row) for row in expected]
+
+
+UTILIZATION_COLUMNS = [
+    "hour_utc", "source", "gpu_minutes", "gpu_util_pct", "sm_activity_pct", "mem_used_pct",
+    "shared_minutes", "shared_gpu_util_pct", "shared_sm_activity_pct", "shared_mem_used_pct",
+    "online_only_minutes", "online_only_gpu_util_pct", "online_only_sm_activity_pct",
+    "online_only_mem_used_pct",
+]
+UTILIZATION_ROWS = [
+    ("2024-03-01 10:00", "measured", 3, 160 / 3, 110 / 3, 35.0, 2, 70.0, 50.0, 40.0, 1, 20.0, 10.0, 25.0),
+    ("2024-03-01 10:00", "simulated", 1, 90.0, 70.0, 90.0, 1, 90.0, 70.0, 90.0, 0, None, None, None),
+    ("2024-03-01 11:00", "measured", 1, 30.0, 20.0, 10.0, 0, None, None, None, 1, 30.0, 20.0, 10.0),
+]
+
+
+def test_utilization_per_hour(store: Store) -> None:
+    _seed(store)
+    _check(run_report(store, "utilization_per_hour"), UTILIZATION_COLUMNS, UTILIZATION_ROWS)
+
+
+def test_oversold_per_round(store: Store) -> None:
+    r = _seed(store)["rounds"]
+    _check(
+        run_report(store, "oversold_per_round"),
+        ["round_id", "window_start_utc", "status", "placements", "objective", "predicted_oversold",
+         "executions", "wall_s", "solo_equiv_s", "oversold_gpu", "source"],
+        [
+            (r[0], "2024-03-01 10:00:00", "dispatched", 3, 2.5, 0.8, 2, 400.0, 240.0, 0.6, "measured"),
+            (r[1], "2024-03-01 10:15:00", "dispatched", 1, 0.9, None, 1, 50.0, 50.0, 1.0, "simulated"),
+            (r[2], "2024-03-01 10:30:00", "planned", 0, 0.0, None, 0, None, None, None, "measured"),
+        ],
+    )
+
+
+def test_evictions_per_day(store: Store) -> None:
+    _seed(store)
+    _check(
+        run_report(store, "evictions_per_day"),
+        ["day_utc", "source", "evictions", "jobs_evicted", "gpus_affected", "executions_started",
+         "eviction_rate"],
+        [
+            ("2024-03-01", "measured", 2, 1, 2, 4, 0.5),
+            ("2024-03-01", "simulated", 1, 1, 1, 1, 1.0),
+            ("2024-03-02", "measured", 1, 1, 1, 1, 1.0),
+            ("2024-03-02", "simulated", 0, 0, 0, 1, 0.0),
+            ("2024-03-03", "measured", 1, 1, 1, 0, None),
+        ],
+    )
+
+
+def test_placements_per_round(store: Store) -> None:
+    r = _seed(store)["rounds"]
+    _check(
+        run_report(store.engine, "placements_per_round"),
+        ["round_id", "window_start_utc", "status", "gpus_considered", "jobs_pending", "placements",
+         "starts", "keeps", "migrates", "evictions", "objective", "source"],
+        [
+            (r[0], "2024-03-01 10:00:00", "dispatched", 4, 5, 3, 1, 1, 1, 2, 2.5, "measured"),
+            (r[1], "2024-03-01 10:15:00", "dispatched", 2, 1, 1, 1, 0, 0, 0, 0.9, "simulated"),
+            (r[2], "2024-03-01 10:30:00", "planned", 0, 0, 0, 0, 0, 0, 0, 0.0, "measured"),
+        ],
+    )
+
+
+def test_every_report_runs_on_an_empty_store(store: Store) -> None:
+    for info in list_reports():
+        df = run_report(store, info.name)
+        assert df.empty and len(df.columns) > 0, info.name
+
+
+@pytest.mark.postgres
+def test_buckets_stay_utc_whatever_the_session_timezone(postgres_store_url: str) -> None:
+    # A +05:30 session would shift hours and render dates as DD/MM/YYYY
+    # if the runner did not pin TimeZone and DateStyle.
+    store = Store(postgres_store_url)
+    engine = create_engine(
+        postgres_store_url,
+        connect_args={"options": "-c TimeZone=Asia/Kolkata -c DateStyle=SQL,DMY"},
+    )
+    try:
+        _seed(store)
+        with engine.connect() as conn:
+            assert conn.exec_driver_sql("SHOW TimeZone").scalar() == "Asia/Kolkata"
+        _check(run_report(engine, "utilization_per_hour"), UTILIZATION_COLUMNS, UTILIZATION_ROWS)
+        with engine.connect() as conn:  # SET LOCAL did not leak into the pooled connection
+            assert conn.exec_driver_sql("SHOW TimeZone").scalar() == "Asia/Kolkata"
+    finally:
+        engine.dispose()
+        store.dispose()
+
+
+def test_list_reports_reads_title_and_description() -> None:
+    reports = list_reports()
+    assert [r.name for r in reports] == sorted(REPORTS)
+    for r in reports:
+        assert r.title and r.description and r.path.is_file()
+        assert r.path.read_text(encoding="utf-8").startswith("-- title: ")
+
+
+def test_report_without_header_is_rejected(tmp_path: Path) -> None:
+    (tmp_path / "bare.sql").write_text("SELECT 1\n", encoding="utf-8")
+    with pytest.raises(ValueError, match="title"):
+        list_reports(tmp_path)
+
+
+def test_unknown_report_lists_the_available_ones(sqlite_url: str) -> None:
+    store = Store(sqlite_url)
+    try:
+        with pytest.raises(KeyError) as info:
+            run_report(store, "no_such_report")
+    finally:
+        store.dispose()
+    message = str(info.value)
+    assert "no_such_report" in message
+    assert all(name in message for name in REPORTS)
+
+
+def test_write_csv_round_trips(tmp_path: Path) -> None:
+    df = pd.DataFrame({"hour_utc": ["2024-03-01 10:00"], "gpu_minutes": [3], "gpu_util_pct": [None]})
+    path = write_csv(df, tmp_path / "out" / "util.csv")
+    assert path == tmp_path / "out" / "util.csv"
+    back = pd.read_csv(path)
+    assert list(back.columns) == list(df.columns)
+    assert back.iloc[0, 0] == "2024-03-01 10:00" and back.iloc[0, 1] == 3
+    assert math.isnan(back.iloc[0, 2])
