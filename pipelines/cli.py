@@ -348,6 +348,10 @@ from pipelines.cli_round import register as _register_round  # noqa: E402
 
 _register_round(main, _store, CliError)
 
+from pipelines.bench import bench as _bench  # noqa: E402
+
+main.add_command(_bench)
+
 
 if __name__ == "__main__":  # pragma: no cover
     sys.exit(main())

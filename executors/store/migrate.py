@@ -8,6 +8,7 @@ installed wheel.
 from __future__ import annotations
 
 import logging
+from collections.abc import Callable
 from pathlib import Path
 
 import sql
@@ -51,7 +52,7 @@ def current_revision(url: str) -> str | None:
         engine.dispose()
 
 
-def _run(url: str, fn: object, revision: str) -> str | None:
+def _run(url: str, fn: Callable[[Config, str], None], revision: str) -> str | None:
     # The connection is handed over in attributes rather than as sqlalchemy.url
     # because Config goes through ConfigParser, which chokes on the '%' of
     # URL-encoded passwords.
@@ -60,7 +61,7 @@ def _run(url: str, fn: object, revision: str) -> str | None:
         with engine.connect() as conn:
             cfg = alembic_config()
             cfg.attributes["connection"] = conn
-            fn(cfg, revision)  # type: ignore[operator]
+            fn(cfg, revision)
             conn.commit()
             return MigrationContext.configure(conn).get_current_revision()
     finally:
