@@ -1,0 +1,353 @@
+"""The ``muxflow`` command line on SQLite and PostgreSQL: happy paths, one-line errors that
+leave the store untouched, help on every command, and a short scheduling flow."""
+
+from __future__ import annotations
+
+import csv
+import re
+from pathlib import Path
+
+import click
+import pytest
+from click.testing import CliRunner, Result
+from sqlalchemy import create_engine, func, select
+
+from executors.store import models as m
+from pipelines.cli import main
+
+RESNET = "ResNet-50 (batch size 64)"
+CLUSTER = ["cluster", "init", "--simulated", "--gpus", "16", "--types", "t4:8,a10:8", "--services", "3"]
+JOB = ["submit", "--name", "j1", "--command", "python train.py", "--job-type", RESNET, "--mem", "2GiB",
+       "--gpu-types", "t4,a10", "--checkpoint-dir", "/ckpt/j1", "--steps", "1000"]
+
+
+def run(url: str, *args: str) -> Result:
+    return CliRunner().invoke(main, ["--db", url, *args], catch_exceptions=False)
+
+
+def ok(url: str, *args: str) -> Result:
+    result = run(url, *args)
+    assert result.exit_code == 0, result.output
+    return result
+
+
+def row_counts(url: str) -> dict[str, int]:
+    engine = create_engine(url)
+    try:
+        with engine.connect() as conn:
+            return {t.name: conn.scalar(select(func.count()).select_from(t)) for t in m.Base.metadata.sorted_tables}
+    finally:
+        engine.dispose()
+
+
+def with_job(args: list[str], option: str, value: str | None) -> list[str]:
+    """JOB with ``option`` replaced by ``value`` (or dropped when None)."""
+    out, i = [], 0
+    while i < len(args):
+        if args[i] == option:
+            if value is not None:
+                out += [option, value]
+            i += 2
+            continue
+        out.append(args[i])
+        i += 1
+    return out
+
+
+def assert_usage_error(url: str, args: list[str], field: str) -> Result:
+    """Exit 2, exactly one line on stderr ``error: <field>...``, and not a row changed anywhere."""
+    before = row_counts(url)
+    result = run(url, *args)
+    assert result.exit_code == 2, result.output
+    lines = result.stderr.strip().splitlines()
+    assert len(lines) == 1, result.stderr
+    assert lines[0].startswith("error: "), lines[0]
+    assert re.search(field, lines[0]), lines[0]
+    assert row_counts(url) == before
+    return result
+
+
+@pytest.fixture
+def cluster_url(store_url: str) -> str:
+    ok(store_url, *CLUSTER)
+    return store_url
+
+
+# -- schema and cluster -------------------------------------------------------------
+
+
+def test_db_upgrade_is_idempotent(store_url: str) -> None:
+    first = ok(store_url, "db", "upgrade")
+    before = row_counts(store_url)
+    second = ok(store_url, "db", "upgrade")
+    assert first.output == second.output
+    assert "schema at revision" in second.output
+    assert row_counts(store_url) == before
+
+
+def test_db_upgrade_on_empty_sqlite(tmp_path: Path) -> None:
+    url = f"sqlite:///{tmp_path / 'fresh' / 'store.db'}"
+    ok(url, "db", "upgrade")
+    ok(url, "db", "upgrade")
+    assert set(row_counts(url)) == {t.name for t in m.Base.metadata.sorted_tables}
+
+
+def test_command_on_unmigrated_store_says_upgrade(tmp_path: Path) -> None:
+    result = run(f"sqlite:///{tmp_path / 'empty.db'}", "cluster", "show")
+    assert result.exit_code == 2
+    assert result.stderr.startswith("error: database:") and "db upgrade" in result.stderr
+
+
+def test_cluster_init_and_show(cluster_url: str) -> None:
+    counts = row_counts(cluster_url)
+    assert counts["gpus"] == 16 and counts["online_services"] == 3 and counts["service_instances"] == 16
+    out = ok(cluster_url, "cluster", "show").output
+    assert "16 GPUs (SIMULATED)" in out
+    body = [ln for ln in out.splitlines() if ln.strip().startswith("sim-")]
+    assert len(body) == 16
+    assert sum(" t4 " in ln for ln in body) == 8 and sum(" a10 " in ln for ln in body) == 8
+
+
+def test_cluster_show_without_cluster(store_url: str) -> None:
+    assert "no cluster yet" in ok(store_url, "cluster", "show").output
+
+
+@pytest.mark.parametrize(
+    ("args", "field"),
+    [
+        (["--gpus", "16", "--types", "t4:8,x99:8"], r"^error: types: .*x99"),
+        (["--gpus", "10", "--types", "t4:8,a10:8"], r"^error: types: .*16.*10"),
+        (["--gpus", "16", "--types", "t4"], r"^error: types:"),
+        (["--gpus", "16", "--types", "t4:0,a10:16"], r"^error: types:"),
+        (["--gpus", "0", "--types", ""], r"^error: types:"),
+    ],
+)
+def test_cluster_init_bad_inputs(store_url: str, args: list[str], field: str) -> None:
+    assert_usage_error(store_url, ["cluster", "init", "--simulated", *args], field)
+
+
+# -- online services ------------------------------------------------------------------
+
+
+def _spare_gpu(url: str) -> int:
+    """A GPU without an online service (cluster init gives every GPU one)."""
+    engine = create_engine(url)
+    try:
+        with engine.begin() as conn:
+            node_id = conn.execute(m.Node.__table__.insert().values(name="spare", simulated=True)).inserted_primary_key[0]
+            return conn.execute(m.Gpu.__table__.insert().values(
+                node_id=node_id, gpu_index=0, gpu_type="t4", uuid="GPU-spare-0", health="Init",
+                overlimit_entries=[])).inserted_primary_key[0]
+    finally:
+        engine.dispose()
+
+
+REGISTER = ["online", "register", "--name", "search", "--family", "transformer", "--qps-min", "10",
+            "--qps-max", "200", "--mem", "3GiB"]
+
+
+def test_online_register_happy_path(cluster_url: str) -> None:
+    gpu_id = _spare_gpu(cluster_url)
+    before = row_counts(cluster_url)
+    out = ok(cluster_url, *REGISTER, "--gpu-ids", str(gpu_id)).output
+    assert "registered online service search on 1 GPU(s)" in out
+    after = row_counts(cluster_url)
+    assert after["online_services"] == before["online_services"] + 1
+    assert after["service_instances"] == before["service_instances"] + 1
+    show = ok(cluster_url, "cluster", "show").output
+    assert any("spare" in ln and "search" in ln for ln in show.splitlines())
+    # The same name again is refused.
+    assert_usage_error(cluster_url, [*REGISTER, "--gpu-ids", str(gpu_id)], r"^error: name: ")
+
+
+@pytest.mark.parametrize(
+    ("change", "field"),
+    [
+        ({"--qps-min": "300"}, r"^error: qps: "),
+        ({"--qps-min": "-1"}, r"^error: qps: "),
+        ({"--mem": "lots"}, r"^error: mem: "),
+        ({"--mem": "0GiB"}, r"^error: mem: "),
+        ({"--name": "  "}, r"^error: name: "),
+        ({"--gpu-ids": "1,x"}, r"^error: gpu-ids: "),
+        ({"--gpu-ids": "9999"}, r"^error: gpu-ids: .*9999"),
+        ({"--gpu-ids": "1"}, r"^error: gpu-ids: .*already"),  # hosts a service since cluster init
+        ({"--gpu-ids": ","}, r"^error: gpu-ids: "),
+        ({"--peak-hour": "24"}, r"^error: peak-hour: "),
+        ({"--slo-ms": "0"}, r"^error: slo-ms: "),
+        ({"--allowance": "-0.1"}, r"^error: allowance: "),
+    ],
+)
+def test_online_register_bad_inputs(cluster_url: str, change: dict[str, str], field: str) -> None:
+    gpu_id = _spare_gpu(cluster_url)
+    args = {"--gpu-ids": str(gpu_id)}
+    args.update(change)
+    flat = list(REGISTER)
+    for opt, val in args.items():
+        if opt in flat:
+            flat[flat.index(opt) + 1] = val
+        else:
+            flat += [opt, val]
+    assert_usage_error(cluster_url, flat, field)
+
+
+def test_online_register_unknown_family_is_usage_error(cluster_url: str) -> None:
+    before = row_counts(cluster_url)
+    bad = list(REGISTER)
+    bad[bad.index("--family") + 1] = "quantum"
+    result = run(cluster_url, *bad, "--gpu-ids", "1")
+    assert result.exit_code == 2 and "--family" in result.output
+    assert row_counts(cluster_url) == before
+
+
+# -- offline job submission ----------------------------------------------------------------
+
+
+def test_submit_and_list(cluster_url: str) -> None:
+    out = ok(cluster_url, *JOB).output
+    assert re.search(r"submitted job \d+ \(j1\)", out)
+    listing = ok(cluster_url, "jobs", "list").output
+    (line,) = [ln for ln in listing.splitlines() if " j1 " in ln]
+    assert "SUBMITTED" in line and RESNET in line and "0.0%" in line
+    assert " j1 " in ok(cluster_url, "jobs", "list", "--state", "submitted").output
+    assert ok(cluster_url, "jobs", "list", "--state", "RUNNING").output.strip() == "no jobs"
+    assert_usage_error(cluster_url, ["jobs", "list", "--state", "SLEEPING"], r"^error: state: ")
+
+
+def test_jobs_list_empty(cluster_url: str) -> None:
+    assert ok(cluster_url, "jobs", "list").output.strip() == "no jobs"
+
+
+@pytest.mark.parametrize(
+    ("option", "value", "field"),
+    [
+        ("--name", None, r"^error: name: "),
+        ("--command", None, r"^error: command: "),
+        ("--steps", None, r"^error: steps: "),
+        ("--mem", "-1GiB", r"^error: mem: "),
+        ("--mem", "0", r"^error: mem: "),
+        ("--gpu-types", "t4,x99", r"^error: gpu[-_]types: .*x99"),
+        ("--gpu-types", "a100", r"^error: gpu[-_]types: .*a100"),  # a known model, but not in this cluster
+        ("--job-type", "Quantum (batch size 1)", r"^error: job[-_]type: "),
+        ("--checkpoint-dir", "ckpt/j1", r"^error: checkpoint[-_]dir: "),
+        ("--steps", "0", r"^error: steps: "),
+        ("--name", "", r"^error: name: "),
+        ("--name", "n" * 129, r"^error: name: "),
+    ],
+)
+def test_submit_bad_inputs(cluster_url: str, option: str, value: str | None, field: str) -> None:
+    assert_usage_error(cluster_url, with_job(JOB, option, value), field)
+
+
+def test_submit_priority_out_of_range(cluster_url: str) -> None:
+    assert_usage_error(cluster_url, [*JOB, "--priority", "5000"], r"^error: priority: ")
+
+
+def _trace_line(job_type: str = RESNET, steps: str = "500", arrival: str = "0", scale: str = "1") -> str:
+    return "\t".join([job_type, "cd %s/x && python3 main.py", "--num_steps", "1", steps, arrival, scale]) + "\n"
+
+
+def test_submit_trace(cluster_url: str, tmp_path: Path) -> None:
+    trace = tmp_path / "good.trace"
+    trace.write_text(_trace_line() + _trace_line(steps="900", arrival="30") + _trace_line(scale="4"))
+    out = ok(cluster_url, "submit", "--trace", str(trace)).output
+    assert "submitted 2 jobs" in out and "1 multi-GPU lines skipped" in out
+    assert row_counts(cluster_url)["offline_jobs"] == 2
+    listing = ok(cluster_url, "jobs", "list").output
+    assert "philly-l1-resnet-50" in listing and "philly-l2-resnet-50" in listing
+
+
+def test_submit_trace_with_malformed_line_stores_nothing(cluster_url: str, tmp_path: Path) -> None:
+    trace = tmp_path / "bad.trace"
+    five_cols = "\t".join([RESNET, "cmd", "--num_steps", "1", "500"]) + "\n"
+    trace.write_text(_trace_line() + _trace_line() + five_cols + _trace_line())
+    result = assert_usage_error(cluster_url, ["submit", "--trace", str(trace)], r"^error: trace line 3: ")
+    assert "line 3" in result.stderr
+    assert row_counts(cluster_url)["offline_jobs"] == 0
+
+
+def test_submit_trace_rejected_job_rolls_back_earlier_lines(cluster_url: str, tmp_path: Path) -> None:
+    # Lines 1–2 are fine and would be inserted first; line 3 names an unknown job type: all or nothing.
+    trace = tmp_path / "unknown.trace"
+    trace.write_text(_trace_line() + _trace_line() + _trace_line(job_type="Quantum (batch size 1)"))
+    assert_usage_error(cluster_url, ["submit", "--trace", str(trace)], r"^error: trace line 3: ")
+    assert row_counts(cluster_url)["offline_jobs"] == 0
+
+
+def test_submit_missing_trace_file(cluster_url: str, tmp_path: Path) -> None:
+    assert_usage_error(cluster_url, ["submit", "--trace", str(tmp_path / "nope.trace")], r"^error: trace: ")
+
+
+# -- help everywhere ------------------------------------------------------------------------
+
+
+def _command_paths(group: click.Group, prefix: tuple[str, ...] = ()) -> list[tuple[str, ...]]:
+    paths = [prefix]
+    for name, cmd in sorted(group.commands.items()):
+        if isinstance(cmd, click.Group):
+            paths += _command_paths(cmd, (*prefix, name))
+        else:
+            paths.append((*prefix, name))
+    return paths
+
+
+HELP_PATHS = _command_paths(main)
+
+
+def test_help_paths_cover_all_commands() -> None:
+    flat = {" ".join(p) for p in HELP_PATHS}
+    assert {"db upgrade", "cluster init", "cluster show", "online register", "submit", "jobs list",
+            "profile", "sample", "train", "round", "report", "run"} <= flat
+
+
+@pytest.mark.parametrize("path", HELP_PATHS, ids=lambda p: " ".join(p) or "main")
+def test_help_works(path: tuple[str, ...], tmp_path: Path) -> None:
+    url = f"sqlite:///{tmp_path / 'help.db'}"
+    for flag in ("--help", "-h"):
+        result = CliRunner().invoke(main, ["--db", url, *path, flag], catch_exceptions=False)
+        assert result.exit_code == 0, result.output
+        assert result.output.startswith("Usage:")
+    assert not (tmp_path / "help.db").exists()  # help writes nothing
+
+
+# -- the scheduling flow --------------------------------------------------------------------
+
+
+def test_sample_train_round_report_flow(cluster_url: str, tmp_path: Path) -> None:
+    ok(cluster_url, *JOB)
+    ok(cluster_url, *with_job(JOB, "--name", "j2"))
+    sampled = ok(cluster_url, "sample", "--per-type", "200").output
+    assert "'t4': 200" in sampled and "'a10': 200" in sampled
+    trained = ok(cluster_url, "train", "--epochs", "20").output
+    assert re.search(r"^t4 v1: .*promoted", trained, re.M) and re.search(r"^a10 v1: .*promoted", trained, re.M)
+    assert row_counts(cluster_url)["predictor_models"] == 2
+
+    for k in (1, 2):
+        out = ok(cluster_url, "round", "--once").output
+        assert "SIMULATED" in out
+        assert re.search(rf"^round {k} window .* 16 GPUs, 2 jobs", out, re.M), out
+    counts = row_counts(cluster_url)
+    assert counts["scheduling_rounds"] == 2
+    assert counts["gpu_metrics_minute"] == 16 * (60 + 2 * 15)  # an hour of warm-up, then two rounds
+    assert counts["job_profiles"] > 0
+
+    report = ok(cluster_url, "report", "placements_per_round").output
+    rows = [ln for ln in report.splitlines()[1:] if ln.strip()]
+    assert len(rows) == 2
+    assert [int(r.split()[0]) for r in rows] == [1, 2]
+
+    csv_path = tmp_path / "out" / "oversold.csv"
+    out = ok(cluster_url, "report", "oversold_per_round", "--csv", str(csv_path)).output
+    assert f"wrote {csv_path}" in out
+    with open(csv_path, newline="") as fh:
+        table = list(csv.DictReader(fh))
+    assert len(table) == 2 and "oversold_gpu" in table[0] and table[0]["source"] == "simulated"
+
+    listed = ok(cluster_url, "report", "--list").output
+    assert "placements_per_round" in listed and "oversold_per_round" in listed
+    assert_usage_error(cluster_url, ["report", "nosuch"], r"^error: report: .*nosuch")
+
+
+def test_round_without_predictor_or_cluster(store_url: str) -> None:
+    assert_usage_error(store_url, ["round", "--once"], r"^error: cluster: ")
+    ok(store_url, *CLUSTER)
+    assert_usage_error(store_url, ["train", "--epochs", "1"], r"^error: samples: ")

@@ -1,0 +1,77 @@
+"""The main job end to end on a small simulated cluster: figures, plots, determinism, and Postgres."""
+
+from __future__ import annotations
+
+import math
+from pathlib import Path
+
+import pytest
+
+from pipelines.main_job import MainJobConfig, run_main_job
+from scheduler_core.predictor import PredictorConfig
+
+pytestmark = pytest.mark.slow
+
+PNG_MAGIC = b"\x89PNG\r\n\x1a\n"
+
+
+def small_config(db_url: str, report_dir: Path, hours: float = 1.0, seed: int = 0) -> MainJobConfig:
+    return MainJobConfig(
+        db_url=db_url, report_dir=report_dir, types={"t4": 8, "a10": 8}, services=3, hours=hours, jobs=20,
+        samples_per_type=300, predictor=PredictorConfig(epochs=30, seed=seed), warmup_minutes=60, seed=seed,
+    )
+
+
+@pytest.fixture(scope="module")
+def sqlite_runs(tmp_path_factory: pytest.TempPathFactory) -> tuple[dict, dict, Path]:
+    """The same configuration run twice into separate SQLite stores."""
+    runs = []
+    for k in range(2):
+        root = tmp_path_factory.mktemp(f"mainjob{k}")
+        runs.append((run_main_job(small_config(f"sqlite:///{root / 'store.db'}", root / "report"), progress=None),
+                     root))
+    return runs[0][0], runs[1][0], runs[0][1]
+
+
+def test_summary_figures(sqlite_runs) -> None:
+    summary, _, _ = sqlite_runs
+    assert "SIMULATED" in summary["label"]
+    assert summary["rounds"] == 4
+    assert summary["placements_per_round_avg"] > 0
+    assert 0 < summary["oversold_gpu"] <= 1
+    util = summary["utilization"]
+    assert util["shared"]["sm_activity_pct"] > util["online_only"]["sm_activity_pct"]
+    assert util["shared"]["gpu_util_pct"] >= util["online_only"]["gpu_util_pct"]
+    assert summary["executions"] > 0
+    assert 0 <= summary["eviction_rate"] <= 1
+    assert sum(summary["jobs_by_state"].values()) == 20
+    assert summary["jobs_by_state"].get("SUBMITTED", 0) == 0  # every arrived job was profiled
+    slowdown = summary["online_latency_slowdown_on_shared_gpus"]
+    assert math.isfinite(slowdown["avg"]) and slowdown["avg"] >= 0
+
+
+def test_plots_and_summary_file(sqlite_runs) -> None:
+    summary, _, root = sqlite_runs
+    assert len(summary["plots"]) == 2
+    for p in map(Path, summary["plots"]):
+        assert p.parent == root / "report"
+        data = p.read_bytes()
+        assert len(data) > 1000 and data.startswith(PNG_MAGIC)
+    assert (root / "report" / "summary.json").stat().st_size > 0
+
+
+def test_same_seed_gives_same_result(sqlite_runs) -> None:
+    a, b, _ = sqlite_runs
+    for key in ("oversold_gpu", "placements_per_round_avg", "jobs_by_state", "executions", "evictions"):
+        assert a[key] == b[key], key
+
+
+@pytest.mark.postgres
+def test_main_job_on_postgres(make_postgres_database, tmp_path: Path) -> None:
+    url = make_postgres_database()  # a fresh, unmigrated database: the job migrates it
+    summary = run_main_job(small_config(url, tmp_path / "report", hours=0.5), progress=None)
+    assert "SIMULATED" in summary["label"]
+    assert summary["rounds"] == 2
+    assert summary["placements_per_round_avg"] > 0
+    assert 0 < summary["oversold_gpu"] <= 1
+    assert all(Path(p).stat().st_size > 0 for p in summary["plots"])
