@@ -95,3 +95,38 @@ class Cluster(Protocol):
 
     def running(self) -> dict[int, RunningJob]:
         ...
+
+
+class ClusterBackend(Protocol):
+    """A cluster as the pipeline uses it across processes: every call works from the store.
+
+    The Dagster cluster resource hands out one of these (simulated or Slurm);
+    the CLI and the main job use the same ones.
+    """
+
+    simulated: bool
+    source: str  # label of the rows it produces: 'simulated' | 'measured'
+
+    def profile_new_jobs(self, store, seed: int) -> int:
+        """Solo-profile newly submitted offline jobs; return how many were profiled."""
+        ...
+
+    def collect_samples(self, store, per_type: int, seed: int) -> dict[str, int]:
+        """Top each GPU type's co-location samples up to ``per_type``; return how many were added."""
+        ...
+
+    def cluster(self, store) -> Cluster:
+        """The live cluster, for reading what runs now."""
+        ...
+
+    def ensure_history(self, store, window_start: dt.datetime) -> int:
+        """Make sure online load history exists before ``window_start``; return minutes recorded now."""
+        ...
+
+    def dispatch(self, store, round_id: int, result, now: dt.datetime) -> tuple[int, int]:
+        """Carry out a stored round's plan; (ok, failed). Idempotent."""
+        ...
+
+    def observe(self, store, window_start: dt.datetime, minutes: int, round_id: int | None) -> IntervalReport | None:
+        """Book what the cluster reported for the window; None if it was booked before."""
+        ...

@@ -10,10 +10,12 @@ from __future__ import annotations
 
 import datetime as dt
 import logging
-from dataclasses import dataclass
+from collections.abc import Callable
+from dataclasses import asdict, dataclass, fields
 
 import numpy as np
-from sqlalchemy import select
+from sqlalchemy import func, select
+from sqlalchemy.orm import Session
 
 from executors.cluster import Cluster, IntervalReport
 from executors.store import models as m
@@ -28,10 +30,12 @@ from scheduler_core.domain import (
     JobState,
     OnlineFeatures,
     PlanAction,
+    PlannedPlacement,
     RoundResult,
 )
+from scheduler_core.dynamic_sm import SmPolicy
 from scheduler_core.forecast import ForecastPolicy, forecast_next
-from scheduler_core.round import RoundConfig, plan_round, snapshot
+from scheduler_core.round import RoundConfig, from_snapshot, plan_round, snapshot
 
 log = logging.getLogger(__name__)
 
@@ -39,13 +43,12 @@ HISTORY = dt.timedelta(hours=25)
 FEATURE_WINDOW_MIN = 15
 
 
-@dataclass
-class RoundOutcome:
-    round_id: int
-    window_start_utc: dt.datetime
-    result: RoundResult
-    dispatched: int
-    failed: int
+class RoundOrderError(ValueError):
+    """A round was asked for a window at or before the latest stored round."""
+
+
+class NoPredictorError(RuntimeError):
+    """No promoted speed predictor exists."""
 
 
 def _gpu_candidates(s, now: dt.datetime, running: dict, policy: ForecastPolicy) -> list[GpuCandidate]:
@@ -105,35 +108,159 @@ def _job_candidates(s, running: dict) -> list[JobCandidate]:
     return out
 
 
+def round_config_to_json(cfg: RoundConfig) -> dict:
+    return asdict(cfg)
+
+
+def round_config_from_json(d: dict) -> RoundConfig:
+    """Inverse of :func:`round_config_to_json`; settings added since the round was stored keep their defaults."""
+    d = dict(d)
+    sm = SmPolicy(**d.pop("sm", {}))
+    known = {f.name for f in fields(RoundConfig)}
+    return RoundConfig(sm=sm, **{k: v for k, v in d.items() if k in known})
+
+
+def _as_utc(t: dt.datetime) -> dt.datetime:
+    return t if t.tzinfo else t.replace(tzinfo=dt.timezone.utc)
+
+
+def latest_round_window(s) -> dt.datetime | None:
+    t = s.scalar(select(func.max(m.SchedulingRound.window_start_utc)))
+    return _as_utc(t) if t is not None else None
+
+
+def round_for_window(s, window_start: dt.datetime) -> m.SchedulingRound | None:
+    return s.scalars(select(m.SchedulingRound).where(m.SchedulingRound.window_start_utc == window_start)).first()
+
+
 def plan_and_record(
     store: Store, cluster: Cluster, window_start: dt.datetime, cfg: RoundConfig,
     policy: ForecastPolicy = ForecastPolicy(),
 ) -> tuple[int, RoundResult]:
+    """Plan the round of ``window_start`` from the live state and store it with everything needed to replay it.
+
+    Rounds go forward in time: a window before the latest stored round cannot
+    be planned from today's state (replay it with :func:`replay_round`).
+    """
     running = cluster.running()
     with store.session() as s:
+        latest = latest_round_window(s)
+        if latest is not None and window_start <= latest:
+            raise RoundOrderError(
+                f"window {window_start.isoformat()} is not after the latest round ({latest.isoformat()}); "
+                "past rounds are replayed from their snapshot, not planned again"
+            )
         gpus = _gpu_candidates(s, window_start, running, policy)
         jobs = _job_candidates(s, running)
-        predictors = repo.load_predictors(s)
-        if not predictors:
-            raise RuntimeError("no promoted speed predictor in the store: train one first (muxflow train)")
+        models = repo.load_predictor_versions(s)
+        if not models:
+            raise NoPredictorError("no promoted speed predictor in the store: train one first (muxflow train)")
+        predictors = {t: model for t, (_, model) in models.items()}
         result = plan_round(gpus, jobs, predictors, cfg)
         action_of = {a.job_id: a.action.value for a in result.actions if a.action != Action.EVICT}
         pending = sum(1 for j in jobs if j.current_gpu_id is None)
-        rnd = repo.record_round(
-            s, window_start, result, snapshot(gpus, jobs), cluster.simulated, pending, action_of
-        )
+        snap = snapshot(gpus, jobs)
+        snap["predictor_versions"] = {t: v for t, (v, _) in sorted(models.items())}
+        snap["config"] = round_config_to_json(cfg)
+        rnd = repo.record_round(s, window_start, result, snap, cluster.simulated, pending, action_of)
         return rnd.id, result
+
+
+@dataclass(frozen=True)
+class Replay:
+    round_id: int
+    stored: RoundResult
+    replayed: RoundResult
+    mismatches: list[str]
+
+    @property
+    def matches(self) -> bool:
+        return not self.mismatches
+
+
+def replay_round(store: Store, window_start: dt.datetime) -> Replay:
+    """Plan a stored round again from its snapshot, predictor versions and settings; compare with the stored plan."""
+    with store.session() as s:
+        rnd = round_for_window(s, window_start)
+        if rnd is None:
+            raise KeyError(f"no stored round for window {window_start.isoformat()}")
+        snap = rnd.snapshot
+        if "predictor_versions" not in snap:
+            raise ValueError(f"round {rnd.id} was stored without predictor versions; it cannot be replayed")
+        predictors = {t: repo.load_predictor(s, t, v) for t, v in snap["predictor_versions"].items()}
+        stored = stored_result(s, rnd)
+        round_id = rnd.id
+    gpus, jobs = from_snapshot(snap)
+    replayed = plan_round(gpus, jobs, predictors, round_config_from_json(snap.get("config", {})))
+    return Replay(round_id, stored, replayed, compare_plans(stored, replayed))
+
+
+def stored_result(s, rnd: m.SchedulingRound) -> RoundResult:
+    rows = s.scalars(select(m.Placement).where(m.Placement.round_id == rnd.id).order_by(m.Placement.job_id)).all()
+    placements = [
+        PlannedPlacement(p.job_id, p.gpu_id, p.sm_pct, p.mem_quota_bytes, p.predicted_norm_tput,
+                         p.predicted_online_slowdown)
+        for p in rows
+    ]
+    actions = [
+        PlanAction(Action(a["action"]), a["job_id"], a["gpu_id"], a["from_gpu_id"], a["sm_pct"])
+        for a in rnd.plan_actions or []
+    ]
+    jobs = len(rnd.snapshot.get("jobs", [])) if rnd.snapshot else 0
+    return RoundResult(placements, actions, rnd.objective, rnd.gpus_considered, jobs, rnd.feasible_pairs,
+                       dict(rnd.timings_s or {}))
+
+
+def compare_plans(stored: RoundResult, replayed: RoundResult, tol: float = 1e-9) -> list[str]:
+    """Differences between two plans (empty = the same placements, shares, quotas and predictions)."""
+    out = []
+    a = {p.job_id: p for p in stored.placements}
+    b = {p.job_id: p for p in replayed.placements}
+    for j in sorted(a.keys() - b.keys()):
+        out.append(f"job {j}: stored on GPU {a[j].gpu_id}, not placed in the replay")
+    for j in sorted(b.keys() - a.keys()):
+        out.append(f"job {j}: placed on GPU {b[j].gpu_id} in the replay, not in the stored plan")
+    for j in sorted(a.keys() & b.keys()):
+        x, y = a[j], b[j]
+        if (x.gpu_id, x.sm_pct, x.mem_quota_bytes) != (y.gpu_id, y.sm_pct, y.mem_quota_bytes):
+            out.append(f"job {j}: stored GPU {x.gpu_id} at {x.sm_pct}% / {x.mem_quota_bytes} B, "
+                       f"replay GPU {y.gpu_id} at {y.sm_pct}% / {y.mem_quota_bytes} B")
+        elif abs(x.predicted_norm_tput - y.predicted_norm_tput) > tol:
+            out.append(f"job {j}: predicted tput {x.predicted_norm_tput!r} vs {y.predicted_norm_tput!r}")
+    if abs(stored.objective - replayed.objective) > tol * max(1, len(a)):
+        out.append(f"objective {stored.objective!r} vs {replayed.objective!r}")
+    if stored.actions and sorted(stored.actions, key=_akey) != sorted(replayed.actions, key=_akey):
+        out.append(f"plan diff {stored.action_counts()} vs {replayed.action_counts()}")
+    return out
+
+
+def _akey(a: PlanAction) -> tuple:
+    return (a.job_id, a.action.value, a.gpu_id or -1)
+
+
+def requeue_evicted(store: Store, reason: str = "requeued after eviction") -> list[int]:
+    """EVICTED → PENDING for every evicted job, so the next round considers it again."""
+    with store.session() as s:
+        ids = [j.id for j in repo.jobs_in_states(s, [JobState.EVICTED])]
+        for job_id in ids:
+            transition(s, job_id, JobState.PENDING, reason)
+    return ids
 
 
 def _action_key(round_id: int, a: PlanAction) -> str:
     return f"r{round_id}:{a.action.value}:j{a.job_id}:g{a.gpu_id}:p{a.sm_pct}"
 
 
-def dispatch_round(store: Store, cluster: Cluster, round_id: int, result: RoundResult, now: dt.datetime) -> tuple[int, int]:
+def dispatch_round(
+    store: Store, cluster: Cluster, round_id: int, result: RoundResult, now: dt.datetime,
+    persist: Callable[[Session], None] | None = None,
+) -> tuple[int, int]:
     """Send the plan once: every intent stored first, then the cluster call, then each result.
 
     Actions already marked done or failed under their key are not sent again,
     so re-running a dispatch after a crash completes it without duplicates.
+    ``persist`` runs in the transaction that stores the results (the simulated
+    cluster saves its state there).
     """
     todo: list[tuple[str, PlanAction]] = []
     with store.session() as s:
@@ -164,6 +291,8 @@ def dispatch_round(store: Store, cluster: Cluster, round_id: int, result: RoundR
             failed_n += not res.ok
         rnd = s.get(m.SchedulingRound, round_id)
         rnd.status, rnd.finished_utc = "dispatched", now
+        if persist is not None:
+            persist(s)
     return ok_n, failed_n
 
 
@@ -178,8 +307,15 @@ def _book_action(s, act: PlanAction, now: dt.datetime) -> None:
         transition(s, act.job_id, JobState.PENDING, "requeued after plan eviction", at_utc=now)
 
 
-def book_interval(store: Store, report: IntervalReport, round_id: int | None, source: str, now: dt.datetime) -> None:
-    """Persist what the cluster observed: metrics, executions, evictions, completions, health."""
+def book_interval(
+    store: Store, report: IntervalReport, round_id: int | None, source: str, now: dt.datetime,
+    persist: Callable[[Session], None] | None = None,
+) -> None:
+    """Persist what the cluster observed: metrics, executions, evictions, completions, health.
+
+    Evicted jobs are left EVICTED; :func:`requeue_evicted` (the eviction sensor)
+    returns them to the queue.
+    """
     with store.session() as s:
         repo.write_metrics(s, report.metrics, source)
         repo.write_executions(s, report.executions, round_id, source)
@@ -189,7 +325,8 @@ def book_interval(store: Store, report: IntervalReport, round_id: int | None, so
             job.steps_done, job.checkpoint_step = min(steps, job.total_steps), min(ckpt, job.total_steps)
         for ev in report.evictions:
             transition(s, ev.job_id, JobState.EVICTED, ev.reason, at_utc=ev.at_utc)
-            transition(s, ev.job_id, JobState.PENDING, "requeued after SysMonitor eviction", at_utc=ev.at_utc)
         for job_id, at in report.completed.items():
             transition(s, job_id, JobState.DONE, "all steps done", at_utc=at)
         repo.set_gpu_health(s, report.health, now)
+        if persist is not None:
+            persist(s)

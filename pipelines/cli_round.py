@@ -15,19 +15,22 @@ from executors.store import models as m
 ROUND = dt.timedelta(minutes=15)
 
 
-def _next_window(store) -> tuple[dt.datetime | None, dt.datetime]:
-    """(latest recorded metric minute or None, start of the next 15-minute window)."""
-    from pipelines.main_job import SIM_START
+def _next_window(store) -> dt.datetime:
+    """The window after the latest round, else the one after the simulated cluster's last report, else the default start."""
+    from executors import round_runner
+    from executors.simulated.setup import observed_until
+    from pipelines.settings import DEFAULT_ROUNDS_START
 
     with store.session() as s:
-        last = s.scalar(select(func.max(m.GpuMetricMinute.minute_utc)))
-    if last is None:
-        return None, SIM_START
-    if last.tzinfo is None:
-        last = last.replace(tzinfo=dt.timezone.utc)
-    nxt = last + dt.timedelta(minutes=1)
-    over = (nxt.minute % 15) * 60 + nxt.second
-    return last, nxt + dt.timedelta(seconds=(900 - over) % 900)
+        latest = round_runner.latest_round_window(s)
+        until = observed_until(s)
+    if latest is not None:
+        nxt = latest + ROUND
+        return max(nxt, until) if until is not None and until > nxt else nxt
+    if until is not None:
+        over = (until.minute % 15) * 60 + until.second
+        return until + dt.timedelta(seconds=(900 - over) % 900)
+    return DEFAULT_ROUNDS_START + dt.timedelta(hours=1)
 
 
 def register(main: click.Group, open_store, CliError) -> None:  # noqa: N803 - a class passed in
@@ -42,35 +45,30 @@ def register(main: click.Group, open_store, CliError) -> None:  # noqa: N803 - a
         On a simulated cluster the round's 15 minutes are then simulated and booked
         (and, before the first round, an hour of online-only load is recorded).
         """
-        from executors import round_runner, steps
-        from executors.simulated.calibration import default_catalog
-        from executors.simulated.cluster import SOURCE, SimSettings
-        from executors.simulated.setup import cluster_from_store
+        from executors import round_runner
+        from executors.simulated.backend import SimulatedBackend
+        from executors.simulated.cluster import SimSettings
         from scheduler_core.round import RoundConfig
 
         store = open_store(ctx)
-        catalog = default_catalog()
         with store.session() as s:
             if not s.scalar(select(func.count()).select_from(m.Node)):
                 raise CliError("cluster: no cluster in the store; run `muxflow cluster init --simulated ...`")
             if not s.scalar(select(func.bool_and(m.Node.simulated)) if store.dialect == "postgresql"
                             else select(func.min(m.Node.simulated))):
                 raise CliError("cluster: real clusters are dispatched through Slurm (not available in this build)")
-        steps.profile_new_jobs(store, catalog, seed)
-        with store.session() as s:
-            cluster = cluster_from_store(s, catalog, SimSettings(seed=seed))
-        last, window = _next_window(store)
-        if last is None:
-            warm = cluster.advance(window, 60)
-            round_runner.book_interval(store, warm, None, SOURCE, window + dt.timedelta(hours=1))
-            window += dt.timedelta(hours=1)
+        backend = SimulatedBackend(SimSettings(seed=seed))
+        backend.profile_new_jobs(store, seed)
+        round_runner.requeue_evicted(store)
+        window = _next_window(store)
+        backend.ensure_history(store, window)
         try:
-            round_id, result = round_runner.plan_and_record(store, cluster, window, RoundConfig(migration_penalty=migration_penalty))
-        except RuntimeError as exc:
-            raise CliError(f"predictor: {exc}") from exc
-        ok, failed = round_runner.dispatch_round(store, cluster, round_id, result, window)
-        interval = cluster.advance(window, 15)
-        round_runner.book_interval(store, interval, round_id, SOURCE, window + ROUND)
+            round_id, result = round_runner.plan_and_record(store, backend.cluster(store), window,
+                                                            RoundConfig(migration_penalty=migration_penalty))
+        except (round_runner.NoPredictorError, round_runner.RoundOrderError) as exc:
+            raise CliError(f"round: {exc}") from exc
+        ok, failed = backend.dispatch(store, round_id, result, window)
+        backend.observe(store, window, 15, round_id)
         counts = result.action_counts()
         click.echo(f"round {round_id} window {window:%Y-%m-%d %H:%M} UTC (SIMULATED cluster): "
                    f"{result.gpus_considered} GPUs, {result.jobs_considered} jobs, {result.feasible_pairs} feasible pairs")

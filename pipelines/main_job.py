@@ -1,9 +1,17 @@
-"""The main job (`make run`): a full scheduling run on a simulated cluster.
+"""The main job (`make run`): a full scheduling run on a simulated cluster, executed through Dagster.
 
-store → simulated cluster → Philly trace submissions → profiling → co-location
-samples → one predictor per GPU type → 15-minute rounds over several simulated
-hours → summary and plots. Every figure it prints comes from the simulated
-cluster and says so.
+The operator's part (create the simulated cluster) and the users' part
+(submissions arriving from a Philly trace) happen here; everything the
+scheduler does runs as Dagster runs, in process, against the Dagster instance
+under ``DAGSTER_HOME`` — the one ``make ui`` reads:
+
+refresh_job (profiles, online features, co-location samples) → train_job per
+GPU type (candidate, blocking held-out check, promotion) → for each simulated
+15-minute window: the submission and eviction sensors are ticked and their run
+requests executed, then the round schedule is ticked at the window start and
+its round_job run (plan, dispatch, the simulated window) → report_job.
+
+Every figure it prints comes from the simulated cluster and says so.
 """
 
 from __future__ import annotations
@@ -11,6 +19,8 @@ from __future__ import annotations
 import datetime as dt
 import json
 import logging
+import os
+import shutil
 import time
 from collections.abc import Callable
 from dataclasses import asdict, dataclass, field
@@ -20,21 +30,21 @@ import numpy as np
 import torch
 from sqlalchemy import func, select
 
-from executors import round_runner, steps
 from executors.simulated.calibration import SAMPLE_TRACE, default_catalog, holdout_reports
-from executors.simulated.cluster import SOURCE, SimSettings
-from executors.simulated.setup import cluster_from_store, init_simulated_cluster, register_job
+from executors.simulated.setup import init_simulated_cluster
 from executors.store import models as m
 from executors.store.db import Store
 from executors.store.migrate import upgrade
 from executors.submission import SubmissionError, spec_from_trace, submit
+from pipelines.settings import MuxflowSettings, write_settings
 from scheduler_core.predictor import PredictorConfig
-from scheduler_core.round import RoundConfig
 from scheduler_core.trace import parse_trace
 
 log = logging.getLogger(__name__)
 ROUND = dt.timedelta(minutes=15)
 SIM_START = dt.datetime(2026, 1, 5, 0, 0, tzinfo=dt.timezone.utc)
+REPO_ROOT = Path(__file__).resolve().parent.parent
+DEFAULT_DAGSTER_HOME = Path(".dagster_home")
 
 
 @dataclass(frozen=True)
@@ -50,7 +60,9 @@ class MainJobConfig:
     samples_per_type: int = 2000
     seed: int = 0
     migration_penalty: float = 0.05
+    max_holdout_mae: float = 0.10
     predictor: PredictorConfig = field(default_factory=PredictorConfig)
+    dagster_home: Path = DEFAULT_DAGSTER_HOME
 
 
 def _say(progress: Callable[[str], None] | None, msg: str) -> None:
@@ -59,11 +71,83 @@ def _say(progress: Callable[[str], None] | None, msg: str) -> None:
     log.info(msg)
 
 
+def absolute_db_url(url: str) -> str:
+    """SQLite URLs with an absolute path, so the UI finds the same file from any directory."""
+    if url.startswith("sqlite:///") and not url.startswith("sqlite:////"):
+        path = url.split("///", 1)[1]
+        if path and path != ":memory:":
+            return f"sqlite:///{Path(path).resolve()}"
+    return url
+
+
+def open_dagster_instance(home: Path):
+    """The Dagster instance under ``home`` (created with the project's dagster.yaml when new)."""
+    from dagster import DagsterInstance
+
+    home = home.resolve()
+    home.mkdir(parents=True, exist_ok=True)
+    if not (home / "dagster.yaml").exists():
+        shutil.copyfile(REPO_ROOT / "dagster.yaml", home / "dagster.yaml")
+    os.environ["DAGSTER_HOME"] = str(home)  # dagster.yaml places its SQLite files under $DAGSTER_HOME
+    return DagsterInstance.from_config(str(home))
+
+
+class DagsterDriver:
+    """Runs jobs in process and ticks sensors and the schedule at simulated times, as the daemon would."""
+
+    def __init__(self, defs, instance, log_level: str = "WARNING"):
+        from dagster import build_sensor_context
+
+        self.defs, self.instance = defs, instance
+        # Every event still goes to the instance (the UI shows it); the console only gets warnings.
+        self.run_config = {"loggers": {"console": {"config": {"log_level": log_level}}}}
+        self._cursors: dict[str, str | None] = {}
+        self._build_sensor_context = build_sensor_context
+        self.runs = 0
+
+    def execute(self, job_name: str, partition_key: str | None = None, tags: dict | None = None):
+        job = self.defs.resolve_job_def(job_name)
+        res = job.execute_in_process(instance=self.instance, partition_key=partition_key, tags=tags or {},
+                                     raise_on_error=False, run_config=self.run_config)
+        self.runs += 1
+        if not res.success:
+            failures = [e.message for e in res.all_events if e.is_failure]
+            raise RuntimeError(f"Dagster run {res.run_id} of {job_name}"
+                               f"{f' [{partition_key}]' if partition_key else ''} failed: {failures[-3:]}")
+        return res
+
+    def tick_sensor(self, name: str) -> int:
+        sensor = self.defs.resolve_sensor_def(name)
+        with self._build_sensor_context(instance=self.instance, cursor=self._cursors.get(name),
+                                        resources=self.defs.resources, definitions=self.defs) as ctx:
+            data = sensor.evaluate_tick(ctx)
+        self._cursors[name] = data.cursor
+        for req in data.run_requests or []:
+            self.execute(sensor.job_name, req.partition_key, {**req.tags, "dagster/sensor_name": name})
+        return len(data.run_requests or [])
+
+    def tick_schedule(self, name: str, at: dt.datetime):
+        from dagster import build_schedule_context
+
+        sched = self.defs.resolve_schedule_def(name)
+        with build_schedule_context(instance=self.instance, scheduled_execution_time=at,
+                                    repository_def=self.defs.get_repository_def()) as ctx:
+            data = sched.evaluate_tick(ctx)
+        out = []
+        for req in data.run_requests or []:
+            out.append(self.execute(sched.job_name, req.partition_key,
+                                    {**req.tags, "dagster/schedule_name": name}))
+        return out
+
+
 def run_main_job(cfg: MainJobConfig, progress: Callable[[str], None] | None = print) -> dict:
+    from pipelines.definitions import build_definitions, partition_key_for
+
     t0 = time.perf_counter()
     torch.set_num_threads(max(1, min(2, torch.get_num_threads())))
-    upgrade(cfg.db_url)
-    store = Store(cfg.db_url)
+    db_url = absolute_db_url(cfg.db_url)
+    upgrade(db_url)
+    store = Store(db_url)
     catalog = default_catalog()
     gpu_types = tuple(sorted(cfg.types))
     with store.session() as s:
@@ -82,62 +166,88 @@ def run_main_job(cfg: MainJobConfig, progress: Callable[[str], None] | None = pr
     _say(progress, f"[2/5] trace {cfg.trace.name}: {len(single)} single-GPU jobs "
                    f"({skipped} multi-GPU lines not eligible for space-sharing); arrivals compressed x{compression:.0f}")
 
-    counts = steps.collect_samples(store, catalog, cfg.samples_per_type, cfg.seed)
-    _say(progress, f"[3/5] co-location samples (simulated): {counts}; calibration held-out error: "
-                   + ", ".join(f"{r.gpu_type} MAE {r.mae:.3f} (mean-baseline {r.baseline_mae:.3f})" for r in holdout_reports()))
-    trained = steps.train_predictors(store, cfg.predictor)
-    for t in trained:
-        _say(progress, f"      predictor {t.gpu_type} v{t.version}: held-out MAE normalized tput {t.holdout_mae_tput:.3f}, "
-                       f"online slowdown {t.holdout_mae_slowdown:.3f} ({t.n_train} train / {t.n_holdout} held out, {t.trained_on})")
+    settings = MuxflowSettings(
+        db_url=db_url, gpu_types=gpu_types, rounds_start=SIM_START, seed=cfg.seed,
+        samples_per_type=cfg.samples_per_type, max_holdout_mae=cfg.max_holdout_mae,
+        migration_penalty=cfg.migration_penalty, epochs=cfg.predictor.epochs, report_dir=str(cfg.report_dir.resolve()),
+    )
+    instance = open_dagster_instance(cfg.dagster_home)
+    write_settings(settings, cfg.dagster_home.resolve())
+    defs = build_definitions(settings)
+    driver = DagsterDriver(defs, instance)
 
-    settings = SimSettings(seed=cfg.seed)
+    driver.execute("refresh_job")
     with store.session() as s:
-        cluster = cluster_from_store(s, catalog, settings)
-    now = SIM_START
-    report = cluster.advance(now, cfg.warmup_minutes)
-    round_runner.book_interval(store, report, None, SOURCE, now)
-    now += dt.timedelta(minutes=cfg.warmup_minutes)
-    _say(progress, f"[4/5] {cfg.warmup_minutes} simulated minutes of online-only warm-up recorded")
+        counts = dict(s.execute(select(m.ColocationSample.gpu_type, func.count()).group_by(m.ColocationSample.gpu_type)).all())
+    _say(progress, f"[3/5] Dagster refresh_job: co-location samples (simulated) {counts}; calibration held-out error: "
+                   + ", ".join(f"{r.gpu_type} MAE {r.mae:.3f} (mean-baseline {r.baseline_mae:.3f})" for r in holdout_reports()))
+    for gtype in gpu_types:
+        driver.execute("train_job", partition_key=gtype)
+    with store.session() as s:
+        for row in s.scalars(select(m.PredictorModel).order_by(m.PredictorModel.gpu_type, m.PredictorModel.version)):
+            _say(progress, f"      predictor {row.gpu_type} v{row.version}: held-out MAE normalized tput "
+                           f"{row.holdout_mae_tput:.3f}, online slowdown {row.holdout_mae_slowdown:.3f} "
+                           f"({row.n_train} train / {row.n_holdout} held out, {row.trained_on}) "
+                           f"{'promoted' if row.promoted else 'not promoted'}")
 
-    round_cfg = RoundConfig(migration_penalty=cfg.migration_penalty)
+    first_window = SIM_START + dt.timedelta(minutes=cfg.warmup_minutes)
+    _say(progress, f"[4/5] rounds from {first_window:%Y-%m-%d %H:%M} UTC (simulated time); the first round records "
+                   f"{cfg.warmup_minutes} minutes of online-only load first")
     n_rounds = int(cfg.hours * 60 // 15)
     next_arrival = 0
     rounds = []
+    now = first_window
     for k in range(n_rounds):
-        elapsed_s = (now - SIM_START).total_seconds() - cfg.warmup_minutes * 60
-        with store.session() as s:
+        elapsed_s = (now - first_window).total_seconds()
+        with store.session() as s:  # the users: submissions that arrived by now
             while next_arrival < len(arrivals) and arrivals[next_arrival][0] <= elapsed_s:
                 t = arrivals[next_arrival][1]
                 next_arrival += 1
                 try:
-                    job = submit(s, spec_from_trace(t, catalog.offline_workload(t.job_type).mem_bytes, gpu_types),
-                                 set(catalog.offline))
-                    register_job(cluster, job)
+                    submit(s, spec_from_trace(t, catalog.offline_workload(t.job_type).mem_bytes, gpu_types),
+                           set(catalog.offline))
                 except SubmissionError as exc:
                     log.warning("trace line %d rejected: %s", t.line_no, exc)
-        steps.profile_new_jobs(store, catalog, cfg.seed + k)
-        round_id, result = round_runner.plan_and_record(store, cluster, now, round_cfg)
-        ok, failed = round_runner.dispatch_round(store, cluster, round_id, result, now)
-        interval = cluster.advance(now, 15)
-        round_runner.book_interval(store, interval, round_id, SOURCE, now + ROUND)
-        realised = _ratio(sum(e.solo_equiv_s for e in interval.executions), sum(e.wall_s for e in interval.executions))
-        c = result.action_counts()
-        rounds.append({"round": k, "window_start_utc": now.isoformat(), "placements": len(result.placements),
-                       "objective": result.objective, "actions": c, "evictions": len(interval.evictions),
-                       "completed": len(interval.completed), "oversold_simulated": realised,
-                       "matching_s": result.timings_s["matching"], "dispatch_failed": failed})
-        _say(progress, f"[5/5] round {k + 1:2d}/{n_rounds} {now:%H:%M} placements {len(result.placements):3d} "
-                       f"(start {c['start']}, keep {c['keep']}, migrate {c['migrate']}, evict {c['evict']}) "
-                       f"objective {result.objective:6.2f}  oversold(sim) {realised if realised is not None else float('nan'):.2f}  "
-                       f"evictions {len(interval.evictions)}  done {len(interval.completed)}")
+        driver.tick_sensor("new_submission_sensor")
+        driver.tick_sensor("eviction_sensor")
+        driver.tick_schedule("round_schedule", now)
+        rounds.append(_round_row(store, k, now))
+        r = rounds[-1]
+        c = r["actions"]
+        _say(progress, f"[5/5] round {k + 1:2d}/{n_rounds} {now:%H:%M} [{partition_key_for(now)}] placements "
+                       f"{r['placements']:3d} (start {c.get('start', 0)}, keep {c.get('keep', 0)}, migrate "
+                       f"{c.get('migrate', 0)}, evict {c.get('evict', 0)}) objective {r['objective']:6.2f}  "
+                       f"oversold(sim) {r['oversold_simulated'] if r['oversold_simulated'] is not None else float('nan'):.2f}  "
+                       f"evictions {r['evictions']}  done {r['completed']}")
         now += ROUND
+    driver.execute("report_job")
 
     summary = summarize(store, rounds, cfg, time.perf_counter() - t0, compression)
+    summary["dagster"] = {"home": str(cfg.dagster_home.resolve()), "runs": driver.runs,
+                          "ui": "make ui  →  http://127.0.0.1:3000  (assets → placement_plan)"}
     cfg.report_dir.mkdir(parents=True, exist_ok=True)
     summary["plots"] = write_plots(store, cfg.report_dir, rounds)
     (cfg.report_dir / "summary.json").write_text(json.dumps(summary, indent=2, default=str))
     store.dispose()
     return summary
+
+
+def _round_row(store: Store, k: int, window: dt.datetime) -> dict:
+    """The round's figures as the store has them after its Dagster run."""
+    end = window + ROUND
+    with store.session() as s:
+        rnd = s.scalars(select(m.SchedulingRound).where(m.SchedulingRound.window_start_utc == window)).one()
+        solo, wall = s.execute(select(func.sum(m.JobExecution.solo_equiv_s), func.sum(m.JobExecution.wall_s))
+                               .where(m.JobExecution.round_id == rnd.id)).one()
+        evictions = s.scalar(select(func.count()).select_from(m.Eviction)
+                             .where(m.Eviction.at_utc > window, m.Eviction.at_utc <= end))
+        completed = s.scalar(select(func.count()).select_from(m.JobTransition)
+                             .where(m.JobTransition.to_state == "DONE", m.JobTransition.at_utc > window,
+                                    m.JobTransition.at_utc <= end))
+        return {"round": k, "round_id": rnd.id, "window_start_utc": window.isoformat(), "placements": rnd.placements,
+                "objective": rnd.objective, "actions": dict(rnd.action_counts), "evictions": evictions,
+                "completed": completed, "oversold_simulated": _ratio(solo or 0.0, wall or 0.0),
+                "matching_s": (rnd.timings_s or {}).get("matching")}
 
 
 def _ratio(a: float, b: float) -> float | None:

@@ -8,13 +8,16 @@ normalized throughput the calibrated interference model gives, slowing the
 online service by the model's factor. A SysMonitor per GPU evicts offline work
 on Overlimit. Everything it reports is labelled ``simulated``.
 
-Randomness comes from one named stream per purpose derived from a single seed.
+Randomness comes from one named stream per purpose derived from a single seed
+(per interval, named by its start, so any process simulates a window alike).
+Its state between rounds is exported as JSON and kept in the store
+(``executors.simulated.setup.open_simulated_cluster``).
 """
 
 from __future__ import annotations
 
 import datetime as dt
-from dataclasses import dataclass, field
+from dataclasses import asdict, dataclass, field
 
 import numpy as np
 
@@ -40,6 +43,9 @@ from scheduler_core.sysmonitor import GpuSample, SysMonitor, SysMonitorConfig
 from scheduler_core.workloads import ONLINE_FAMILIES, OnlineFamily, WorkloadCatalog
 
 SOURCE = "simulated"
+
+
+STATE_VERSION = 1
 
 
 def rng_stream(seed: int, purpose: str) -> np.random.Generator:
@@ -128,7 +134,6 @@ class SimulatedCluster:
         self._known_jobs: dict[int, SimJobSpec] = {}
         self._noise_rng = rng_stream(settings.seed, "online-load")
         self._burst_rng = rng_stream(settings.seed, "bursts")
-        self._elapsed_s = 0.0
         # Executions closed and resume points set by dispatch or events between reports.
         self._pending_execs: list[ExecutionRecord] = []
         self._pending_progress: dict[int, tuple[float, float]] = {}
@@ -231,16 +236,76 @@ class SimulatedCluster:
         job.exec_start, job.exec_steps, job.exec_wall_s = now, 0.0, 0.0
         return rec
 
+    # -- state between processes ------------------------------------------------
+    def export_state(self) -> dict:
+        """JSON-able node-agent state: per-GPU load noise and SysMonitor, running jobs, unreported records."""
+        return {
+            "version": STATE_VERSION,
+            "gpus": {
+                str(gid): {
+                    "noise": g.noise, "burst_left": g.burst_left, "health": g.monitor.state.value,
+                    "overlimit_entries_s": list(g.monitor.overlimit_entries_s), "calm_since_s": g.monitor.calm_since_s,
+                }
+                for gid, g in self._gpus.items()
+            },
+            "jobs": {
+                str(j.spec.job_id): {
+                    "gpu_id": j.gpu_id, "sm_pct": j.sm_pct, "steps_done": j.steps_done,
+                    "checkpoint_step": j.checkpoint_step, "warmup_left_s": j.warmup_left_s,
+                    "exec_start": j.exec_start.isoformat(), "exec_steps": j.exec_steps,
+                    "exec_wall_s": j.exec_wall_s, "last_checkpoint_s": j.last_checkpoint_s,
+                }
+                for j in self._jobs.values()
+            },
+            "pending_execs": [
+                {**asdict(e), "start_utc": e.start_utc.isoformat(), "end_utc": e.end_utc.isoformat()}
+                for e in self._pending_execs
+            ],
+            "pending_progress": {str(k): list(v) for k, v in self._pending_progress.items()},
+        }
+
+    def load_state(self, state: dict) -> None:
+        """Restore :meth:`export_state`'s output. Jobs must be registered first; unknown ones are an error."""
+        if state.get("version") != STATE_VERSION:
+            raise ValueError(f"simulated cluster state version {state.get('version')!r}, expected {STATE_VERSION}")
+        for gid, gs in state["gpus"].items():
+            g = self._gpus.get(int(gid))
+            if g is None:
+                continue  # GPU removed from the cluster since
+            g.noise, g.burst_left = float(gs["noise"]), int(gs["burst_left"])
+            g.monitor.state = GpuHealth(gs["health"])
+            g.monitor.overlimit_entries_s = [float(t) for t in gs["overlimit_entries_s"]]
+            g.monitor.calm_since_s = gs["calm_since_s"]
+        self._jobs = {}
+        for jid, js in state["jobs"].items():
+            spec = self._known_jobs.get(int(jid))
+            if spec is None:
+                raise ValueError(f"simulated state runs job {jid}, which the store does not list as live")
+            self._jobs[int(jid)] = _Job(
+                spec, int(js["gpu_id"]), int(js["sm_pct"]), float(js["steps_done"]), float(js["checkpoint_step"]),
+                float(js["warmup_left_s"]), dt.datetime.fromisoformat(js["exec_start"]), float(js["exec_steps"]),
+                float(js["exec_wall_s"]), float(js["last_checkpoint_s"]),
+            )
+        self._pending_execs = [
+            ExecutionRecord(**{**e, "start_utc": dt.datetime.fromisoformat(e["start_utc"]),
+                               "end_utc": dt.datetime.fromisoformat(e["end_utc"])})
+            for e in state["pending_execs"]
+        ]
+        self._pending_progress = {int(k): (float(v[0]), float(v[1])) for k, v in state["pending_progress"].items()}
+
     # -- time ------------------------------------------------------------------
     def advance(self, start_utc: dt.datetime, minutes: int) -> IntervalReport:
         """Run the cluster for ``minutes`` simulated minutes from ``start_utc``."""
         report = IntervalReport()
+        # One random stream per interval, named by its start: the same window
+        # gives the same load whichever process simulates it.
+        self._noise_rng = rng_stream(self.settings.seed, f"online-load@{start_utc.isoformat()}")
+        self._burst_rng = rng_stream(self.settings.seed, f"bursts@{start_utc.isoformat()}")
         for minute in range(minutes):
             now = start_utc + dt.timedelta(minutes=minute)
             hour = now.hour + now.minute / 60.0
             for gid, g in self._gpus.items():
                 report.metrics.append(self._step_gpu(gid, g, now, hour, report))
-            self._elapsed_s += 60.0
         end = start_utc + dt.timedelta(minutes=minutes)
         for job in self._jobs.values():
             report.executions.append(self._close_execution(job, end))
@@ -300,7 +365,7 @@ class SimulatedCluster:
                 job.checkpoint_step, job.last_checkpoint_s = job.steps_done, 0.0
         clock_frac = 1.0 - gt.clock_drop_frac * max(0.0, (sm_act / 100.0 - 0.4) / 0.6)
         sample = GpuSample(util, sm_act, clock_frac, mem / gt.memory_bytes)
-        g.monitor.step(self._elapsed_s, sample)
+        g.monitor.step(now.timestamp() + 60.0, sample)
         row = MetricRow(
             gpu_id=gid, minute_utc=now, gpu_util_pct=util, sm_activity_pct=sm_act,
             sm_occupancy_pct=sm_act * 0.55, mem_used_bytes=mem, mem_total_bytes=float(gt.memory_bytes),

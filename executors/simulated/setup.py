@@ -62,7 +62,11 @@ def init_simulated_cluster(
     return {"gpus": total, "services": services, "nodes": s.scalar(select(func.count()).select_from(m.Node))}
 
 
+STATE_NAME = "default"
+
+
 def cluster_from_store(s: Session, catalog: WorkloadCatalog, settings: SimSettings) -> SimulatedCluster:
+    """The live model of the simulated cluster: GPUs and jobs from the store, node state from its last save."""
     rows = s.execute(
         select(m.Gpu, m.OnlineService)
         .join(m.ServiceInstance, m.ServiceInstance.gpu_id == m.Gpu.id)
@@ -80,15 +84,33 @@ def cluster_from_store(s: Session, catalog: WorkloadCatalog, settings: SimSettin
     live = repo.jobs_in_states(s, [JobState.PENDING, JobState.RUNNING, JobState.PROFILING, JobState.SUBMITTED])
     for job in live:
         register_job(cluster, job)
-    for job in live:
-        if job.state == JobState.RUNNING.value:
-            last = s.scalars(
-                select(m.Placement).where(m.Placement.job_id == job.id).order_by(m.Placement.round_id.desc()).limit(1)
-            ).first()
-            if last is not None:
-                cluster.restore(job.id, last.gpu_id, last.sm_pct, job.steps_done, job.checkpoint_step,
-                                dt.datetime.now(dt.timezone.utc))
+    saved = s.get(m.SimulatedClusterState, STATE_NAME)
+    if saved is not None:
+        cluster.load_state(saved.state)
     return cluster
+
+
+def observed_until(s: Session) -> dt.datetime | None:
+    """End of the last simulated interval booked into the store (None before the first)."""
+    saved = s.get(m.SimulatedClusterState, STATE_NAME)
+    if saved is None:
+        return None
+    t = saved.observed_until_utc
+    return t if t.tzinfo else t.replace(tzinfo=dt.timezone.utc)
+
+
+def save_cluster_state(s: Session, cluster: SimulatedCluster, observed_until_utc: dt.datetime | None = None) -> None:
+    """Store the cluster's state in the caller's transaction (with the records it produced)."""
+    row = s.get(m.SimulatedClusterState, STATE_NAME)
+    if row is None:
+        if observed_until_utc is None:
+            raise ValueError("the first save of the simulated cluster state needs the time it was observed until")
+        row = m.SimulatedClusterState(name=STATE_NAME, observed_until_utc=observed_until_utc, state={})
+        s.add(row)
+    row.state = cluster.export_state()
+    if observed_until_utc is not None:
+        row.observed_until_utc = observed_until_utc
+    row.updated_utc = dt.datetime.now(dt.timezone.utc)
 
 
 def register_job(cluster: SimulatedCluster, job: m.OfflineJob) -> None:

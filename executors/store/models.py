@@ -278,6 +278,8 @@ class SchedulingRound(Base):
     timings_s: Mapped[dict] = mapped_column(JSON, default=dict)
     snapshot: Mapped[dict] = mapped_column(JSON, default=dict)
     simulated: Mapped[bool] = mapped_column(Boolean, default=False)
+    # The plan diff as dispatched: [{"action", "job_id", "gpu_id", "from_gpu_id", "sm_pct"}, ...]
+    plan_actions: Mapped[list] = mapped_column(JSON, default=list)
     __table_args__ = (
         CheckConstraint("status IN ('planned', 'dispatched', 'failed')", name="status_valid"),
     )
@@ -366,3 +368,18 @@ class DeviceError(Base):
     xid: Mapped[int | None] = mapped_column(Integer, nullable=True)
     detail: Mapped[str | None] = mapped_column(Text, nullable=True)
     source: Mapped[str] = mapped_column(String(16))
+
+
+class SimulatedClusterState(Base):
+    """The simulated cluster's node-agent state between rounds (one row per cluster).
+
+    A real cluster keeps this on its nodes; the simulated one keeps it here so
+    that any process — the main job, a Dagster run launched from the UI, the
+    CLI — picks the simulation up exactly where the last one left it.
+    """
+
+    __tablename__ = "simulated_cluster_state"
+    name: Mapped[str] = mapped_column(String(32), primary_key=True)
+    observed_until_utc: Mapped[dt.datetime] = mapped_column(UtcDateTime)
+    state: Mapped[dict] = mapped_column(JSON)
+    updated_utc: Mapped[dt.datetime] = mapped_column(UtcDateTime, default=utcnow)

@@ -78,7 +78,33 @@ def add_samples(s: Session, samples: Iterable[object]) -> int:
 
 
 def samples_for(s: Session, gpu_type: str) -> list[m.ColocationSample]:
-    return list(s.scalars(select(m.ColocationSample).where(m.ColocationSample.gpu_type == gpu_type)))
+    return list(s.scalars(
+        select(m.ColocationSample).where(m.ColocationSample.gpu_type == gpu_type).order_by(m.ColocationSample.id)
+    ))
+
+
+def sample_count(s: Session, gpu_type: str) -> int:
+    return s.scalar(select(func.count()).select_from(m.ColocationSample).where(m.ColocationSample.gpu_type == gpu_type))
+
+
+def model_row(s: Session, gpu_type: str, version: int) -> m.PredictorModel:
+    row = s.scalars(
+        select(m.PredictorModel).where(m.PredictorModel.gpu_type == gpu_type, m.PredictorModel.version == version)
+    ).first()
+    if row is None:
+        raise KeyError(f"no predictor {gpu_type} v{version} in the store")
+    return row
+
+
+def latest_model_version(s: Session, gpu_type: str) -> int | None:
+    return s.scalar(select(func.max(m.PredictorModel.version)).where(m.PredictorModel.gpu_type == gpu_type))
+
+
+def set_promoted(s: Session, gpu_type: str, version: int) -> None:
+    """Make ``version`` the one promoted model of its GPU type."""
+    target = model_row(s, gpu_type, version)
+    for old in s.scalars(select(m.PredictorModel).where(m.PredictorModel.gpu_type == gpu_type)):
+        old.promoted = old.id == target.id
 
 
 def current_model(s: Session, gpu_type: str) -> m.PredictorModel | None:
@@ -109,13 +135,22 @@ def save_model(
     return row
 
 
-def load_predictors(s: Session) -> dict[str, SpeedPredictor]:
+def load_predictor_versions(s: Session) -> dict[str, tuple[int, SpeedPredictor]]:
+    """The promoted model of each GPU type with its version."""
     out = {}
-    for gtype in gpu_type_names(s):
+    for gtype in sorted(gpu_type_names(s)):
         row = current_model(s, gtype)
         if row is not None:
-            out[gtype] = SpeedPredictor.from_bytes(row.blob)
+            out[gtype] = (row.version, SpeedPredictor.from_bytes(row.blob))
     return out
+
+
+def load_predictors(s: Session) -> dict[str, SpeedPredictor]:
+    return {t: model for t, (_, model) in load_predictor_versions(s).items()}
+
+
+def load_predictor(s: Session, gpu_type: str, version: int) -> SpeedPredictor:
+    return SpeedPredictor.from_bytes(model_row(s, gpu_type, version).blob)
 
 
 def write_metrics(s: Session, rows: list[MetricRow], source: str) -> None:
@@ -160,6 +195,11 @@ def record_round(
         objective=result.objective,
         predicted_oversold=(n_pred / len(result.placements)) if result.placements else None,
         action_counts=result.action_counts(), timings_s=result.timings_s, snapshot=snapshot, simulated=simulated,
+        plan_actions=[
+            {"action": a.action.value, "job_id": a.job_id, "gpu_id": a.gpu_id, "from_gpu_id": a.from_gpu_id,
+             "sm_pct": a.sm_pct}
+            for a in result.actions
+        ],
     )
     s.add(rnd)
     s.flush()
@@ -193,3 +233,51 @@ def set_gpu_health(s: Session, health: dict[int, str], now: dt.datetime) -> None
         new = GpuHealth(health[gpu.id]).value
         if gpu.health != new:
             gpu.health, gpu.health_since_utc = new, now
+
+
+def latest_metric_minute_query():
+    return select(func.max(m.GpuMetricMinute.minute_utc))
+
+
+def online_service_summary(s: Session, since_utc: dt.datetime, until_utc: dt.datetime | None = None) -> list[dict]:
+    """Per online service, its replicas' own (solo) load since ``since_utc``: the features the predictor sees."""
+    mt = m.GpuMetricMinute
+    q = (
+        select(
+            m.OnlineService.name, m.OnlineService.model_family, func.count(func.distinct(mt.gpu_id)),
+            func.avg(mt.online_qps), func.avg(mt.online_gpu_util_pct), func.avg(mt.online_sm_activity_pct),
+            func.avg(mt.online_mem_used_bytes), func.avg(mt.online_solo_latency_ms), func.count(),
+        )
+        .join(m.ServiceInstance, m.ServiceInstance.gpu_id == mt.gpu_id)
+        .join(m.OnlineService, m.OnlineService.id == m.ServiceInstance.service_id)
+        .where(mt.minute_utc >= since_utc)
+        .group_by(m.OnlineService.name, m.OnlineService.model_family)
+        .order_by(m.OnlineService.name)
+    )
+    if until_utc is not None:
+        q = q.where(mt.minute_utc < until_utc)
+    keys = ("service", "family", "gpus", "qps", "gpu_util_pct", "sm_activity_pct", "mem_used_bytes",
+            "solo_latency_ms", "samples")
+    return [dict(zip(keys, row)) for row in s.execute(q)]
+
+
+def predicted_vs_realised(s: Session, round_id: int) -> list[dict]:
+    """Per placement of a round: predicted normalized throughput and what the cluster realised in its window."""
+    ex = (
+        select(m.JobExecution.job_id, func.sum(m.JobExecution.solo_equiv_s).label("solo"),
+               func.sum(m.JobExecution.wall_s).label("wall"))
+        .where(m.JobExecution.round_id == round_id)
+        .group_by(m.JobExecution.job_id)
+        .subquery()
+    )
+    rows = s.execute(
+        select(m.Placement.job_id, m.Placement.gpu_id, m.Placement.action, m.Placement.predicted_norm_tput,
+               ex.c.solo, ex.c.wall)
+        .join(ex, ex.c.job_id == m.Placement.job_id)
+        .where(m.Placement.round_id == round_id)
+        .order_by(m.Placement.job_id)
+    ).all()
+    return [
+        {"job_id": j, "gpu_id": g, "action": a, "predicted": float(p), "realised": float(solo) / float(wall)}
+        for j, g, a, p, solo, wall in rows if wall and wall > 0
+    ]

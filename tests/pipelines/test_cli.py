@@ -313,8 +313,9 @@ def test_help_works(path: tuple[str, ...], tmp_path: Path) -> None:
 
 
 def test_sample_train_round_report_flow(cluster_url: str, tmp_path: Path) -> None:
-    ok(cluster_url, *JOB)
-    ok(cluster_url, *with_job(JOB, "--name", "j2"))
+    long_job = with_job(JOB, "--steps", "5000000")  # runs through both rounds
+    ok(cluster_url, *long_job)
+    ok(cluster_url, *with_job(long_job, "--name", "j2"))
     sampled = ok(cluster_url, "sample", "--per-type", "200").output
     assert "'t4': 200" in sampled and "'a10': 200" in sampled
     trained = ok(cluster_url, "train", "--epochs", "20").output

@@ -1,0 +1,61 @@
+"""The utilization report: SQL reports written as CSV, summarized and plotted for the UI."""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+from dagster import MetadataValue
+
+from assets.plots import png_markdown
+from executors.store.db import Store
+from executors.store.reports import run_report, write_csv
+
+REPORTS = ("utilization_per_hour", "oversold_per_round", "evictions_per_day")
+
+
+def write_utilization_report(store: Store, out_dir: Path, simulated: bool) -> dict:
+    out_dir.mkdir(parents=True, exist_ok=True)
+    frames = {name: run_report(store.engine, name) for name in REPORTS}
+    paths = {}
+    for name, df in frames.items():
+        path = out_dir / f"{name}.csv"
+        write_csv(df, path)
+        paths[name] = str(path.resolve())
+    util, over = frames["utilization_per_hour"], frames["oversold_per_round"]
+    label = "SIMULATED" if simulated else "measured"
+    meta: dict = {f"csv_{k}": MetadataValue.path(v) for k, v in paths.items()}
+    meta["hours"] = len(util)
+    meta["rounds"] = len(over)
+    if len(util):
+        shared = util["shared_minutes"].sum()
+        meta[f"gpu_util_pct_all_{label.lower()}"] = round(float((util["gpu_util_pct"] * util["gpu_minutes"]).sum()
+                                                               / util["gpu_minutes"].sum()), 2)
+        meta["shared_gpu_minutes_frac"] = round(float(shared / util["gpu_minutes"].sum()), 4)
+        meta["utilization_per_hour"] = _plot(util, label)
+    if len(over) and over["oversold_gpu"].notna().any():
+        meta[f"oversold_gpu_mean_{label.lower()}"] = round(float(over["oversold_gpu"].dropna().mean()), 4)
+        meta["last_rounds"] = MetadataValue.md(over.tail(8)[["round_id", "window_start_utc", "placements", "objective",
+                                                              "oversold_gpu"]].to_markdown(index=False, floatfmt=".3f"))
+    return meta
+
+
+def _plot(util, label: str) -> MetadataValue:
+    import matplotlib
+
+    matplotlib.use("Agg")
+    import matplotlib.pyplot as plt
+
+    fig, ax = plt.subplots(figsize=(8, 3.2))
+    x = range(len(util))
+    ax.plot(x, util["gpu_util_pct"], label="GPU util (all minutes)")
+    ax.plot(x, util["online_only_gpu_util_pct"], label="GPU util (online-only minutes)", linestyle="--")
+    ax.plot(x, util["sm_activity_pct"], label="SM activity (all minutes)")
+    ax.set_xticks(list(x)[:: max(1, len(util) // 8)])
+    ax.set_xticklabels(util["hour_utc"].iloc[:: max(1, len(util) // 8)], rotation=30, fontsize=7)
+    ax.set_ylim(0, 100)
+    ax.set_ylabel("%")
+    ax.set_title(f"Cluster utilization per hour — {label}")
+    ax.legend(fontsize=7)
+    ax.grid(alpha=0.3)
+    fig.tight_layout()
+    return png_markdown(fig, "utilization per hour")
