@@ -5,8 +5,11 @@ PYTHON ?= python3
 VENV ?= .venv
 PY := $(VENV)/bin/python
 STAMP := $(VENV)/.installed-stamp
+# The Dagster instance `make run` writes and `make ui` reads.
+export DAGSTER_HOME ?= $(CURDIR)/.dagster_home
+UI_PORT ?= 3000
 
-.PHONY: install run test bench clean
+.PHONY: install run ui test bench clean
 
 install: $(STAMP)
 
@@ -22,12 +25,19 @@ $(STAMP): pyproject.toml
 run: install
 	$(VENV)/bin/muxflow run --fresh
 
+# The Dagster UI on the instance and store of the last `make run`: runs, round
+# partitions of placement_plan and their metadata.
+ui: install
+	@test -f "$(DAGSTER_HOME)/muxflow.json" || echo "note: no $(DAGSTER_HOME)/muxflow.json yet; run 'make run' first to have rounds to look at"
+	$(VENV)/bin/dagster-webserver -w workspace.yaml -h 127.0.0.1 -p $(UI_PORT)
+
 test: install
 	bash .ci/ensure_postgres.sh
+	bash .ci/ensure_browser.sh
 	$(PY) -m pytest -q
 
 bench: install
 	$(VENV)/bin/muxflow bench round
 
 clean:
-	rm -rf .muxflow .pytest_cache .hypothesis
+	rm -rf .muxflow .dagster_home .pytest_cache .hypothesis test-artifacts

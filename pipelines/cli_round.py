@@ -114,13 +114,21 @@ def register(main: click.Group, open_store, CliError) -> None:  # noqa: N803 - a
     @click.option("--trace", type=click.Path(exists=True, dir_okay=False, path_type=Path), default=None)
     @click.option("--report-dir", type=click.Path(file_okay=False, path_type=Path), default=Path(".muxflow/report"), show_default=True)
     @click.option("--seed", type=int, default=0, show_default=True)
-    @click.option("--fresh", is_flag=True, help="Delete the default SQLite store first.")
+    @click.option("--dagster-home", type=click.Path(file_okay=False, path_type=Path), envvar="DAGSTER_HOME",
+                  default=Path(".dagster_home"), show_default=True,
+                  help="Dagster instance the runs are recorded in (what `make ui` shows). Env: DAGSTER_HOME.")
+    @click.option("--fresh", is_flag=True,
+                  help="Start over: delete the SQLite store and the Dagster instance's run history first.")
     @click.pass_context
-    def run_cmd(ctx, types_text, services, hours, jobs, samples, epochs, trace, report_dir, seed, fresh) -> None:
-        """The main job: a full scheduling run on a simulated cluster, with summary and plots."""
+    def run_cmd(ctx, types_text, services, hours, jobs, samples, epochs, trace, report_dir, seed, dagster_home,
+                fresh) -> None:
+        """The main job: a full scheduling run on a simulated cluster, executed through Dagster in process.
+
+        Afterwards `make ui` shows every run, the round partitions and their metadata.
+        """
         from executors.simulated.calibration import SAMPLE_TRACE
         from pipelines.cli import _parse_types
-        from pipelines.main_job import MainJobConfig, run_main_job
+        from pipelines.main_job import MainJobConfig, reset_dagster_home, run_main_job
         from scheduler_core.predictor import PredictorConfig
 
         url = ctx.obj["db"]
@@ -129,9 +137,11 @@ def register(main: click.Group, open_store, CliError) -> None:  # noqa: N803 - a
             path = Path(url.split("///", 1)[1])
             for p in (path, Path(f"{path}-wal"), Path(f"{path}-shm")):
                 p.unlink(missing_ok=True)
+        if fresh:
+            reset_dagster_home(dagster_home)
         cfg = MainJobConfig(db_url=url, report_dir=report_dir, types=types, services=services, hours=hours, jobs=jobs,
                             trace=trace or SAMPLE_TRACE, samples_per_type=samples, seed=seed,
-                            predictor=PredictorConfig(epochs=epochs, seed=seed))
+                            predictor=PredictorConfig(epochs=epochs, seed=seed), dagster_home=dagster_home)
         try:
             summary = run_main_job(cfg, progress=lambda msg: click.echo(msg))
         except ValueError as exc:

@@ -92,6 +92,18 @@ def open_dagster_instance(home: Path):
     return DagsterInstance.from_config(str(home))
 
 
+def reset_dagster_home(home: Path) -> None:
+    """Forget the runs of an earlier main job: the SQLite storage of the instance under ``home``.
+
+    Only what Dagster's SQLite storage writes there is removed (its dagster.yaml
+    and settings stay); a home with other storage is left alone.
+    """
+    for name in ("history", "schedules", "storage", ".logs_queue", ".nux", ".telemetry"):
+        target = home / name
+        if target.is_dir():
+            shutil.rmtree(target)
+
+
 class DagsterDriver:
     """Runs jobs in process and ticks sensors and the schedule at simulated times, as the daemon would."""
 

@@ -264,3 +264,52 @@ def store(store_url: str) -> Iterator[Store]:
         yield handle
     finally:
         handle.dispose()
+
+
+# -- a small simulated cluster for Dagster tests ------------------------------------------------
+
+JOB_TYPES = ("ResNet-50 (batch size 64)", "Transformer (batch size 32)", "Recommendation (batch size 512)")
+
+
+def _submit_jobs(store: Store, n: int, prefix: str = "job", steps: int = 5_000_000) -> list[int]:
+    from executors.submission import JobSpec, submit
+
+    ids = []
+    with store.session() as s:
+        for k in range(n):
+            spec = JobSpec(name=f"{prefix}-{k}", command="python train.py", job_type=JOB_TYPES[k % len(JOB_TYPES)],
+                           mem_bytes=2 * 1024**3, allowed_gpu_types=("a10", "t4"), checkpoint_dir=f"/ckpt/{prefix}-{k}",
+                           total_steps=steps)
+            ids.append(submit(s, spec, None).id)
+    return ids
+
+
+@pytest.fixture
+def cluster_store(store: Store) -> Iterator[Store]:
+    """16 simulated GPUs (a10:8, t4:8), 3 services, 6 submitted long jobs; nothing profiled or trained."""
+    from executors.simulated.setup import init_simulated_cluster
+
+    with store.session() as s:
+        init_simulated_cluster(s, {"a10": 8, "t4": 8}, 3, seed=0)
+    _submit_jobs(store, 6)
+    yield store
+
+
+@pytest.fixture
+def dagster_instance():
+    """An ephemeral (in-memory) Dagster instance."""
+    from dagster import DagsterInstance
+
+    with DagsterInstance.ephemeral() as inst:
+        yield inst
+
+
+@pytest.fixture
+def submit_more() -> Callable[[Store, int], list[int]]:
+    """Submit ``n`` more long jobs (names continue the numbering)."""
+    counter = iter(range(1000))
+
+    def _more(store: Store, n: int) -> list[int]:
+        return _submit_jobs(store, n, prefix=f"more{next(counter)}")
+
+    return _more

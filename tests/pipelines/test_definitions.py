@@ -1,0 +1,243 @@
+"""The Dagster deployment: definitions load, settings, schedule and sensors, backfills, Postgres instance storage."""
+
+from __future__ import annotations
+
+import datetime as dt
+import json
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+from dagster import (
+    AssetCheckKey,
+    AssetKey,
+    DagsterInstance,
+    Definitions,
+    build_schedule_context,
+    build_sensor_context,
+)
+from sqlalchemy import func, select
+
+from executors import round_runner
+from executors.cluster import EvictionRecord, IntervalReport
+from executors.store import models as m
+from executors.store.db import Store
+from executors.store.jobs import transition
+from pipelines.definitions import build_definitions, partition_key_for, window_start_for
+from pipelines.main_job import DagsterDriver
+from pipelines.settings import MuxflowSettings, SettingsError, load_settings, write_settings
+from scheduler_core.domain import JobState
+
+REPO = Path(__file__).resolve().parents[2]
+START = dt.datetime(2026, 1, 5, 0, 0, tzinfo=dt.timezone.utc)
+ASSETS = {"offline_job_profiles", "online_service_features", "colocation_samples", "speed_predictor_candidate",
+          "speed_predictor", "placement_plan", "plan_dispatch", "cluster_interval", "utilization_report"}
+CHECKS = {("speed_predictor_candidate", "holdout_error_within_bound"), ("placement_plan", "plan_feasible")}
+JOBS = {"round_job", "train_job", "refresh_job", "profile_job", "report_job", "requeue_job"}
+
+
+def settings(url: str, tmp_path: Path, **over) -> MuxflowSettings:
+    base = dict(db_url=url, gpu_types=("a10", "t4"), rounds_start=START, samples_per_type=200, epochs=20,
+                max_holdout_mae=0.5, report_dir=str(tmp_path / "report"))
+    base.update(over)
+    return MuxflowSettings(**base)
+
+
+# -- loading -------------------------------------------------------------------------------
+
+
+def test_definitions_resolve_every_asset_check_job_schedule_and_sensor(tmp_path: Path) -> None:
+    defs = build_definitions(settings("sqlite:///" + str(tmp_path / "x.db"), tmp_path))
+    Definitions.validate_loadable(defs)
+    repo = defs.get_repository_def()
+    assert {k.to_user_string() for k in repo.asset_graph.get_all_asset_keys()} == ASSETS
+    checks = {(k.asset_key.to_user_string(), k.name) for k in repo.asset_graph.asset_check_keys}
+    assert checks == CHECKS
+    for name in JOBS:
+        assert defs.resolve_job_def(name).name == name
+    sched = defs.resolve_schedule_def("round_schedule")
+    assert sched.cron_schedule == "*/15 * * * *" and sched.execution_timezone == "UTC"
+    assert sched.job_name == "round_job"
+    assert defs.resolve_sensor_def("new_submission_sensor").job_name == "profile_job"
+    assert defs.resolve_sensor_def("eviction_sensor").job_name == "requeue_job"
+    assert set(defs.resolve_job_def("train_job").partitions_def.get_partition_keys()) == {"a10", "t4"}
+    parts = defs.resolve_job_def("round_job").partitions_def
+    assert parts.get_first_partition_key() == "2026-01-05-00:00"
+    # Retries on the steps that talk to the cluster.
+    graph = defs.resolve_job_def("round_job").graph
+    for node in ("plan_dispatch", "cluster_interval"):
+        assert graph.node_named(node).definition.retry_policy.max_retries == 3
+    assert not (tmp_path / "x.db").exists()  # building the definitions opens nothing
+
+
+def test_code_location_loads_from_settings_file(tmp_path: Path) -> None:
+    path = write_settings(settings(f"sqlite:///{tmp_path / 's.db'}", tmp_path, gpu_types=("h100",)), tmp_path)
+    code = ("from pipelines.code_location import defs; "
+            "print(sorted(defs.resolve_job_def('train_job').partitions_def.get_partition_keys()))")
+    env = {"PATH": "/usr/bin:/bin", "DAGSTER_HOME": str(tmp_path), "HOME": str(tmp_path)}
+    out = subprocess.run([sys.executable, "-c", code], cwd=REPO, env=env, capture_output=True, text=True, timeout=120)
+    assert out.returncode == 0, out.stderr
+    assert out.stdout.strip().splitlines()[-1] == "['h100']"
+    assert json.loads(path.read_text())["gpu_types"] == ["h100"]
+
+
+def test_settings_from_environment_and_errors(tmp_path: Path) -> None:
+    s = load_settings({"MUXFLOW_DATABASE_URL": "sqlite:///x.db", "MUXFLOW_GPU_TYPES": "t4, a100",
+                       "MUXFLOW_ROUNDS_START": "2026-03-01T06:30", "MUXFLOW_MAX_HOLDOUT_MAE": "0.2"})
+    assert s.gpu_types == ("t4", "a100") and s.max_holdout_mae == 0.2
+    assert s.rounds_start == dt.datetime(2026, 3, 1, 6, 30, tzinfo=dt.timezone.utc)
+    assert MuxflowSettings.from_json(s.to_json()) == s
+    bad = [
+        ({"MUXFLOW_CLUSTER": "kubernetes"}, "cluster must be"),
+        ({"MUXFLOW_CLUSTER": "slurm"}, "needs slurm_url"),
+        ({"MUXFLOW_ROUNDS_START": "2026-03-01T06:20"}, "15-minute boundary"),
+        ({"MUXFLOW_ROUNDS_START": "yesterday"}, "not an ISO time"),
+        ({"MUXFLOW_SEED": "zero"}, "MUXFLOW_SEED"),
+        ({"MUXFLOW_GPU_TYPES": "t4,t4"}, "distinct"),
+        ({"MUXFLOW_MAX_HOLDOUT_MAE": "0"}, "max_holdout_mae"),
+    ]
+    for env, msg in bad:
+        with pytest.raises(SettingsError, match=msg):
+            load_settings({"MUXFLOW_DATABASE_URL": "sqlite:///x.db", **env})
+    (tmp_path / "bad.json").write_text('{"db_url": "sqlite:///x.db", "colour": "red"}')
+    with pytest.raises(SettingsError, match="unknown settings: colour"):
+        load_settings({"MUXFLOW_SETTINGS": str(tmp_path / "bad.json")})
+
+
+# -- schedule and sensors -------------------------------------------------------------------
+
+
+def test_round_schedule_requests_the_window_that_starts_at_the_tick(tmp_path: Path) -> None:
+    defs = build_definitions(settings(f"sqlite:///{tmp_path / 'x.db'}", tmp_path))
+    sched = defs.resolve_schedule_def("round_schedule")
+    with DagsterInstance.ephemeral() as inst:
+        for at, key in [(dt.datetime(2026, 2, 3, 10, 15, tzinfo=dt.timezone.utc), "2026-02-03-10:15"),
+                        (dt.datetime(2026, 2, 3, 23, 45, 7, tzinfo=dt.timezone.utc), "2026-02-03-23:45")]:
+            with build_schedule_context(instance=inst, scheduled_execution_time=at,
+                                        repository_def=defs.get_repository_def()) as ctx:
+                data = sched.evaluate_tick(ctx)
+            assert [r.partition_key for r in data.run_requests] == [key]
+            assert data.run_requests[0].run_key == f"round-{key}"
+    assert window_start_for(dt.datetime(2026, 2, 3, 10, 29, 59, tzinfo=dt.timezone.utc)).minute == 15
+    assert partition_key_for(dt.datetime(2026, 2, 3, 11, 0, tzinfo=dt.timezone(dt.timedelta(hours=1)))) \
+        == "2026-02-03-10:00"
+
+
+def _tick(defs, name: str, inst, cursor: str | None):
+    with build_sensor_context(instance=inst, cursor=cursor, resources=defs.resources, definitions=defs) as ctx:
+        return defs.resolve_sensor_def(name).evaluate_tick(ctx)
+
+
+def test_submission_sensor_requests_one_profiling_run_per_batch(cluster_store: Store, submit_more,
+                                                               tmp_path: Path) -> None:
+    defs = build_definitions(settings(cluster_store.url, tmp_path))
+    with DagsterInstance.ephemeral() as inst:
+        first = _tick(defs, "new_submission_sensor", inst, None)
+        assert [r.run_key for r in first.run_requests] == ["profile-upto-6"]
+        again = _tick(defs, "new_submission_sensor", inst, first.cursor)
+        assert not again.run_requests and "already have a profiling run" in again.skip_message
+        submit_more(cluster_store, 2)
+        third = _tick(defs, "new_submission_sensor", inst, again.cursor or first.cursor)
+        assert [r.run_key for r in third.run_requests] == ["profile-upto-8"]
+        # The run it requests profiles them all.
+        driver = DagsterDriver(defs, inst)
+        driver.execute("profile_job")
+        with cluster_store.session() as s:
+            assert s.scalar(select(func.count()).select_from(m.OfflineJob)
+                            .where(m.OfflineJob.state == JobState.PENDING.value)) == 8
+        empty = _tick(defs, "new_submission_sensor", inst, third.cursor)
+        assert not empty.run_requests and "no submitted job" in empty.skip_message
+
+
+def test_eviction_sensor_requeues_evicted_jobs(cluster_store: Store, tmp_path: Path) -> None:
+    defs = build_definitions(settings(cluster_store.url, tmp_path))
+    with cluster_store.session() as s:
+        gpu = s.scalars(select(m.Gpu).order_by(m.Gpu.id)).first()
+        job_ids = [j.id for j in s.scalars(select(m.OfflineJob).order_by(m.OfflineJob.id))][:2]
+        for jid in job_ids:  # as if placed and running
+            for st in (JobState.PROFILING, JobState.PENDING, JobState.RUNNING):
+                transition(s, jid, st, "test setup")
+    at = START + dt.timedelta(hours=2)
+    report = IntervalReport(evictions=[EvictionRecord(jid, gpu.id, at, "SysMonitor Overlimit (test)", "Overlimit", 0.0)
+                                       for jid in job_ids])
+    round_runner.book_interval(cluster_store, report, None, "simulated", at)
+    with DagsterInstance.ephemeral() as inst:
+        tick = _tick(defs, "eviction_sensor", inst, None)
+        assert len(tick.run_requests) == 1
+        DagsterDriver(defs, inst).execute("requeue_job")
+        with cluster_store.session() as s:
+            states = {j.id: j.state for j in s.scalars(select(m.OfflineJob).where(m.OfflineJob.id.in_(job_ids)))}
+            reasons = s.scalars(select(m.JobTransition.reason).where(m.JobTransition.to_state == "PENDING",
+                                                                     m.JobTransition.from_state == "EVICTED")).all()
+        assert set(states.values()) == {JobState.PENDING.value}
+        assert len(reasons) == 2 and all("eviction sensor" in r for r in reasons)
+        again = _tick(defs, "eviction_sensor", inst, tick.cursor)
+        assert not again.run_requests
+
+
+# -- a backfill of past round partitions ----------------------------------------------------------
+
+
+def _stored_plan(store: Store, window: dt.datetime) -> list[tuple]:
+    with store.session() as s:
+        rnd = round_runner.round_for_window(s, window)
+        return [(p.job_id, p.gpu_id, p.sm_pct, p.mem_quota_bytes, p.predicted_norm_tput, p.action)
+                for p in s.scalars(select(m.Placement).where(m.Placement.round_id == rnd.id).order_by(m.Placement.job_id))]
+
+
+def test_backfill_of_two_past_rounds_reproduces_their_plans(cluster_store: Store, submit_more,
+                                                           tmp_path: Path) -> None:
+    defs = build_definitions(settings(cluster_store.url, tmp_path))
+    windows = [START + dt.timedelta(hours=1, minutes=15 * k) for k in range(3)]
+    with DagsterInstance.ephemeral() as inst:
+        driver = DagsterDriver(defs, inst)
+        driver.execute("refresh_job")
+        for t in ("a10", "t4"):
+            driver.execute("train_job", partition_key=t)
+        for k, w in enumerate(windows):
+            if k == 1:
+                submit_more(cluster_store, 4)
+                driver.execute("profile_job")
+            driver.execute("round_job", partition_key=partition_key_for(w))
+        before = {w: _stored_plan(cluster_store, w) for w in windows[:2]}
+        assert all(before.values()) and before[windows[0]] != before[windows[1]]
+        # A backfill of the first two windows: one run per partition, tagged as a backfill.
+        for w in windows[:2]:
+            res = driver.execute("round_job", partition_key=partition_key_for(w), tags={"dagster/backfill": "test"})
+            mat = res.asset_materializations_for_node("placement_plan")[-1]
+            assert mat.metadata["replayed_from_snapshot"].value is True
+        after = {w: _stored_plan(cluster_store, w) for w in windows[:2]}
+        assert after == before
+        with cluster_store.session() as s:
+            assert s.scalar(select(func.count()).select_from(m.SchedulingRound)) == 3
+        for w in windows[:2]:
+            assert round_runner.replay_round(cluster_store, w).matches
+        checks = inst.event_log_storage.get_latest_asset_check_execution_by_key(
+            [AssetCheckKey(AssetKey("placement_plan"), "plan_feasible")])
+        assert list(checks.values())[0].status.value == "SUCCEEDED"
+        runs = inst.get_runs()
+        assert sum(1 for r in runs if r.tags.get("dagster/backfill") == "test") == 2
+
+
+# -- Postgres instance storage ------------------------------------------------------------------
+
+
+@pytest.mark.postgres
+def test_postgres_instance_storage_records_and_reads_back_a_run(make_postgres_database, tmp_path: Path,
+                                                               cluster_store: Store) -> None:
+    # With SQLAlchemy 2.1 a bare postgresql:// URL means psycopg 3; name the driver that is installed.
+    url = make_postgres_database()
+    assert url.startswith("postgresql+psycopg2://")
+    (tmp_path / "dagster.yaml").write_text(
+        "storage:\n  postgres:\n    postgres_url: " + json.dumps(url) + "\ntelemetry:\n  enabled: false\n")
+    defs = build_definitions(settings(cluster_store.url, tmp_path))
+    with DagsterInstance.from_config(str(tmp_path)) as inst:
+        assert type(inst.run_storage).__name__ == "PostgresRunStorage"
+        res = DagsterDriver(defs, inst).execute("profile_job")
+        run_id = res.run_id
+    with DagsterInstance.from_config(str(tmp_path)) as inst:  # a new process would see the same
+        run = inst.get_run_by_id(run_id)
+        assert run is not None and run.is_success and run.job_name == "profile_job"
+        mat = inst.get_latest_materialization_event(AssetKey("offline_job_profiles"))
+        assert mat.asset_materialization.metadata["profiled_now"].value == 6
