@@ -15,6 +15,7 @@ Automation
 
 
 import datetime as dt
+import warnings
 
 from dagster import (
     AssetSelection,
@@ -45,6 +46,9 @@ from scheduler_core.domain import JobState
 from scheduler_core.round import RoundConfig
 
 ROUND_CRON = f"*/{ROUND_MINUTES} * * * *"
+
+# Dagster's own @sensor passes its beta `owners` parameter internally and warns about it.
+warnings.filterwarnings("ignore", message="Parameter `owners`", module="dagster")
 
 
 def window_start_for(t: dt.datetime) -> dt.datetime:
