@@ -51,16 +51,36 @@ class SimulatedBackend:
             return cluster_from_store(s, self.catalog, self.settings)
 
     def ensure_history(self, store: Store, window_start: dt.datetime) -> int:
-        """Before the first round, an hour (``warmup_minutes``) of online-only load ending at ``window_start``."""
+        """Simulate up to ``window_start``: an hour of online-only load before the first round, else any gap."""
         with store.session() as s:
-            if observed_until(s) is not None:
-                return 0
+            until = observed_until(s)
+        if until is None:
+            self._simulate(store, window_start - dt.timedelta(minutes=self.warmup_minutes), window_start)
+            return self.warmup_minutes
+        if until < window_start:
+            return self._catch_up(store, until, window_start)
+        return 0
+
+    def _catch_up(self, store: Store, until: dt.datetime, window_start: dt.datetime) -> int:
+        gap = int((window_start - until).total_seconds() // 60)
+        start = until
+        if gap > self.max_gap_minutes:
+            # Nobody ran rounds for a long time (e.g. the schedule started days after
+            # the last run): simulate only the last warm-up before the window; the
+            # cluster stands still over the rest of the gap.
+            log.warning("simulated cluster idle for %d minutes; simulating the last %d only", gap, self.warmup_minutes)
+            start = window_start - dt.timedelta(minutes=self.warmup_minutes)
+        log.info("simulating %s to %s without a round", start, window_start)
+        self._simulate(store, start, window_start)
+        return int((window_start - start).total_seconds() // 60)
+
+    def _simulate(self, store: Store, start: dt.datetime, end: dt.datetime, round_id: int | None = None) -> IntervalReport:
+        """Advance the cluster from ``start`` to ``end`` and book it, state saved in the same transaction."""
         cluster = self.cluster(store)
-        start = window_start - dt.timedelta(minutes=self.warmup_minutes)
-        report = cluster.advance(start, self.warmup_minutes)
-        round_runner.book_interval(store, report, None, self.source, window_start,
-                                   persist=lambda s: save_cluster_state(s, cluster, window_start))
-        return self.warmup_minutes
+        report = cluster.advance(start, int((end - start).total_seconds() // 60))
+        round_runner.book_interval(store, report, round_id, self.source, end,
+                                   persist=lambda s: save_cluster_state(s, cluster, end))
+        return report
 
     def dispatch(self, store: Store, round_id: int, result: RoundResult, now: dt.datetime) -> tuple[int, int]:
         cluster = self.cluster(store)
@@ -79,23 +99,5 @@ class SimulatedBackend:
                 f"the simulated cluster is observed until {until.isoformat()}, inside the window "
                 f"{window_start.isoformat()}–{end.isoformat()}")
         if until is not None and until < window_start:
-            gap = int((window_start - until).total_seconds() // 60)
-            start = until
-            if gap > self.max_gap_minutes:
-                # Nobody ran rounds for a long time (e.g. the schedule started days
-                # after the last run): simulate only the last warm-up before the
-                # window; the cluster stands still over the rest of the gap.
-                log.warning("simulated cluster idle for %d minutes; simulating the last %d only", gap,
-                            self.warmup_minutes)
-                gap = self.warmup_minutes
-                start = window_start - dt.timedelta(minutes=gap)
-            log.info("simulating %d minutes without a round (%s to %s)", gap, start, window_start)
-            cluster = self.cluster(store)
-            report = cluster.advance(start, gap)
-            round_runner.book_interval(store, report, None, self.source, window_start,
-                                       persist=lambda s: save_cluster_state(s, cluster, window_start))
-        cluster = self.cluster(store)
-        report = cluster.advance(window_start, minutes)
-        round_runner.book_interval(store, report, round_id, self.source, end,
-                                   persist=lambda s: save_cluster_state(s, cluster, end))
-        return report
+            self._catch_up(store, until, window_start)
+        return self._simulate(store, window_start, end, round_id)

@@ -88,3 +88,10 @@ def test_backend_observes_windows_in_order_and_once(cluster_store: Store) -> Non
         assert observed_until(s) == later + dt.timedelta(minutes=15)
         minutes = s.scalar(select(func.count(func.distinct(m.GpuMetricMinute.minute_utc))))
     assert minutes == 60 + 15 + 30 + 15  # warm-up, window, the 30-minute gap, window
+    # Before planning a window, the history is brought up to its start.
+    assert backend.ensure_history(cluster_store, later + dt.timedelta(minutes=45)) == 30
+    # After more than a day without rounds only the last hour is simulated.
+    far = later + dt.timedelta(days=3)
+    assert backend.ensure_history(cluster_store, far) == 60
+    with cluster_store.session() as s:
+        assert observed_until(s) == far
