@@ -47,13 +47,14 @@ class ClusterResource(ConfigurableResource):
     kind: str = "simulated"
     seed: int = 0
     slurm_url: str | None = None
+    warmup_minutes: int = 60
 
     def backend(self) -> ClusterBackend:
         if self.kind == "simulated":
             from executors.simulated.backend import SimulatedBackend
             from executors.simulated.cluster import SimSettings
 
-            return SimulatedBackend(SimSettings(seed=self.seed))
+            return SimulatedBackend(SimSettings(seed=self.seed), warmup_minutes=self.warmup_minutes)
         if self.kind == "slurm":
             raise Failure(description=f"the Slurm dispatcher ({self.slurm_url}) is not part of this build yet; "
                                       "set cluster to 'simulated'")

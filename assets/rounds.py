@@ -50,11 +50,15 @@ FEASIBLE_CHECK = "plan_feasible"
 EXTERNAL_RETRY = RetryPolicy(max_retries=3, delay=2, backoff=Backoff.EXPONENTIAL)
 
 
-def round_partitions(start: dt.datetime) -> TimeWindowPartitionsDefinition:
-    # end_offset=1: the window that has just begun is a partition, so the schedule
-    # can plan it at its start.
+def round_partitions(start: dt.datetime, end: dt.datetime | None = None) -> TimeWindowPartitionsDefinition:
+    """One partition per 15-minute window from ``start`` (to ``end``, exclusive, when given).
+
+    Open-ended: end_offset=1, so the window that has just begun is a partition and
+    the schedule can plan it at its start.
+    """
     return TimeWindowPartitionsDefinition(
-        cron_schedule=f"*/{ROUND_MINUTES} * * * *", start=start, fmt=PARTITION_FMT, timezone="UTC", end_offset=1,
+        cron_schedule=f"*/{ROUND_MINUTES} * * * *", start=start, end=end, fmt=PARTITION_FMT, timezone="UTC",
+        end_offset=0 if end is not None else 1,
     )
 
 
@@ -71,8 +75,9 @@ def _load_round(s, window: dt.datetime) -> m.SchedulingRound:
     return rnd
 
 
-def build_round_assets(start: dt.datetime, round_cfg: RoundConfig, report_dir: str) -> tuple[list, TimeWindowPartitionsDefinition]:
-    partitions = round_partitions(start)
+def build_round_assets(start: dt.datetime, end: dt.datetime | None, round_cfg: RoundConfig,
+                       report_dir: str) -> tuple[list, TimeWindowPartitionsDefinition]:
+    partitions = round_partitions(start, end)
 
     @asset(
         group_name=GROUP, partitions_def=partitions,

@@ -65,12 +65,14 @@ def build_definitions(settings: MuxflowSettings) -> Definitions:
     profiling = build_profiling_assets(settings.seed, settings.samples_per_type)
     predictor_assets, _ = build_predictor_assets(settings.gpu_types)
     round_cfg = RoundConfig(migration_penalty=settings.migration_penalty)
-    round_assets, _ = build_round_assets(settings.rounds_start, round_cfg, settings.report_dir)
+    round_assets, _ = build_round_assets(settings.rounds_start, settings.rounds_end, round_cfg,
+                                      settings.report_dir)
 
     feature_store = FeatureStoreResource(db_url=settings.db_url)
     resources = {
         "feature_store": feature_store,
-        "cluster": ClusterResource(kind=settings.cluster, seed=settings.seed, slurm_url=settings.slurm_url),
+        "cluster": ClusterResource(kind=settings.cluster, seed=settings.seed, slurm_url=settings.slurm_url,
+                                   warmup_minutes=settings.warmup_minutes),
         "predictors": PredictorStoreResource(feature_store=feature_store, epochs=settings.epochs,
                                              seed=settings.seed, max_holdout_mae=settings.max_holdout_mae),
     }

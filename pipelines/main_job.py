@@ -178,10 +178,14 @@ def run_main_job(cfg: MainJobConfig, progress: Callable[[str], None] | None = pr
     _say(progress, f"[2/5] trace {cfg.trace.name}: {len(single)} single-GPU jobs "
                    f"({skipped} multi-GPU lines not eligible for space-sharing); arrivals compressed x{compression:.0f}")
 
+    first_window = SIM_START + dt.timedelta(minutes=cfg.warmup_minutes)
+    n_rounds = int(cfg.hours * 60 // 15)
     settings = MuxflowSettings(
-        db_url=db_url, gpu_types=gpu_types, rounds_start=SIM_START, seed=cfg.seed,
+        db_url=db_url, gpu_types=gpu_types, rounds_start=SIM_START, rounds_end=first_window + n_rounds * ROUND,
+        seed=cfg.seed,
         samples_per_type=cfg.samples_per_type, max_holdout_mae=cfg.max_holdout_mae,
         migration_penalty=cfg.migration_penalty, epochs=cfg.predictor.epochs, report_dir=str(cfg.report_dir.resolve()),
+        warmup_minutes=cfg.warmup_minutes,
     )
     instance = open_dagster_instance(cfg.dagster_home)
     write_settings(settings, cfg.dagster_home.resolve())
@@ -202,10 +206,8 @@ def run_main_job(cfg: MainJobConfig, progress: Callable[[str], None] | None = pr
                            f"({row.n_train} train / {row.n_holdout} held out, {row.trained_on}) "
                            f"{'promoted' if row.promoted else 'not promoted'}")
 
-    first_window = SIM_START + dt.timedelta(minutes=cfg.warmup_minutes)
     _say(progress, f"[4/5] rounds from {first_window:%Y-%m-%d %H:%M} UTC (simulated time); the first round records "
                    f"{cfg.warmup_minutes} minutes of online-only load first")
-    n_rounds = int(cfg.hours * 60 // 15)
     next_arrival = 0
     rounds = []
     now = first_window

@@ -37,12 +37,16 @@ class MuxflowSettings:
     slurm_url: str | None = None
     gpu_types: tuple[str, ...] = ("a10", "t4")
     rounds_start: dt.datetime = DEFAULT_ROUNDS_START
+    # Exclusive end of the round partitions; None = open-ended (a live cluster). The main
+    # job sets it to the end of its simulated hours, so the UI lists just those windows.
+    rounds_end: dt.datetime | None = None
     seed: int = 0
     samples_per_type: int = 2000
     max_holdout_mae: float = 0.10  # asset check bound on a predictor's held-out MAE of normalized throughput
     migration_penalty: float = 0.05
     epochs: int = 250
     report_dir: str = ".muxflow/report"
+    warmup_minutes: int = 60  # simulated cluster: online-only history recorded before its first round
 
     def __post_init__(self) -> None:
         if self.cluster not in ("simulated", "slurm"):
@@ -51,19 +55,27 @@ class MuxflowSettings:
             raise SettingsError("cluster 'slurm' needs slurm_url (MUXFLOW_SLURM_URL)")
         if not self.gpu_types or len(set(self.gpu_types)) != len(self.gpu_types):
             raise SettingsError(f"gpu_types must be a non-empty list of distinct names, got {self.gpu_types!r}")
-        if self.rounds_start.tzinfo is None:
-            raise SettingsError("rounds_start must carry a time zone (UTC)")
-        if self.rounds_start.minute % 15 or self.rounds_start.second or self.rounds_start.microsecond:
-            raise SettingsError(f"rounds_start must fall on a 15-minute boundary, got {self.rounds_start.isoformat()}")
+        for name in ("rounds_start", "rounds_end"):
+            t = getattr(self, name)
+            if t is None:
+                continue
+            if t.tzinfo is None:
+                raise SettingsError(f"{name} must carry a time zone (UTC)")
+            if t.minute % 15 or t.second or t.microsecond:
+                raise SettingsError(f"{name} must fall on a 15-minute boundary, got {t.isoformat()}")
+        if self.rounds_end is not None and self.rounds_end <= self.rounds_start:
+            raise SettingsError("rounds_end must be after rounds_start")
         if not 0 < self.max_holdout_mae:
             raise SettingsError("max_holdout_mae must be > 0")
-        if self.samples_per_type < 10 or self.epochs < 1 or self.migration_penalty < 0:
-            raise SettingsError("samples_per_type >= 10, epochs >= 1 and migration_penalty >= 0 are required")
+        if self.samples_per_type < 10 or self.epochs < 1 or self.migration_penalty < 0 or self.warmup_minutes < 15:
+            raise SettingsError("samples_per_type >= 10, epochs >= 1, migration_penalty >= 0 and "
+                                "warmup_minutes >= 15 are required")
 
     def to_json(self) -> dict:
         d = dataclasses.asdict(self)
         d["gpu_types"] = list(self.gpu_types)
         d["rounds_start"] = self.rounds_start.isoformat()
+        d["rounds_end"] = self.rounds_end.isoformat() if self.rounds_end else None
         return d
 
     @classmethod
@@ -75,21 +87,22 @@ class MuxflowSettings:
         d = dict(d)
         if "gpu_types" in d:
             d["gpu_types"] = tuple(d["gpu_types"])
-        if "rounds_start" in d:
-            d["rounds_start"] = _parse_time(d["rounds_start"])
+        for name in ("rounds_start", "rounds_end"):
+            if d.get(name) is not None:
+                d[name] = _parse_time(d[name], name)
         try:
             return cls(**d)
         except TypeError as exc:
             raise SettingsError(str(exc)) from exc
 
 
-def _parse_time(v: str | dt.datetime) -> dt.datetime:
+def _parse_time(v: str | dt.datetime, name: str = "rounds_start") -> dt.datetime:
     if isinstance(v, dt.datetime):
         return v
     try:
         t = dt.datetime.fromisoformat(v)
     except ValueError as exc:
-        raise SettingsError(f"rounds_start: not an ISO time: {v!r}") from exc
+        raise SettingsError(f"{name}: not an ISO time: {v!r}") from exc
     return t if t.tzinfo else t.replace(tzinfo=dt.timezone.utc)
 
 
@@ -117,7 +130,8 @@ def load_settings(environ: dict[str, str] | None = None) -> MuxflowSettings:
     conv = {
         "MUXFLOW_CLUSTER": ("cluster", str), "MUXFLOW_SLURM_URL": ("slurm_url", str),
         "MUXFLOW_GPU_TYPES": ("gpu_types", lambda v: tuple(x.strip() for x in v.split(",") if x.strip())),
-        "MUXFLOW_ROUNDS_START": ("rounds_start", _parse_time), "MUXFLOW_SEED": ("seed", int),
+        "MUXFLOW_ROUNDS_START": ("rounds_start", _parse_time),
+        "MUXFLOW_ROUNDS_END": ("rounds_end", lambda v: _parse_time(v, "rounds_end")), "MUXFLOW_SEED": ("seed", int),
         "MUXFLOW_SAMPLES_PER_TYPE": ("samples_per_type", int), "MUXFLOW_MAX_HOLDOUT_MAE": ("max_holdout_mae", float),
         "MUXFLOW_MIGRATION_PENALTY": ("migration_penalty", float), "MUXFLOW_EPOCHS": ("epochs", int),
         "MUXFLOW_REPORT_DIR": ("report_dir", str),

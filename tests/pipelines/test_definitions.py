@@ -100,6 +100,12 @@ def test_settings_from_environment_and_errors(tmp_path: Path) -> None:
     for env, msg in bad:
         with pytest.raises(SettingsError, match=msg):
             load_settings({"MUXFLOW_DATABASE_URL": "sqlite:///x.db", **env})
+    bounded = load_settings({"MUXFLOW_DATABASE_URL": "sqlite:///x.db", "MUXFLOW_ROUNDS_END": "2026-01-05T03:00"})
+    parts = build_definitions(bounded).resolve_job_def("round_job").partitions_def
+    keys = parts.get_partition_keys()
+    assert keys[0] == "2026-01-05-00:00" and keys[-1] == "2026-01-05-02:45" and len(keys) == 12
+    with pytest.raises(SettingsError, match="after rounds_start"):
+        load_settings({"MUXFLOW_DATABASE_URL": "sqlite:///x.db", "MUXFLOW_ROUNDS_END": "2026-01-04T03:00"})
     (tmp_path / "bad.json").write_text('{"db_url": "sqlite:///x.db", "colour": "red"}')
     with pytest.raises(SettingsError, match="unknown settings: colour"):
         load_settings({"MUXFLOW_SETTINGS": str(tmp_path / "bad.json")})

@@ -76,3 +76,24 @@ def test_main_job_on_postgres(make_postgres_database, tmp_path: Path) -> None:
     assert summary["placements_per_round_avg"] > 0
     assert 0 < summary["oversold_gpu"] <= 1
     assert all(Path(p).stat().st_size > 0 for p in summary["plots"])
+
+
+def test_rounds_went_through_dagster(sqlite_runs) -> None:
+    from dagster import AssetKey, DagsterInstance, DagsterRunStatus, RunsFilter
+
+    summary, _, root = sqlite_runs
+    home = root / "dagster_home"
+    assert summary["dagster"]["home"] == str(home.resolve())
+    with DagsterInstance.from_config(str(home)) as inst:
+        runs = inst.get_runs(RunsFilter(statuses=[DagsterRunStatus.SUCCESS]))
+        assert len(runs) == summary["dagster"]["runs"] == len(inst.get_runs())  # every run succeeded
+        by_job: dict[str, int] = {}
+        for r in runs:
+            by_job[r.job_name] = by_job.get(r.job_name, 0) + 1
+        assert by_job["round_job"] == 4 and by_job["train_job"] == 2 and by_job["report_job"] == 1
+        assert by_job["profile_job"] >= 1  # launched by the submission sensor
+        keys = sorted(inst.get_materialized_partitions(AssetKey("placement_plan")))
+        assert keys == ["2026-01-05-01:00", "2026-01-05-01:15", "2026-01-05-01:30", "2026-01-05-01:45"]
+        assert all(r.tags.get("dagster/schedule_name") == "round_schedule" for r in runs if r.job_name == "round_job")
+    settings = (home / "muxflow.json").read_text()
+    assert '"rounds_end": "2026-01-05T02:00:00+00:00"' in settings
