@@ -53,12 +53,12 @@ EXTERNAL_RETRY = RetryPolicy(max_retries=3, delay=2, backoff=Backoff.EXPONENTIAL
 def round_partitions(start: dt.datetime, end: dt.datetime | None = None) -> TimeWindowPartitionsDefinition:
     """One partition per 15-minute window from ``start`` (to ``end``, exclusive, when given).
 
-    Open-ended: end_offset=1, so the window that has just begun is a partition and
-    the schedule can plan it at its start.
+    end_offset=1: the window that has just begun is a partition, so the schedule
+    can plan it at its start (it never reaches past ``end``).
     """
     return TimeWindowPartitionsDefinition(
         cron_schedule=f"*/{ROUND_MINUTES} * * * *", start=start, end=end, fmt=PARTITION_FMT, timezone="UTC",
-        end_offset=0 if end is not None else 1,
+        end_offset=1,
     )
 
 
