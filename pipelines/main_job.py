@@ -19,7 +19,6 @@ from __future__ import annotations
 import datetime as dt
 import json
 import logging
-import os
 import shutil
 import time
 from collections.abc import Callable
@@ -81,14 +80,23 @@ def absolute_db_url(url: str) -> str:
 
 
 def open_dagster_instance(home: Path):
-    """The Dagster instance under ``home`` (created with the project's dagster.yaml when new)."""
+    """The Dagster instance under ``home``, created from the project's dagster.yaml when new.
+
+    The copy names ``home`` itself as the SQLite directory (the project file reads it
+    from ``$DAGSTER_HOME``), so the instance is the same whatever the environment says.
+    """
+    import yaml
     from dagster import DagsterInstance
 
     home = home.resolve()
     home.mkdir(parents=True, exist_ok=True)
-    if not (home / "dagster.yaml").exists():
-        shutil.copyfile(REPO_ROOT / "dagster.yaml", home / "dagster.yaml")
-    os.environ["DAGSTER_HOME"] = str(home)  # dagster.yaml places its SQLite files under $DAGSTER_HOME
+    target = home / "dagster.yaml"
+    if not target.exists():
+        config = yaml.safe_load((REPO_ROOT / "dagster.yaml").read_text())
+        if "sqlite" in config.get("storage", {}):
+            config["storage"]["sqlite"]["base_dir"] = str(home)
+        target.write_text("# Written by muxflow from the project's dagster.yaml for this DAGSTER_HOME.\n"
+                          + yaml.safe_dump(config, sort_keys=False))
     return DagsterInstance.from_config(str(home))
 
 
