@@ -1,0 +1,148 @@
+/* See shm_read.h and the layout in xcuda_shm.h. Runs on the controller thread only. */
+#include "shm_read.h"
+
+#include <errno.h>
+#include <fcntl.h>
+#include <math.h>
+#include <string.h>
+#include <unistd.h>
+
+#include "xcuda_shm.h"
+
+#define REOPEN_INTERVAL_NS 1000000000ull  /* look for a missing record once a second */
+#define READ_ATTEMPTS 4
+
+const char *xc_shm_status_name(enum xc_shm_status s)
+{
+    static const char *const names[XC_SHM_STATUS_COUNT] = {
+        [XC_SHM_OK] = "ok",
+        [XC_SHM_MISSING] = "no such file",
+        [XC_SHM_SHORT] = "file shorter than a record",
+        [XC_SHM_BAD_MAGIC] = "bad magic",
+        [XC_SHM_BAD_VERSION] = "unsupported version",
+        [XC_SHM_BUSY] = "writer always mid-update",
+        [XC_SHM_BAD_CHECKSUM] = "checksum mismatch",
+        [XC_SHM_BAD_VALUES] = "values out of range",
+        [XC_SHM_STALE] = "stale (node agent not updating it)",
+    };
+    return (unsigned)s < XC_SHM_STATUS_COUNT ? names[s] : "?";
+}
+
+uint64_t xc_shm_checksum(const unsigned char *payload, size_t len)
+{
+    uint64_t h = 0xcbf29ce484222325ull;
+    for (size_t i = 0; i < len; i++) {
+        h ^= payload[i];
+        h *= 0x100000001b3ull;
+    }
+    return h;
+}
+
+static int fraction_ok(double x, double hi)
+{
+    return isfinite(x) && x >= 0.0 && x <= hi;
+}
+
+enum xc_shm_status xc_shm_decode(const unsigned char *buf, size_t len, struct xc_shm_sample *out)
+{
+    struct xcuda_shm_record rec;
+    if (len < XCUDA_SHM_SIZE)
+        return XC_SHM_SHORT;
+    memcpy(&rec, buf, sizeof rec);
+    if (rec.magic != XCUDA_SHM_MAGIC)
+        return XC_SHM_BAD_MAGIC;
+    if (rec.version != XCUDA_SHM_VERSION || rec.record_size < XCUDA_SHM_SIZE)
+        return XC_SHM_BAD_VERSION;
+    if (rec.seq & 1u)
+        return XC_SHM_BUSY;
+    if (rec.checksum != xc_shm_checksum(buf + XCUDA_SHM_PAYLOAD_OFFSET, XCUDA_SHM_SIZE - XCUDA_SHM_PAYLOAD_OFFSET))
+        return XC_SHM_BAD_CHECKSUM;
+    if (!fraction_ok(rec.u_sm, 1.0) || !fraction_ok(rec.sm_clock_mhz, 1e6) ||
+        !fraction_ok(rec.clock_threshold_mhz, 1e6) || !fraction_ok(rec.clock_max_mhz, 1e6) ||
+        !fraction_ok(rec.target_util, 2.0) || !fraction_ok(rec.sm_occupancy, 1.0) ||
+        !fraction_ok(rec.gpu_util, 1.0))
+        return XC_SHM_BAD_VALUES;
+    out->seq = rec.seq;
+    out->timestamp_ns = rec.timestamp_ns;
+    out->gpu_index = rec.gpu_index;
+    out->flags = rec.flags;
+    out->u_sm = rec.u_sm;
+    out->sm_clock_mhz = rec.sm_clock_mhz;
+    out->clock_threshold_mhz = rec.clock_threshold_mhz;
+    out->clock_max_mhz = rec.clock_max_mhz;
+    out->target_util = rec.target_util;
+    out->sm_occupancy = rec.sm_occupancy;
+    out->gpu_util = rec.gpu_util;
+    out->mem_used_bytes = rec.mem_used_bytes;
+    return XC_SHM_OK;
+}
+
+void xc_shm_reader_init(struct xc_shm_reader *r, const char *path)
+{
+    size_t n = strnlen(path, sizeof r->path - 1);
+    memcpy(r->path, path, n);
+    r->path[n] = '\0';
+    r->fd = -1;
+    r->next_open_ns = 0;
+    r->last = XC_SHM_MISSING;
+}
+
+void xc_shm_reader_close(struct xc_shm_reader *r)
+{
+    if (r->fd >= 0)
+        close(r->fd);
+    r->fd = -1;
+}
+
+static ssize_t read_at(int fd, void *buf, size_t len, off_t off)
+{
+    ssize_t n;
+    do
+        n = pread(fd, buf, len, off);
+    while (n < 0 && errno == EINTR);
+    return n;
+}
+
+enum xc_shm_status xc_shm_read(struct xc_shm_reader *r, uint64_t now_ns, uint64_t stale_ns,
+                               struct xc_shm_sample *out)
+{
+    if (r->fd < 0) {
+        if (now_ns < r->next_open_ns)
+            return r->last;
+        r->next_open_ns = now_ns + REOPEN_INTERVAL_NS;
+        r->fd = open(r->path, O_RDONLY | O_CLOEXEC | O_NONBLOCK);
+        if (r->fd < 0)
+            return r->last = XC_SHM_MISSING;
+    }
+    enum xc_shm_status st = XC_SHM_BUSY;
+    for (int attempt = 0; attempt < READ_ATTEMPTS; attempt++) {
+        unsigned char buf[XCUDA_SHM_SIZE];
+        uint64_t seq_after;
+        ssize_t n = read_at(r->fd, buf, sizeof buf, 0);
+        if (n < (ssize_t)sizeof buf) {
+            st = n < 0 ? XC_SHM_MISSING : XC_SHM_SHORT;
+            break;
+        }
+        st = xc_shm_decode(buf, sizeof buf, out);
+        if (st != XC_SHM_OK && st != XC_SHM_BUSY && st != XC_SHM_BAD_CHECKSUM)
+            break;
+        if (st == XC_SHM_OK) {
+            if (read_at(r->fd, &seq_after, sizeof seq_after, 16) != (ssize_t)sizeof seq_after) {
+                st = XC_SHM_SHORT;
+                break;
+            }
+            if (seq_after == out->seq)
+                break;
+            st = XC_SHM_BUSY;
+        }
+    }
+    if (st == XC_SHM_OK && (out->timestamp_ns > now_ns + stale_ns || now_ns - out->timestamp_ns > stale_ns))
+        st = XC_SHM_STALE;
+    if (st != XC_SHM_OK && st != XC_SHM_BUSY) {
+        /* The agent may have replaced the file: open it afresh next time. */
+        xc_shm_reader_close(r);
+        if (st != XC_SHM_MISSING)
+            r->next_open_ns = now_ns + REOPEN_INTERVAL_NS / 10;
+    }
+    return r->last = st;
+}

@@ -1,0 +1,59 @@
+/* Reading the node agent's per-GPU record (layout in xcuda_shm.h). */
+#ifndef XCUDA_SHM_READ_H
+#define XCUDA_SHM_READ_H
+
+#include <stddef.h>
+#include <stdint.h>
+
+#include "config.h"
+
+enum xc_shm_status {
+    XC_SHM_OK = 0,
+    XC_SHM_MISSING,       /* no file */
+    XC_SHM_SHORT,         /* file shorter than a record */
+    XC_SHM_BAD_MAGIC,
+    XC_SHM_BAD_VERSION,
+    XC_SHM_BUSY,          /* the writer was mid-update every time we looked */
+    XC_SHM_BAD_CHECKSUM,
+    XC_SHM_BAD_VALUES,    /* NaN, negative clocks, U_SM outside [0, 1] ... */
+    XC_SHM_STALE,         /* older than XCUDA_SHM_STALE_MS: the agent stopped */
+    XC_SHM_STATUS_COUNT
+};
+
+struct xc_shm_sample {
+    uint64_t seq;
+    uint64_t timestamp_ns;
+    uint32_t gpu_index;
+    uint32_t flags;
+    double u_sm;
+    double sm_clock_mhz;
+    double clock_threshold_mhz;
+    double clock_max_mhz;
+    double target_util;
+    double sm_occupancy;
+    double gpu_util;
+    uint64_t mem_used_bytes;
+};
+
+const char *xc_shm_status_name(enum xc_shm_status s);
+
+uint64_t xc_shm_checksum(const unsigned char *payload, size_t len);
+
+/* Pure: validates a record's bytes and decodes them. No staleness check. */
+enum xc_shm_status xc_shm_decode(const unsigned char *buf, size_t len, struct xc_shm_sample *out);
+
+struct xc_shm_reader {
+    char path[XC_PATH_MAX];
+    int fd;                  /* -1 while not open */
+    uint64_t next_open_ns;   /* when to try opening again */
+    enum xc_shm_status last; /* what the last read found */
+};
+
+void xc_shm_reader_init(struct xc_shm_reader *r, const char *path);
+void xc_shm_reader_close(struct xc_shm_reader *r);
+
+/* Reads the current sample (pread: a file truncated under us cannot SIGBUS). */
+enum xc_shm_status xc_shm_read(struct xc_shm_reader *r, uint64_t now_ns, uint64_t stale_ns,
+                               struct xc_shm_sample *out);
+
+#endif
