@@ -175,6 +175,13 @@ class RoundResult:
     jobs_considered: int
     feasible_pairs: int
     timings_s: dict[str, float] = field(default_factory=dict)
+    # Optimality proof of the matching (scheduler_core.certificate): the plan's
+    # matching objective is within optimality_gap_bound of the best possible.
+    certified_optimal: bool = False
+    optimality_gap_bound: float | None = None
+    # Objective the matching maximised: predicted throughput minus migration penalties.
+    matching_objective: float | None = None
+    stats: dict = field(default_factory=dict)
 
     def action_counts(self) -> dict[str, int]:
         counts = {a.value: 0 for a in Action}

@@ -33,10 +33,47 @@ FEATURE_NAMES: tuple[str, ...] = (
     "sm_pct",
 )
 N_FEATURES = len(FEATURE_NAMES)
+ONLINE_SLICE = slice(0, 8)
+OFFLINE_SLICE = slice(8, 15)
+SM_COLUMN = 15
+
+# Values no GPU can report: percentages outside [0, 100] (a little slack for
+# sampling noise), negative rates or memory, clocks far above the boost clock.
+# A row outside these bounds is a broken measurement, not an unusual workload.
+_PCT = (0.0, 105.0)
+_FRAC = (0.0, 1.25)
+PHYSICAL_BOUNDS: dict[str, tuple[float, float]] = {
+    "on_gpu_util_pct": _PCT,
+    "on_sm_activity_pct": _PCT,
+    "on_sm_occupancy_pct": _PCT,
+    "on_mem_frac": _FRAC,
+    "on_mem_bw_util_pct": _PCT,
+    "on_log_latency_ms": (-7.0, 12.0),  # 1 µs … 45 h
+    "on_qps": (0.0, 1e7),
+    "on_sm_clock_frac": _FRAC,
+    "off_gpu_util_pct": _PCT,
+    "off_sm_activity_pct": _PCT,
+    "off_sm_occupancy_pct": _PCT,
+    "off_mem_frac": _FRAC,
+    "off_mem_bw_util_pct": _PCT,
+    "off_log_iter_time_s": (-14.0, 12.0),
+    "off_sm_clock_frac": _FRAC,
+    "sm_pct": (0.0, 100.0),
+}
 
 
 class FeatureError(ValueError):
-    """A feature that is missing, NaN or infinite."""
+    """A feature that is missing, NaN, infinite or outside the range a model accepts."""
+
+
+def describe_bad_rows(x: np.ndarray, lo: np.ndarray, hi: np.ndarray, limit: int = 3) -> str:
+    """Human-readable list of the first offending cells: feature, row, value, accepted range."""
+    bad = ~np.isfinite(x) | (x < lo) | (x > hi)
+    parts = []
+    for r, c in np.argwhere(bad)[:limit]:
+        parts.append(f"{FEATURE_NAMES[c]}={float(x[r, c])!r} in row {int(r)} (accepted [{lo[c]:.6g}, {hi[c]:.6g}])")
+    more = int(bad.sum()) - len(parts)
+    return "; ".join(parts) + (f"; and {more} more" if more > 0 else "")
 
 
 def online_vector(f: OnlineFeatures, memory_bytes: float, max_clock_mhz: float) -> np.ndarray:

@@ -1,22 +1,41 @@
-"""Speed predictor: one MLP per GPU type (paper §5–6).
+"""Speed predictor: one MLP per GPU type (paper §5–6, Figure 12).
 
 Inputs are the 16 pair features of :mod:`scheduler_core.features`; outputs are
 the offline job's normalized throughput and the online service's latency
 slowdown factor. Paper default: 4 linear layers, hidden 64×64, momentum SGD.
-Input normalization is part of the saved model, and training is reproducible
-from its seed.
+The saved model carries its input normalization and the range of its training
+data; training is reproducible from its seed.
+
+A model refuses input it cannot vouch for: NaN or infinite values, values no
+GPU can report (:data:`~scheduler_core.features.PHYSICAL_BOUNDS`), and values
+far outside its training data (the training range widened by
+``range_margin_frac`` of its width on each side).
 """
 
 from __future__ import annotations
 
 import io
-from dataclasses import asdict, dataclass
+from dataclasses import asdict, dataclass, field
 
 import numpy as np
 import torch
 from torch import nn
 
-from scheduler_core.features import FEATURE_NAMES, N_FEATURES, FeatureError
+from scheduler_core.features import FEATURE_NAMES, N_FEATURES, PHYSICAL_BOUNDS, FeatureError, describe_bad_rows
+
+BLOB_FORMAT = 2
+# Rows per forward pass. Every pass has exactly this shape (the last one is
+# padded): BLAS kernels are chosen by matrix shape, and a row's result may
+# differ in the last bit between shapes. With one shape, a row's prediction
+# depends only on the row, so predicting de-duplicated rows (the round) and
+# every pair (the dense reference) give identical numbers.
+PREDICT_CHUNK_ROWS = 8192
+# Normalized throughput below this counts as this in MAPE (a job at 1 % of its
+# solo speed would otherwise dominate the mean).
+MAPE_FLOOR = 0.05
+
+_PHYS_LO = np.array([PHYSICAL_BOUNDS[n][0] for n in FEATURE_NAMES])
+_PHYS_HI = np.array([PHYSICAL_BOUNDS[n][1] for n in FEATURE_NAMES])
 
 
 @dataclass(frozen=True)
@@ -29,11 +48,17 @@ class PredictorConfig:
     batch_size: int = 64
     holdout_frac: float = 0.2
     seed: int = 0
+    # Accepted input: training range widened by this fraction of its width per side.
+    range_margin_frac: float = 0.5
+    # Record the held-out error every this many epochs (0 = only at the end), for Figure 12's curves.
+    eval_every: int = 0
 
 
 def _mlp(cfg: PredictorConfig) -> nn.Sequential:
     if cfg.layers < 2:
         raise ValueError("an MLP needs at least 2 layers")
+    if cfg.hidden < 1:
+        raise ValueError("hidden size must be >= 1")
     mods: list[nn.Module] = [nn.Linear(N_FEATURES, cfg.hidden), nn.ReLU()]
     for _ in range(cfg.layers - 2):
         mods += [nn.Linear(cfg.hidden, cfg.hidden), nn.ReLU()]
@@ -49,51 +74,133 @@ class TrainingReport:
     holdout_mae_slowdown: float
     train_mae_tput: float
     feature_ranges: dict[str, list[float]]
+    holdout_mape_tput: float = float("nan")
+    holdout_mape_slowdown: float = float("nan")
+    # (epoch, held-out MAE of normalized throughput) when cfg.eval_every > 0.
+    curve: tuple[tuple[int, float], ...] = field(default_factory=tuple)
+
+
+@dataclass(frozen=True)
+class PredictionErrors:
+    mae_tput: float
+    mape_tput: float
+    mae_slowdown: float
+    mape_slowdown: float
 
 
 class SpeedPredictor:
-    """A trained MLP with its input normalization."""
+    """A trained MLP with its input normalization and accepted input range."""
 
-    def __init__(self, cfg: PredictorConfig, net: nn.Sequential, mean: np.ndarray, std: np.ndarray):
+    def __init__(
+        self,
+        cfg: PredictorConfig,
+        net: nn.Sequential,
+        mean: np.ndarray,
+        std: np.ndarray,
+        train_min: np.ndarray | None = None,
+        train_max: np.ndarray | None = None,
+    ):
         self.cfg = cfg
         self.net = net.eval()
-        self.mean = mean.astype(np.float32)
-        self.std = std.astype(np.float32)
+        self.mean = np.asarray(mean, dtype=np.float32)
+        self.std = np.asarray(std, dtype=np.float32)
+        self.train_min = None if train_min is None else np.asarray(train_min, dtype=np.float64)
+        self.train_max = None if train_max is None else np.asarray(train_max, dtype=np.float64)
+        self.accept_lo, self.accept_hi = self._accepted_range()
 
-    def predict(self, x: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
-        """(normalized throughput in [0, 1], online slowdown factor ≥ 1) for each row."""
+    def _accepted_range(self) -> tuple[np.ndarray, np.ndarray]:
+        lo, hi = _PHYS_LO.copy(), _PHYS_HI.copy()
+        if self.train_min is not None and self.train_max is not None:
+            margin = self.cfg.range_margin_frac * (self.train_max - self.train_min)
+            lo = np.maximum(lo, self.train_min - margin)
+            hi = np.minimum(hi, self.train_max + margin)
+        return lo, hi
+
+    def accepts(self, x: np.ndarray) -> np.ndarray:
+        """Per row: True when every feature is finite and inside the accepted range."""
+        x = np.asarray(x, dtype=np.float64)
+        with np.errstate(invalid="ignore"):
+            ok = np.isfinite(x) & (x >= self.accept_lo) & (x <= self.accept_hi)
+        return ok.all(axis=1)
+
+    def check(self, x: np.ndarray) -> np.ndarray:
+        """``x`` as float64 if the model accepts every row; :class:`FeatureError` naming the bad cells otherwise."""
         x = np.asarray(x, dtype=np.float64)
         if x.ndim != 2 or x.shape[1] != N_FEATURES:
             raise FeatureError(f"expected an (n, {N_FEATURES}) feature matrix, got {x.shape}")
         if not np.all(np.isfinite(x)):
-            raise FeatureError("feature matrix contains NaN or infinite values")
+            raise FeatureError("feature matrix contains NaN or infinite values: "
+                               + describe_bad_rows(x, self.accept_lo, self.accept_hi))
+        if not self.accepts(x).all():
+            raise FeatureError("features outside the range this model accepts (training range widened by "
+                               f"{self.cfg.range_margin_frac:.0%} per side, within physical bounds): "
+                               + describe_bad_rows(x, self.accept_lo, self.accept_hi))
+        return x
+
+    def predict(self, x: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
+        """(normalized throughput in [0, 1], online slowdown factor ≥ 1) for each row.
+
+        Bit for bit, each row's result depends only on that row (fixed-shape
+        passes, see ``PREDICT_CHUNK_ROWS``), so de-duplicated rows predict the same.
+        """
+        x = self.check(x)
         if x.shape[0] == 0:
             return np.zeros(0), np.ones(0)
-        z = torch.from_numpy(((x - self.mean) / self.std).astype(np.float32))
+        rows = PREDICT_CHUNK_ROWS
+        z_all = ((x - self.mean) / self.std).astype(np.float32)
+        out = np.empty((x.shape[0], 2), dtype=np.float32)
+        buf = np.zeros((rows, N_FEATURES), dtype=np.float32)
         with torch.no_grad():
-            out = self.net(z).numpy().astype(np.float64)
-        return np.clip(out[:, 0], 0.0, 1.0), 1.0 + np.maximum(out[:, 1], 0.0)
+            for start in range(0, x.shape[0], rows):
+                k = min(rows, x.shape[0] - start)
+                buf[:k] = z_all[start : start + k]
+                buf[k:] = 0.0
+                out[start : start + k] = self.net(torch.from_numpy(buf)).numpy()[:k]
+        out64 = out.astype(np.float64)
+        return np.clip(out64[:, 0], 0.0, 1.0), 1.0 + np.maximum(out64[:, 1], 0.0)
+
+    def errors(self, x: np.ndarray, y_tput: np.ndarray, y_slowdown: np.ndarray) -> PredictionErrors:
+        """Held-out style errors of this model on labelled samples."""
+        p_t, p_s = self.predict(x)
+        return _errors(p_t, p_s, np.asarray(y_tput, dtype=float), np.asarray(y_slowdown, dtype=float))
 
     def to_bytes(self) -> bytes:
         buf = io.BytesIO()
-        torch.save(
-            {
-                "config": asdict(self.cfg),
-                "state": self.net.state_dict(),
-                "mean": torch.from_numpy(self.mean),
-                "std": torch.from_numpy(self.std),
-            },
-            buf,
-        )
+        obj = {
+            "format": BLOB_FORMAT,
+            "config": asdict(self.cfg),
+            "state": self.net.state_dict(),
+            "mean": torch.from_numpy(self.mean),
+            "std": torch.from_numpy(self.std),
+        }
+        if self.train_min is not None and self.train_max is not None:
+            obj["train_min"] = torch.from_numpy(self.train_min)
+            obj["train_max"] = torch.from_numpy(self.train_max)
+        torch.save(obj, buf)
         return buf.getvalue()
 
     @classmethod
     def from_bytes(cls, blob: bytes) -> SpeedPredictor:
+        """Load a saved model; blobs from before format 2 carry no training range (physical bounds only)."""
         obj = torch.load(io.BytesIO(blob), weights_only=True)
-        cfg = PredictorConfig(**obj["config"])
+        known = PredictorConfig.__dataclass_fields__
+        cfg = PredictorConfig(**{k: v for k, v in obj["config"].items() if k in known})
         net = _mlp(cfg)
         net.load_state_dict(obj["state"])
-        return cls(cfg, net, obj["mean"].numpy(), obj["std"].numpy())
+        lo = obj["train_min"].numpy() if "train_min" in obj else None
+        hi = obj["train_max"].numpy() if "train_max" in obj else None
+        return cls(cfg, net, obj["mean"].numpy(), obj["std"].numpy(), lo, hi)
+
+
+def _errors(p_t: np.ndarray, p_s: np.ndarray, y_t: np.ndarray, y_s: np.ndarray) -> PredictionErrors:
+    e_t = np.abs(p_t - y_t)
+    e_s = np.abs(p_s - y_s)
+    return PredictionErrors(
+        mae_tput=float(np.mean(e_t)),
+        mape_tput=float(np.mean(e_t / np.maximum(np.abs(y_t), MAPE_FLOOR))),
+        mae_slowdown=float(np.mean(e_s)),
+        mape_slowdown=float(np.mean(e_s / np.maximum(np.abs(y_s), 1.0))),
+    )
 
 
 def train(
@@ -102,6 +209,8 @@ def train(
     """Train on samples; score on a held-out split drawn from ``cfg.seed``."""
     x = np.asarray(x, dtype=np.float64)
     targets = np.column_stack([y_tput, np.asarray(y_slowdown) - 1.0]).astype(np.float64)
+    if x.ndim != 2 or x.shape[1] != N_FEATURES:
+        raise FeatureError(f"expected an (n, {N_FEATURES}) feature matrix, got {x.shape}")
     if x.shape[0] < 10:
         raise ValueError(f"need at least 10 co-location samples to train, got {x.shape[0]}")
     if not (np.all(np.isfinite(x)) and np.all(np.isfinite(targets))):
@@ -119,10 +228,12 @@ def train(
     opt = torch.optim.SGD(net.parameters(), lr=cfg.lr, momentum=cfg.momentum)
     xt = torch.from_numpy(((x[tr] - mean) / std).astype(np.float32))
     yt = torch.from_numpy(targets[tr].astype(np.float32))
+    xh = torch.from_numpy(((x[hold] - mean) / std).astype(np.float32))
     gen = torch.Generator().manual_seed(cfg.seed)
     loss_fn = nn.MSELoss()
+    curve: list[tuple[int, float]] = []
     net.train()
-    for _ in range(cfg.epochs):
+    for epoch in range(1, cfg.epochs + 1):
         perm = torch.randperm(xt.shape[0], generator=gen)
         for start in range(0, xt.shape[0], cfg.batch_size):
             idx = perm[start : start + cfg.batch_size]
@@ -130,22 +241,43 @@ def train(
             loss = loss_fn(net(xt[idx]), yt[idx])
             loss.backward()
             opt.step()
-    model = SpeedPredictor(cfg, net, mean, std)
-    p_tput, p_slow = model.predict(x[hold])
-    t_tput, _ = model.predict(x[tr])
+        if cfg.eval_every and (epoch % cfg.eval_every == 0 or epoch == cfg.epochs):
+            with torch.no_grad():
+                p = np.clip(net(xh)[:, 0].numpy().astype(np.float64), 0.0, 1.0)
+            curve.append((epoch, float(np.mean(np.abs(p - targets[hold, 0])))))
+            net.train()
+    # The accepted range is that of every sample (the stored feature_ranges).
+    model = SpeedPredictor(cfg, net, mean, std, x.min(axis=0), x.max(axis=0))
+    p_tput, p_slow = _predict_unchecked(model, x[hold])
+    t_tput, _ = _predict_unchecked(model, x[tr])
+    held = _errors(p_tput, p_slow, targets[hold, 0], targets[hold, 1] + 1.0)
     report = TrainingReport(
         n_train=int(tr.size),
         n_holdout=int(hold.size),
-        holdout_mae_tput=float(np.mean(np.abs(p_tput - targets[hold, 0]))),
-        holdout_mae_slowdown=float(np.mean(np.abs(p_slow - 1.0 - targets[hold, 1]))),
+        holdout_mae_tput=held.mae_tput,
+        holdout_mae_slowdown=held.mae_slowdown,
         train_mae_tput=float(np.mean(np.abs(t_tput - targets[tr, 0]))),
         feature_ranges={
             name: [float(x[:, j].min()), float(x[:, j].max())] for j, name in enumerate(FEATURE_NAMES)
         },
+        holdout_mape_tput=held.mape_tput,
+        holdout_mape_slowdown=held.mape_slowdown,
+        curve=tuple(curve),
     )
     return model, report
 
 
-def should_promote(candidate: TrainingReport, current_holdout_mae: float | None) -> bool:
-    """A model replaces the current one only if its held-out error is no worse (DESIGN §3.4)."""
-    return current_holdout_mae is None or candidate.holdout_mae_tput <= current_holdout_mae
+def _predict_unchecked(model: SpeedPredictor, x: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
+    with torch.no_grad():
+        out = model.net(torch.from_numpy(((x - model.mean) / model.std).astype(np.float32))).numpy()
+    out = out.astype(np.float64)
+    return np.clip(out[:, 0], 0.0, 1.0), 1.0 + np.maximum(out[:, 1], 0.0)
+
+
+def should_promote(candidate: TrainingReport, current_holdout_mae: float | None, tolerance: float = 0.0) -> bool:
+    """A model replaces the current one only if its held-out error is no worse (DESIGN §3.4).
+
+    Compare on the same held-out samples where possible: score the current
+    model with :meth:`SpeedPredictor.errors` on the candidate's held-out split.
+    """
+    return current_holdout_mae is None or candidate.holdout_mae_tput <= current_holdout_mae + tolerance

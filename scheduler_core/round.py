@@ -3,6 +3,13 @@
 healthy GPUs + forecast load → dynamic SM % per GPU → predicted normalized
 throughput and online slowdown for every feasible (GPU, job) pair →
 maximum-weight matching → plan → diff against what runs now.
+
+At production scale (20,000 GPUs × 10,000 jobs) nothing is done per pair:
+predictions are made once per distinct (GPU input, job profile)
+(:mod:`scheduler_core.pair_weights`), the matching is solved on job classes
+and certified optimal on every pair (:mod:`scheduler_core.assignment`,
+:mod:`scheduler_core.certificate`). :mod:`scheduler_core.round_dense` keeps the
+every-pair reference.
 """
 
 from __future__ import annotations
@@ -12,6 +19,7 @@ from dataclasses import asdict, dataclass, field
 
 import numpy as np
 
+from scheduler_core.assignment import SolverConfig, solve
 from scheduler_core.domain import (
     Action,
     GpuCandidate,
@@ -23,10 +31,10 @@ from scheduler_core.domain import (
     PlannedPlacement,
     RoundResult,
 )
-from scheduler_core.dynamic_sm import SmPolicy, offline_sm_pct
-from scheduler_core.features import offline_vector, online_vector, pair_matrix
-from scheduler_core.matching import max_weight_matching
-from scheduler_core.predictor import SpeedPredictor
+from scheduler_core.dynamic_sm import SmPolicy
+from scheduler_core.pair_weights import build_graph, mem_quota_bytes
+
+__all__ = ["RoundConfig", "plan_round", "mem_quota_bytes", "diff_plan", "snapshot", "from_snapshot"]
 
 
 @dataclass(frozen=True)
@@ -41,93 +49,81 @@ class RoundConfig:
     # A kept job whose MPS share exceeds the planned one by more than this is
     # restarted in place with the planned share.
     resize_threshold_pct: int = 15
+    solver: SolverConfig = field(default_factory=SolverConfig)
 
-
-def mem_quota_bytes(gpu: GpuCandidate, cfg: RoundConfig) -> int:
-    free = gpu.memory_bytes - gpu.forecast_mem_bytes - cfg.mem_reserve_bytes
-    return int(max(0.0, min(cfg.mem_quota_frac * gpu.memory_bytes, free)))
+    def __post_init__(self) -> None:
+        # Stored rounds keep their config as JSON (dataclasses.asdict): nested settings come back as dicts.
+        if isinstance(self.sm, dict):
+            object.__setattr__(self, "sm", SmPolicy(**self.sm))
+        if isinstance(self.solver, dict):
+            known = SolverConfig.__dataclass_fields__
+            object.__setattr__(self, "solver", SolverConfig(**{k: v for k, v in self.solver.items() if k in known}))
 
 
 def plan_round(
     gpus: list[GpuCandidate],
     jobs: list[JobCandidate],
-    predictors: dict[str, SpeedPredictor],
+    predictors: dict,
     cfg: RoundConfig = RoundConfig(),
 ) -> RoundResult:
+    """Plan one round; the matching comes with an optimality certificate checked on every pair."""
     t0 = time.perf_counter()
-    # New work only goes to Healthy GPUs (paper §4.1); a job already running on
-    # an Unhealthy GPU may stay there (only Overlimit evicts).
-    healthy = [
-        g
-        for g in gpus
-        if g.gpu_type in predictors
-        and (g.health == GpuHealth.HEALTHY or (g.health == GpuHealth.UNHEALTHY and g.current_job_id is not None))
-    ]
-    n, m = len(healthy), len(jobs)
-    weights = np.zeros((n, m))
-    feasible = np.zeros((n, m), dtype=bool)
-    slowdown = np.ones((n, m))
-    sm = offline_sm_pct(np.array([g.forecast_sm_pct for g in healthy]), cfg.sm) if n else np.zeros(0, int)
-    quotas = np.array([mem_quota_bytes(g, cfg) for g in healthy], dtype=float)
-
-    # Static feasibility: type allowed, profile known, memory fits the quota.
-    rows, cols = [], []
-    for i, g in enumerate(healthy):
-        for j, job in enumerate(jobs):
-            if g.health != GpuHealth.HEALTHY and job.current_gpu_id != g.gpu_id:
-                continue
-            if (
-                g.gpu_type in job.allowed_gpu_types
-                and g.gpu_type in job.profiles
-                and job.mem_bytes <= quotas[i]
-            ):
-                rows.append(i)
-                cols.append(j)
-    t_feas = time.perf_counter()
-
-    # Batched prediction per GPU type (one MLP each).
-    rows_a, cols_a = np.array(rows, dtype=int), np.array(cols, dtype=int)
-    for gtype, model in predictors.items():
-        sel = np.array([healthy[i].gpu_type == gtype for i in rows_a], dtype=bool)
-        if not sel.any():
-            continue
-        r, c = rows_a[sel], cols_a[sel]
-        on = np.stack(
-            [online_vector(healthy[i].online, healthy[i].memory_bytes, healthy[i].max_sm_clock_mhz) for i in r]
-        )
-        off = np.stack(
-            [
-                offline_vector(jobs[j].profiles[gtype], healthy[i].memory_bytes, healthy[i].max_sm_clock_mhz)
-                for i, j in zip(r, c)
-            ]
-        )
-        tput, slow = model.predict(pair_matrix(on, off, sm[r]))
-        weights[r, c] = tput
-        slowdown[r, c] = slow
-        allowance = np.array([healthy[i].slowdown_allowance for i in r])
-        feasible[r, c] = (slow - 1.0 <= allowance) & (tput > 0)
-    t_pred = time.perf_counter()
-
-    adjusted = weights.copy()
-    if cfg.migration_penalty > 0:
-        gpu_pos = {g.gpu_id: i for i, g in enumerate(healthy)}
-        for j, job in enumerate(jobs):
-            if job.current_gpu_id is not None:
-                here = gpu_pos.get(job.current_gpu_id)
-                mask = np.ones(n, dtype=bool)
-                if here is not None:
-                    mask[here] = False
-                adjusted[mask, j] -= cfg.migration_penalty
-    match = max_weight_matching(adjusted, feasible)
+    graph = build_graph(gpus, jobs, predictors, cfg)
+    t_graph = time.perf_counter()
+    sol = solve(graph.weights, cfg.solver)
     t_match = time.perf_counter()
+    placements, actions = diff_plan(graph.gpus, jobs, sol.pairs, graph.sm_pct, graph.quota,
+                                    *graph.predicted(*_as_arrays(sol.pairs)), cfg)
+    t_end = time.perf_counter()
+    gt = graph.stats.get("timings_s", {})
+    stats = {k: v for k, v in graph.stats.items() if k != "timings_s"}
+    stats["solver"] = {k: v for k, v in sol.stats.items() if k != "history"}
+    stats["certificate"] = sol.certificate.as_dict()
+    return RoundResult(
+        placements=placements,
+        actions=actions,
+        objective=float(sum(p.predicted_norm_tput for p in placements)),
+        gpus_considered=len(graph.gpus),
+        jobs_considered=len(jobs),
+        feasible_pairs=graph.weights.feasible_pair_count(),
+        timings_s={
+            "features": gt.get("features", 0.0),
+            "prediction": gt.get("prediction", 0.0),
+            "feasibility": gt.get("feasibility", 0.0),
+            "matching": t_match - t_graph,
+            "plan": t_end - t_match,
+            "total": t_end - t0,
+        },
+        certified_optimal=sol.certificate.ok,
+        optimality_gap_bound=sol.certificate.gap_bound,
+        matching_objective=sol.total,
+        stats=stats,
+    )
 
+
+def _as_arrays(pairs: list[tuple[int, int]]) -> tuple[np.ndarray, np.ndarray]:
+    arr = np.asarray(pairs, dtype=np.int64).reshape(-1, 2)
+    return arr[:, 0], arr[:, 1]
+
+
+def diff_plan(
+    gpus: list[GpuCandidate],
+    jobs: list[JobCandidate],
+    pairs: list[tuple[int, int]],
+    sm_pct: np.ndarray,
+    quota: np.ndarray,
+    tput: np.ndarray,
+    slowdown: np.ndarray,
+    cfg: RoundConfig,
+) -> tuple[list[PlannedPlacement], list[PlanAction]]:
+    """Matched (GPU index, job index) pairs → placements and start / keep / migrate / evict actions."""
     placements: list[PlannedPlacement] = []
     actions: list[PlanAction] = []
     matched_jobs = set()
-    for i, j in match.pairs:
-        g, job = healthy[i], jobs[j]
+    for (i, j), t_hat, s_hat in zip(pairs, tput, slowdown):
+        g, job = gpus[i], jobs[j]
         matched_jobs.add(job.job_id)
-        pct = int(sm[i])
+        pct = int(sm_pct[i])
         if job.current_gpu_id is None:
             action = Action.START
         elif job.current_gpu_id != g.gpu_id:
@@ -139,28 +135,12 @@ def plan_round(
             action, pct = Action.KEEP, job.current_sm_pct
         else:
             action = Action.MIGRATE  # same GPU, restarted with the smaller MPS share
-        placements.append(
-            PlannedPlacement(job.job_id, g.gpu_id, pct, int(quotas[i]), float(weights[i, j]), float(slowdown[i, j]))
-        )
+        placements.append(PlannedPlacement(job.job_id, g.gpu_id, pct, int(quota[i]), float(t_hat), float(s_hat)))
         actions.append(PlanAction(action, job.job_id, g.gpu_id, job.current_gpu_id, pct))
     for job in jobs:
         if job.current_gpu_id is not None and job.job_id not in matched_jobs:
             actions.append(PlanAction(Action.EVICT, job.job_id, None, job.current_gpu_id, None))
-
-    return RoundResult(
-        placements=placements,
-        actions=actions,
-        objective=float(sum(p.predicted_norm_tput for p in placements)),
-        gpus_considered=n,
-        jobs_considered=m,
-        feasible_pairs=int(feasible.sum()),
-        timings_s={
-            "feasibility": t_feas - t0,
-            "prediction": t_pred - t_feas,
-            "matching": t_match - t_pred,
-            "total": time.perf_counter() - t0,
-        },
-    )
+    return placements, actions
 
 
 def snapshot(gpus: list[GpuCandidate], jobs: list[JobCandidate]) -> dict:
