@@ -42,3 +42,51 @@ def solo_latency_ms(load: np.ndarray | float, family: OnlineFamily, spec: GpuTyp
     # Service time shrinks on faster GPUs; queueing grows with load.
     rho = np.minimum(np.asarray(load, dtype=float), 0.95)
     return family.base_latency_ms_p100 / math.sqrt(spec.relative_speed) * (1.0 + 0.5 * rho**2 / (1.0 - rho))
+
+
+def simulated_sm_trace(
+    minutes: int,
+    family: OnlineFamily,
+    rng: np.random.Generator,
+    qps_lo_frac: float = 0.15,
+    qps_hi_frac: float = 0.85,
+    peak_hour_utc: float = 20.0,
+    day_jitter: float = 0.08,
+    noise: float = 0.04,
+    bursts_per_day: float = 2.0,
+    gap_frac: float = 0.005,
+) -> np.ndarray:
+    """Per-minute SM activity (%) of one online GPU: daily cycle, day-to-day change, smooth noise, bursts, gaps.
+
+    Load is a fraction of capacity following :func:`diurnal_qps` between
+    ``qps_lo_frac`` and ``qps_hi_frac``; each day's amplitude varies by
+    ``day_jitter`` (blended across midnight), AR(1) noise keeps it smooth over
+    minutes (paper §2.2), and a few bursts per day add 10–40 % load for 5–30
+    minutes. ``gap_frac`` of the samples are missing (NaN), as from a monitor.
+    """
+    t = np.arange(minutes, dtype=float)
+    hours = t / 60.0
+    days = int(np.ceil(minutes / 1440.0)) + 1
+    factors = 1.0 + rng.normal(0.0, day_jitter, days)
+    day_pos = hours / 24.0
+    d0 = np.floor(day_pos).astype(int)
+    blend = 0.5 - 0.5 * np.cos(np.pi * (day_pos - d0))  # smooth from one day's factor to the next
+    factor = factors[d0] * (1.0 - blend) + factors[np.minimum(d0 + 1, days - 1)] * blend
+    load = diurnal_qps(hours % 24.0, qps_lo_frac, qps_hi_frac, peak_hour_utc) * factor
+    ar = np.empty(minutes)
+    eps = rng.normal(0.0, noise * np.sqrt(1 - 0.9**2), minutes)
+    prev = 0.0
+    for i in range(minutes):  # AR(1), φ = 0.9: correlated over ~10 minutes
+        prev = 0.9 * prev + eps[i]
+        ar[i] = prev
+    load = load * (1.0 + ar)
+    for _ in range(rng.poisson(bursts_per_day * minutes / 1440.0)):
+        start = int(rng.integers(0, minutes))
+        length = int(rng.integers(5, 31))
+        load[start : start + length] += float(rng.uniform(0.1, 0.4)) * np.sin(np.linspace(0.2, np.pi - 0.2, length))[
+            : max(0, min(length, minutes - start))
+        ]
+    sm = solo_sm_activity_pct(np.clip(load, 0.0, 1.0), family) + rng.normal(0.0, 0.5, minutes)
+    sm = np.clip(sm, 0.0, 100.0)
+    sm[rng.random(minutes) < gap_frac] = np.nan
+    return sm

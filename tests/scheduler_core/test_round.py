@@ -293,3 +293,37 @@ def test_snapshot_round_trip_reproduces_identical_plan() -> None:
     assert a.objective == b.objective
     assert a.feasible_pairs == b.feasible_pairs
     assert a.placements, "the example should place something"
+
+
+def test_running_job_stays_on_its_gpu_when_an_equal_one_is_free() -> None:
+    # GPUs 1 and 2 are identical; the job runs on 2. Moving it gains nothing, so it stays (penalty 0 = paper).
+    gpus = [gpu(1, forecast_sm_pct=20.0), gpu(2, forecast_sm_pct=20.0, current_job_id=10, current_sm_pct=70)]
+    result = plan_round(gpus, [job(11), job(10, current_gpu_id=2, current_sm_pct=70)], PREDICTORS)
+    assert actions(result)[10] == (Action.KEEP, 2, 2, 70)
+    assert actions(result)[11] == (Action.START, 1, None, 70)
+
+
+def test_round_reports_its_optimality_certificate() -> None:
+    gpus, jobs = _mixed_inputs()
+    result = plan_round(gpus, jobs, PREDICTORS, RoundConfig(migration_penalty=0.05))
+    assert result.certified_optimal
+    assert result.optimality_gap_bound is not None and result.optimality_gap_bound <= 1e-6
+    cert = result.stats["certificate"]
+    assert cert["ok"] and cert["pairs_checked"] == result.feasible_pairs
+    assert result.matching_objective == pytest.approx(cert["value"])
+    assert set(result.timings_s) >= {"features", "prediction", "feasibility", "matching", "plan", "total"}
+
+
+def test_round_config_survives_json() -> None:
+    from dataclasses import asdict
+
+    from scheduler_core.assignment import SolverConfig
+    from scheduler_core.dynamic_sm import SmPolicy
+
+    cfg = RoundConfig(sm=SmPolicy(headroom_pct=5.0), migration_penalty=0.05, solver=SolverConfig(auction_eps=0.02))
+    back = RoundConfig(**json.loads(json.dumps(asdict(cfg))))
+    assert back == cfg
+    # A stored config from before the solver settings existed still loads.
+    old = asdict(RoundConfig())
+    old.pop("solver")
+    assert RoundConfig(**old) == RoundConfig()
