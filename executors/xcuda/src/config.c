@@ -21,7 +21,7 @@ void xc_config_defaults(struct xc_config *cfg)
     snprintf(cfg->shm_path, sizeof cfg->shm_path, "/dev/shm/muxflow-gpu-%u", cfg->gpu_index);
     cfg->target_util = 0.9;
     cfg->kp = 1.0;
-    cfg->ki = 10.0;
+    cfg->ki = 20.0;
     cfg->kd = 0.0;
     cfg->a_l = 5.0;
     cfg->a_h = 0.5;

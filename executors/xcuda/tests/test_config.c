@@ -32,7 +32,7 @@ static void test_defaults(void)
     CHECK(parse(env, &c, msgs, sizeof msgs) == 0, "no problems without XCUDA_*: %s", msgs);
     CHECK(c.quota_kind == XC_QUOTA_PERCENT && c.quota_pct == 40.0, "default quota 40%% (paper)");
     CHECK(!strcmp(c.shm_path, "/dev/shm/muxflow-gpu-0"), "default path %s", c.shm_path);
-    CHECK(c.target_util == 0.9 && c.kp == 1.0 && c.ki == 10.0 && c.kd == 0.0, "default controller");
+    CHECK(c.target_util == 0.9 && c.kp == 1.0 && c.ki == 20.0 && c.kd == 0.0, "default controller");
     CHECK(c.fallback_rate == 2000.0 && c.min_rate == 10.0 && c.control_period_ms == 20, "default pacing");
     CHECK(c.log_level == XC_LOG_WARN, "default log level");
     CHECK(parse(NULL, &c, NULL, 0) == 0, "NULL environment and no message buffer");

@@ -1,0 +1,144 @@
+"""xCUDA's compute-pacing maths (paper §4.1, Eq. 1-2 and PID), mirrored from C.
+
+The same functions as ``executors/xcuda/src/control.c``, step for step, so the
+simulator and the node agent can predict what every offline process's xCUDA
+will do with a GPU record; both are checked against
+``executors/xcuda/tests/control_vectors.csv``. Change one, change the other.
+
+Control variable: the GPU load ``U_GPU = U_SM * a_C`` (Eq. 1) with the clock
+factor ``a_C`` of Eq. 2. Actuator: the offline process's kernel-launch rate. The
+PID acts on ``ln(rate)`` in velocity form: gains do not depend on how many
+kernels a job launches, and the clamped rate is its only state (no wind-up).
+"""
+
+from __future__ import annotations
+
+import math
+from dataclasses import dataclass
+from enum import IntEnum
+
+import numpy as np
+
+
+def clock_factor(c_sm: float, t_sm: float, c_h: float, a_l: float, a_h: float) -> float:
+    """Eq. 2: ``a_C`` from the SM clock ``c_sm``, threshold ``t_sm`` and highest clock ``c_h`` (MHz).
+
+    Below the threshold the load counts ``1 + a_L (T - C)/T`` times (a sagging clock
+    means the online service is hurt); above it ``1 - a_H (C - T)/(C_H - T)`` (room
+    to spare). 1 when there is no clock information; never negative.
+    """
+    if not (t_sm > 0.0) or not math.isfinite(t_sm) or not math.isfinite(c_sm):
+        return 1.0
+    if c_sm < t_sm:
+        c = c_sm if c_sm > 0.0 else 0.0
+        a = 1.0 + a_l * (t_sm - c) / t_sm
+    else:
+        if not (c_h > t_sm) or not math.isfinite(c_h):
+            return 1.0
+        c = c_sm if c_sm < c_h else c_h
+        a = 1.0 - a_h * (c - t_sm) / (c_h - t_sm)
+    return a if a > 0.0 else 0.0
+
+
+def gpu_load(u_sm: float, a_c: float) -> float:
+    """Eq. 1: ``U_GPU = U_SM * a_C`` with ``U_SM`` clamped to [0, 1]; NaN stays NaN."""
+    if math.isnan(u_sm) or math.isnan(a_c):
+        return math.nan
+    return min(max(u_sm, 0.0), 1.0) * a_c
+
+
+def clock_factor_array(c_sm: np.ndarray, t_sm: np.ndarray | float, c_h: np.ndarray | float,
+                       a_l: float, a_h: float) -> np.ndarray:
+    """:func:`clock_factor` over arrays (for the simulator); same edge cases."""
+    c_sm, t_sm, c_h = np.broadcast_arrays(np.asarray(c_sm, float), np.asarray(t_sm, float), np.asarray(c_h, float))
+    out = np.ones(c_sm.shape)
+    valid = (t_sm > 0) & np.isfinite(t_sm) & np.isfinite(c_sm)
+    low = valid & (c_sm < t_sm)
+    safe_t = np.where(t_sm > 0, t_sm, 1.0)
+    out[low] = 1.0 + a_l * (t_sm[low] - np.maximum(c_sm[low], 0.0)) / safe_t[low]
+    high = valid & ~low & (c_h > t_sm) & np.isfinite(c_h)
+    span = np.where(high, c_h - t_sm, 1.0)
+    out[high] = 1.0 - a_h * (np.minimum(c_sm[high], c_h[high]) - t_sm[high]) / span[high]
+    return np.maximum(out, 0.0)
+
+
+@dataclass
+class Pid:
+    """Velocity-form PID on ``ln(rate)``: gains ``kp`` (1), ``ki`` (1/s), ``kd`` (s)."""
+
+    kp: float
+    ki: float
+    kd: float
+    e1: float = 0.0
+    e2: float = 0.0
+    primed: bool = False
+
+    def delta(self, error: float, dt_s: float) -> float:
+        """Change of ln(rate) for ``error = target - U_GPU`` over ``dt_s`` seconds."""
+        if not self.primed:
+            # No history yet: no proportional or derivative kick.
+            self.e1 = error
+            self.e2 = error
+            self.primed = True
+        d = self.kp * (error - self.e1)
+        if dt_s > 0.0 and math.isfinite(dt_s):
+            d += self.ki * error * dt_s
+            d += self.kd * (error - 2.0 * self.e1 + self.e2) / dt_s
+        self.e2 = self.e1
+        self.e1 = error
+        return d
+
+
+class PacerMode(IntEnum):
+    FRESH = 0   # no sample yet
+    CLOSED = 1  # launches paced at `rate`
+    OPEN = 2    # the limit does not bind: launches go through unpaced
+
+
+@dataclass(frozen=True)
+class PacerParams:
+    min_rate: float                       # launches/s floor
+    headroom: float = 2.0                 # the limit never exceeds headroom x demand
+    max_step_up: float = math.log(2.0)    # per period, on ln(rate): give the online service time
+    max_step_down: float = math.log(10.0)  # cut fast to protect it
+
+
+@dataclass
+class Pacer:
+    """The pacing state of one offline process (``struct xc_pacer``)."""
+
+    mode: PacerMode
+    rate: float
+
+    @classmethod
+    def fresh(cls, initial_rate: float) -> Pacer:
+        return cls(PacerMode.FRESH, initial_rate)
+
+    def step(self, params: PacerParams, pid: Pid, u_gpu: float, target: float, demand_rate: float,
+             dt_s: float) -> None:
+        """One control period: measured U_GPU, its target, launches/s asked for, period length."""
+        e = target - u_gpu
+        d = min(max(pid.delta(e, dt_s), -params.max_step_down), params.max_step_up)
+        demand = demand_rate if demand_rate > params.min_rate else params.min_rate
+        cap = params.headroom * demand
+
+        def clamp(x: float) -> float:
+            return min(max(x, params.min_rate), cap)
+
+        if self.mode == PacerMode.FRESH:
+            if e >= 0.0:
+                self.mode, self.rate = PacerMode.OPEN, cap
+            else:
+                self.mode = PacerMode.CLOSED
+                self.rate = clamp(min(self.rate, cap) * math.exp(d))
+        elif self.mode == PacerMode.OPEN:
+            if e >= 0.0:
+                self.rate = cap
+            else:
+                # Close from what the job was actually doing (bumpless).
+                self.mode = PacerMode.CLOSED
+                self.rate = clamp(demand * math.exp(d))
+        else:
+            self.rate = clamp(min(self.rate, cap) * math.exp(d))
+            if e >= 0.0 and self.rate >= cap:
+                self.mode = PacerMode.OPEN
