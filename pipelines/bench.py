@@ -1,14 +1,280 @@
-"""Benchmarks (``muxflow bench …``). Figures go to docs/BENCHMARKS.md with the machine they ran on."""
+"""Benchmarks (``muxflow bench …``). Figures go to docs/BENCHMARKS.md with the machine they ran on.
+
+- ``bench round``: one scheduling round on a seeded synthetic cluster
+  (:func:`make_instance`): 200 online services over the GPUs, 50 offline job
+  types, 3 GPU types, one real MLP per type; optionally against the dense
+  baseline (every pair through the MLP, then ``linear_sum_assignment``).
+- ``bench predictor``: held-out error per GPU type and the paper's Figure 12 sweep.
+- ``bench forecast``: the online-load forecaster against last-value on simulated diurnal traces.
+
+Every number is from the simulated cluster's models (no GPU is used).
+"""
 
 from __future__ import annotations
 
 import json
+import math
 import os
 import platform
+import resource
 import time
+from dataclasses import dataclass
 
 import click
 import numpy as np
+
+BENCH_GPU_TYPES = ("t4", "a10", "a100")
+N_SERVICES = 200
+N_JOB_TYPES = 50
+
+
+def _machine() -> str:
+    return f"{platform.machine()} {os.cpu_count()} cores, CPU only"
+
+
+def _rss_peak_mb() -> float:
+    return resource.getrusage(resource.RUSAGE_SELF).ru_maxrss / 1024.0
+
+
+def _set_threads() -> int:
+    import torch
+
+    torch.set_num_threads(max(1, min(2, os.cpu_count() or 1)))
+    return torch.get_num_threads()
+
+
+# -- seeded instance generator --------------------------------------------------------
+
+
+@dataclass(frozen=True)
+class BenchService:
+    name: str
+    family: str
+    gpu_type: str
+    mem_bytes: float
+    slowdown_allowance: float
+    load_now: float  # mean load of its replicas this interval (diurnal phase)
+
+
+@dataclass(frozen=True)
+class BenchJobType:
+    name: str
+    base_type: str  # Gavel job type whose traits it has
+    mem_bytes: int
+
+
+def bench_services(seed: int, n_services: int = N_SERVICES, gpu_types=BENCH_GPU_TYPES) -> list[BenchService]:
+    """Online services: family, GPU type, memory, slowdown allowance and this interval's load."""
+    from executors.simulated.cluster import rng_stream
+    from scheduler_core.online_load import diurnal_qps
+    from scheduler_core.workloads import ONLINE_FAMILIES
+
+    rng = rng_stream(seed, "bench-services")
+    fams = sorted(ONLINE_FAMILIES)
+    out = []
+    for s in range(n_services):
+        fam = fams[int(rng.integers(len(fams)))]
+        peak_hour = float(rng.uniform(0, 24))
+        # Load now: a point of a daily cycle between a quiet and a busy level (paper Fig. 2).
+        lo, hi = float(rng.uniform(0.05, 0.3)), float(rng.uniform(0.5, 0.95))
+        load = float(diurnal_qps(14.0, lo, hi, peak_hour))
+        out.append(BenchService(
+            name=f"svc-{s:03d}-{fam}", family=fam, gpu_type=gpu_types[int(rng.integers(len(gpu_types)))],
+            mem_bytes=ONLINE_FAMILIES[fam].mem_bytes * float(rng.uniform(0.8, 1.3)),
+            slowdown_allowance=float(rng.choice([0.1, 0.15, 0.2, 0.25, 0.3])), load_now=load,
+        ))
+    return out
+
+
+def bench_job_types(catalog, n_types: int = N_JOB_TYPES) -> list[BenchJobType]:
+    """``n_types`` job types: the Gavel types, then variants of them with 1.6× the memory."""
+    base = sorted(catalog.offline)
+    out = []
+    for v in range(math.ceil(n_types / len(base))):
+        for b in base:
+            if len(out) == n_types:
+                break
+            mem = int(catalog.offline_workload(b).mem_bytes * (1.0 + 0.6 * v))
+            out.append(BenchJobType(b if v == 0 else f"{b} v{v}", b, mem))
+    return out
+
+
+def make_instance(n_gpus: int, n_jobs: int, seed: int = 0, running_frac: float = 0.0,
+                  n_services: int = N_SERVICES, n_job_types: int = N_JOB_TYPES, distinct_profiles: bool = False):
+    """A seeded round: ``n_gpus`` online GPUs (replicas of the services) and ``n_jobs`` offline jobs.
+
+    Each job type is profiled once per GPU type and its jobs share that profile
+    (a profiling cache keyed by job type); ``distinct_profiles`` profiles every
+    job separately instead (measurement noise makes each one different).
+    ``running_frac`` of the jobs are already running, one per GPU.
+    """
+    from executors.simulated.calibration import default_catalog
+    from executors.simulated.cluster import rng_stream
+    from executors.simulated.profiling import offline_profile, online_features
+    from scheduler_core.domain import GpuCandidate, GpuHealth, JobCandidate
+    from scheduler_core.gpu_specs import get_spec
+
+    catalog = default_catalog()
+    services = bench_services(seed, n_services)
+    rng = rng_stream(seed, "bench-gpus")
+    # Replica counts: uneven (a few big services), every service at least one GPU.
+    share = rng.dirichlet(np.full(len(services), 0.8))
+    counts = np.ones(len(services), dtype=int) if n_gpus >= len(services) else np.zeros(len(services), dtype=int)
+    counts += rng.multinomial(n_gpus - int(counts.sum()), share)
+    health_p = {GpuHealth.HEALTHY: 0.96, GpuHealth.UNHEALTHY: 0.02, GpuHealth.OVERLIMIT: 0.01, GpuHealth.INIT: 0.01}
+    states, probs = list(health_p), np.array(list(health_p.values()))
+    gpus = []
+    for svc, count in zip(services, counts):
+        spec = get_spec(svc.gpu_type)
+        for _ in range(int(count)):
+            load = float(np.clip(svc.load_now * rng.uniform(0.85, 1.15), 0.02, 0.98))
+            f = online_features(catalog, svc.family, svc.gpu_type, load, svc.mem_bytes, rng)
+            gpus.append(GpuCandidate(
+                gpu_id=len(gpus), gpu_type=svc.gpu_type, memory_bytes=spec.memory_bytes,
+                max_sm_clock_mhz=spec.max_sm_clock_mhz, health=states[int(rng.choice(len(states), p=probs))],
+                service_name=svc.name, online=f, forecast_sm_pct=f.sm_activity_pct * float(rng.uniform(1.0, 1.15)),
+                forecast_mem_bytes=svc.mem_bytes * 1.05, slowdown_allowance=svc.slowdown_allowance,
+            ))
+    jrng = rng_stream(seed, "bench-jobs")
+    jtypes = bench_job_types(catalog, n_job_types)
+    profiles = {(jt.name, t): offline_profile(catalog, jt.base_type, t, jrng) for jt in jtypes for t in BENCH_GPU_TYPES}
+    weights = 1.0 / np.arange(1, len(jtypes) + 1) ** 0.8  # a few popular job types
+    weights /= weights.sum()
+    allowed_sets = [frozenset(BENCH_GPU_TYPES), frozenset({"a10", "a100"}), frozenset({"t4", "a10"}),
+                    frozenset({"a100"})]
+    allowed_p = np.array([0.7, 0.15, 0.1, 0.05])
+    jobs = []
+    for j in range(n_jobs):
+        jt = jtypes[int(jrng.choice(len(jtypes), p=weights))]
+        allowed = allowed_sets[int(jrng.choice(len(allowed_sets), p=allowed_p))]
+        if distinct_profiles:
+            profs = {t: offline_profile(catalog, jt.base_type, t, jrng) for t in BENCH_GPU_TYPES}
+        else:
+            profs = {t: profiles[(jt.name, t)] for t in BENCH_GPU_TYPES}
+        jobs.append(JobCandidate(job_id=100_000 + j, mem_bytes=jt.mem_bytes, allowed_gpu_types=allowed,
+                                 profiles=profs, priority=0))
+    if running_frac > 0:
+        gpus, jobs = _place_running(gpus, jobs, running_frac, rng_stream(seed, "bench-running"))
+    return gpus, jobs
+
+
+def _place_running(gpus, jobs, frac, rng):
+    """Put ``frac`` of the jobs on GPUs (one each) as if a previous round had placed them."""
+    from dataclasses import replace
+
+    from scheduler_core.domain import GpuHealth
+
+    hosts = [i for i, g in enumerate(gpus) if g.health in (GpuHealth.HEALTHY, GpuHealth.UNHEALTHY, GpuHealth.OVERLIMIT)]
+    n_run = min(int(round(frac * len(jobs))), len(hosts))
+    chosen_jobs = rng.choice(len(jobs), n_run, replace=False)
+    chosen_gpus = rng.choice(hosts, n_run, replace=False)
+    gpus, jobs = list(gpus), list(jobs)
+    for j, i in zip(chosen_jobs, chosen_gpus):
+        pct = int(rng.integers(2, 9) * 10)
+        gpus[i] = replace(gpus[i], current_job_id=jobs[j].job_id, current_sm_pct=pct)
+        jobs[j] = replace(jobs[j], current_gpu_id=gpus[i].gpu_id, current_sm_pct=pct)
+    return gpus, jobs
+
+
+def bench_predictors(seed: int = 0, samples_per_type: int = 2000, epochs: int = 250, gpu_types=BENCH_GPU_TYPES,
+                     cfg_overrides: dict | None = None):
+    """One MLP per GPU type on simulated co-location samples of the bench services and job types.
+
+    Returns ({type: model}, {type: (report, seconds)}, {type: (x, y_tput, y_slowdown)}).
+    """
+    import torch
+
+    from executors.simulated.calibration import default_catalog
+
+    catalog = default_catalog()
+    services = [(s.name, s.family, s.mem_bytes) for s in bench_services(seed)]
+    models, reports, data = {}, {}, {}
+    # Batches of 64 gain nothing from a second thread, and lose a lot when the
+    # machine is shared (spinning OpenMP workers); large predict batches do gain.
+    threads = torch.get_num_threads()
+    torch.set_num_threads(1)
+    try:
+        _train_each(gpu_types, catalog, services, seed, samples_per_type, epochs, cfg_overrides, models, reports, data)
+    finally:
+        torch.set_num_threads(threads)
+    return models, reports, data
+
+
+def _train_each(gpu_types, catalog, services, seed, samples_per_type, epochs, cfg_overrides, models, reports, data):
+    from executors.simulated.cluster import rng_stream
+    from executors.simulated.profiling import colocation_samples
+    from executors.steps import training_matrix
+    from scheduler_core.predictor import PredictorConfig, train
+
+    for t in gpu_types:
+        rng = rng_stream(seed, f"bench-samples-{t}")
+        samples = colocation_samples(catalog, t, services, sorted(catalog.offline), samples_per_type, rng)
+        x, yt, ys = training_matrix([_Row(s) for s in samples], t)
+        cfg = PredictorConfig(epochs=epochs, seed=seed, **(cfg_overrides or {}))
+        t0 = time.perf_counter()
+        model, report = train(x, yt, ys, cfg)
+        reports[t] = (report, time.perf_counter() - t0)
+        models[t] = model
+        data[t] = (x, yt, ys)
+
+
+class _Row:  # the shape executors.steps.training_matrix reads
+    def __init__(self, smp):
+        self.__dict__.update(smp.__dict__)
+
+
+# -- bench round ------------------------------------------------------------------------
+
+
+def _round_figures(res, wall: float) -> dict:
+    t = res.timings_s
+    predict = t.get("features", 0.0) + t.get("prediction", 0.0) + t.get("feasibility", 0.0)
+    out = {
+        "predict_s": round(predict, 3),
+        "match_s": round(t.get("matching", 0.0), 3),
+        "plan_s": round(t.get("plan", 0.0), 3),
+        "total_s": round(wall, 3),
+        "objective": res.objective,
+        "matching_objective": res.matching_objective,
+        "placements": len(res.placements),
+        "feasible_pairs": res.feasible_pairs,
+        "actions": res.action_counts(),
+    }
+    return out
+
+
+def run_fast(gpus, jobs, models, cfg) -> dict:
+    from scheduler_core.round import plan_round
+
+    t0 = time.perf_counter()
+    res = plan_round(gpus, jobs, models, cfg)
+    wall = time.perf_counter() - t0
+    out = _round_figures(res, wall)
+    s = res.stats
+    out.update({
+        "certified_optimal": res.certified_optimal,
+        "optimality_gap_bound": res.optimality_gap_bound,
+        "pairs_certified": s["certificate"]["pairs_checked"],
+        "distinct_gpu_rows": s["distinct_gpu_rows"], "distinct_profiles": s["distinct_profiles"],
+        "job_classes": s["classes"], "predicted_pairs": s["predicted_pairs"],
+        "gpus_out_of_range": s["gpus_out_of_range"], "profiles_out_of_range": s["profiles_out_of_range"],
+        "solver": {k: (round(v, 3) if isinstance(v, float) else v) for k, v in s["solver"].items()},
+        "timings_s": {k: round(v, 3) for k, v in res.timings_s.items()},
+    })
+    return out, res
+
+
+def run_dense(gpus, jobs, models, cfg) -> dict:
+    from scheduler_core.round_dense import plan_round_dense
+
+    t0 = time.perf_counter()
+    res = plan_round_dense(gpus, jobs, models, cfg)
+    return _round_figures(res, time.perf_counter() - t0), res
+
+
+def _size(text: str) -> tuple[int, int]:
+    n, m = (int(v) for v in text.lower().split("x"))
+    return n, m
 
 
 @click.group()
@@ -17,68 +283,197 @@ def bench() -> None:
 
 
 @bench.command("round")
-@click.option("--sizes", default="100x50,500x250,1000x500", show_default=True, help="GPUsxJOBS list.")
+@click.option("--gpus", "n_gpus", type=click.IntRange(min=1), default=None, help="Online GPUs (one size).")
+@click.option("--jobs", "n_jobs", type=click.IntRange(min=0), default=None, help="Pending offline jobs (one size).")
+@click.option("--sizes", default="100x50,500x250,1000x500,5000x2500", show_default=True,
+              help="GPUSxJOBS list, used when --gpus/--jobs are not given.")
+@click.option("--seed", type=int, default=0, show_default=True)
+@click.option("--baseline", type=click.Choice(["none", "dense"]), default="none", show_default=True,
+              help="Also run the dense approach (every pair through the MLP, then linear_sum_assignment).")
+@click.option("--baseline-sizes", default="2000x2000,5000x5000", show_default=True,
+              help="Sizes where both run side by side when the main size is too large for the dense baseline.")
+@click.option("--dense-max-pairs", type=int, default=30_000_000, show_default=True,
+              help="Largest GPUs×jobs the dense baseline is run on.")
+@click.option("--running-frac", type=click.FloatRange(0, 1), default=0.0, show_default=True,
+              help="Share of the jobs already running (one per GPU).")
+@click.option("--migration-penalty", type=click.FloatRange(min=0), default=0.0, show_default=True)
+@click.option("--distinct-profiles", is_flag=True, help="Profile every job separately (no shared job-type profiles).")
+@click.option("--epochs", type=click.IntRange(min=1), default=250, show_default=True, help="Predictor training epochs.")
+@click.option("--samples", "samples_per_type", type=click.IntRange(min=20), default=2000, show_default=True,
+              help="Simulated co-location samples per GPU type for the predictors.")
+@click.option("--json", "as_json", is_flag=True, help="Print JSON only.")
+def bench_round(n_gpus, n_jobs, sizes, seed, baseline, baseline_sizes, dense_max_pairs, running_frac,
+                migration_penalty, distinct_profiles, epochs, samples_per_type, as_json) -> None:
+    """Time one scheduling round end to end: features → predictions → matching (certified) → plan.
+
+    GPUs carry simulated online services, jobs simulated profiles; the
+    predictors are real MLPs (4×64) trained on 2,000 simulated samples per GPU type.
+    """
+    from scheduler_core.round import RoundConfig
+
+    threads = _set_threads()
+    t0 = time.perf_counter()
+    models, _, _ = bench_predictors(seed, samples_per_type, epochs)
+    train_s = time.perf_counter() - t0
+    cfg = RoundConfig(migration_penalty=migration_penalty)
+    single = n_gpus is not None or n_jobs is not None
+    todo = [(n_gpus or 1000, n_jobs if n_jobs is not None else 500)] if single else [_size(s) for s in sizes.split(",")]
+    results = []
+    for n, m in todo:
+        t = time.perf_counter()
+        gpus, jobs = make_instance(n, m, seed, running_frac, distinct_profiles=distinct_profiles)
+        gen_s = time.perf_counter() - t
+        rss_before = _rss_peak_mb()
+        fast, fast_res = run_fast(gpus, jobs, models, cfg)
+        row = {"gpus": n, "jobs": m, "pairs": n * m, **fast, "peak_rss_mb": round(_rss_peak_mb(), 1),
+               "rss_before_round_mb": round(rss_before, 1), "generate_s": round(gen_s, 3)}
+        if baseline == "dense":
+            if n * m <= dense_max_pairs:
+                row["dense"] = _compare(gpus, jobs, models, cfg, fast, fast_res)
+            else:
+                row["dense"] = {"skipped": f"{n}x{m} = {n * m:,} pairs > --dense-max-pairs {dense_max_pairs:,}"}
+        results.append(row)
+    side = []
+    if baseline == "dense" and single and "skipped" in results[0].get("dense", {}):
+        for size in baseline_sizes.split(","):
+            n, m = _size(size)
+            gpus, jobs = make_instance(n, m, seed, running_frac, distinct_profiles=distinct_profiles)
+            fast, fast_res = run_fast(gpus, jobs, models, cfg)
+            cmp_ = _compare(gpus, jobs, models, cfg, fast, fast_res)
+            side.append({"gpus": n, "jobs": m, "fast_total_s": fast["total_s"], "dense_total_s": cmp_["total_s"],
+                         "dense_predict_s": cmp_["predict_s"], "dense_match_s": cmp_["match_s"],
+                         "speedup": cmp_["speedup"], "fast_objective": fast["objective"],
+                         "dense_objective": cmp_["objective"], "objectives_equal": cmp_["objectives_equal"],
+                         "fast_certified_optimal": fast["certified_optimal"]})
+    meta = {"benchmark": "round", "machine": _machine(), "torch_threads": threads, "seed": seed,
+            "train_predictors_s": round(train_s, 2), "running_frac": running_frac,
+            "migration_penalty": migration_penalty, "distinct_profiles": distinct_profiles,
+            "peak_rss_mb_process": round(_rss_peak_mb(), 1)}
+    out = {**meta, **results[0], "baseline_sizes": side} if single else {**meta, "results": results}
+    if not as_json:
+        for r in results:
+            click.echo(f"{r['gpus']:>6} GPUs x {r['jobs']:>6} jobs: total {r['total_s']:.3f} s (predict {r['predict_s']:.3f}, "
+                       f"match {r['match_s']:.3f}, plan {r['plan_s']:.3f}) placements {r['placements']} "
+                       f"objective {r['objective']:.4f} certified {r['certified_optimal']} peak RSS {r['peak_rss_mb']} MB")
+    click.echo(json.dumps(out))
+
+
+def _compare(gpus, jobs, models, cfg, fast: dict, fast_res) -> dict:
+    dense, dense_res = run_dense(gpus, jobs, models, cfg)
+    # Same optimum: the matching objective (what both maximise) must agree.
+    a, b = fast_res.matching_objective, dense_res.matching_objective
+    dense.update({
+        "speedup": round(dense["total_s"] / max(fast["total_s"], 1e-9), 1),
+        "objectives_equal": bool(abs(a - b) <= 1e-6),
+        "objective_diff": a - b,
+        "peak_rss_mb_after": round(_rss_peak_mb(), 1),
+    })
+    return dense
+
+
+# -- bench predictor ----------------------------------------------------------------------
+
+FIG12_HIDDEN = (64, 128, 256, 512, 1024)
+FIG12_LAYERS = (2, 3, 4, 5, 6, 7, 8)
+
+
+def _report_row(report, seconds: float) -> dict:
+    return {
+        "n_train": report.n_train, "n_holdout": report.n_holdout,
+        "mae_tput": round(report.holdout_mae_tput, 4), "mape_tput_pct": round(100 * report.holdout_mape_tput, 2),
+        "mae_slowdown": round(report.holdout_mae_slowdown, 4),
+        "mape_slowdown_pct": round(100 * report.holdout_mape_slowdown, 2),
+        "train_s": round(seconds, 2),
+    }
+
+
+@bench.command("predictor")
+@click.option("--seed", type=int, default=0, show_default=True)
+@click.option("--samples", "samples_per_type", type=click.IntRange(min=20), default=2000, show_default=True,
+              help="Simulated co-location samples per GPU type (paper: about 2,000).")
+@click.option("--epochs", type=click.IntRange(min=1), default=250, show_default=True)
+@click.option("--sweep/--no-sweep", default=True, show_default=True, help="Run the Figure 12 sweep.")
+@click.option("--sweep-type", default="t4", show_default=True, help="GPU type of the Figure 12 sweep.")
+@click.option("--hidden", "hidden_sizes", default=",".join(map(str, FIG12_HIDDEN)), show_default=True)
+@click.option("--layers", "layer_counts", default=",".join(map(str, FIG12_LAYERS)), show_default=True)
+@click.option("--json", "as_json", is_flag=True, help="Print JSON only.")
+def bench_predictor(seed, samples_per_type, epochs, sweep, sweep_type, hidden_sizes, layer_counts, as_json) -> None:
+    """Held-out error of the speed predictor per GPU type, and the paper's Figure 12 architecture sweep.
+
+    Samples are simulated co-locations (interference model + measurement
+    noise); 20 % of them, drawn from the seed, are held out.
+    """
+    _set_threads()
+    _, reports, _ = bench_predictors(seed, samples_per_type, epochs, cfg_overrides={"eval_every": 25})
+    per_type = {t: {**_report_row(r, s), "curve_mae_tput": [[e, round(v, 4)] for e, v in r.curve]}
+                for t, (r, s) in reports.items()}
+    sweep_rows = []
+    if sweep:
+        configs = [(4, int(h)) for h in hidden_sizes.split(",") if h] + \
+                  [(int(n), 64) for n in layer_counts.split(",") if n and (int(n), 64) != (4, 64)]
+        for layers, hidden in configs:
+            _, rep, _ = bench_predictors(seed, samples_per_type, epochs, (sweep_type,),
+                                         cfg_overrides={"layers": layers, "hidden": hidden, "eval_every": 25})
+            r, s = rep[sweep_type]
+            sweep_rows.append({"layers": layers, "hidden": hidden, **_report_row(r, s),
+                               "curve_mae_tput": [[e, round(v, 4)] for e, v in r.curve]})
+        sweep_rows.sort(key=lambda row: (row["layers"] != 4, row["layers"], row["hidden"]))
+    out = {"benchmark": "predictor", "machine": _machine(), "seed": seed, "samples_per_type": samples_per_type,
+           "epochs": epochs, "per_gpu_type": per_type, "figure12_gpu_type": sweep_type, "figure12": sweep_rows}
+    if not as_json:
+        click.echo("GPU type  MAE tput  MAPE tput  MAE slowdown  MAPE slowdown  train s")
+        for t, r in per_type.items():
+            click.echo(f"{t:8s}  {r['mae_tput']:8.4f}  {r['mape_tput_pct']:8.2f}%  {r['mae_slowdown']:12.4f}  "
+                       f"{r['mape_slowdown_pct']:12.2f}%  {r['train_s']:7.2f}")
+        for r in sweep_rows:
+            click.echo(f"{r['layers']} layers x {r['hidden']:>4}: MAE tput {r['mae_tput']:.4f}  "
+                       f"MAPE {r['mape_tput_pct']:.2f}%  train {r['train_s']:.1f} s")
+    click.echo(json.dumps(out))
+
+
+# -- bench forecast -----------------------------------------------------------------------
+
+
+def forecast_traces(n_gpus: int, days: int, seed: int) -> np.ndarray:
+    """Per-minute SM activity of ``n_gpus`` simulated online GPUs over ``days`` days (seeded)."""
+    from executors.simulated.cluster import rng_stream
+    from scheduler_core.online_load import simulated_sm_trace
+    from scheduler_core.workloads import ONLINE_FAMILIES
+
+    rng = rng_stream(seed, "bench-forecast")
+    fams = sorted(ONLINE_FAMILIES)
+    return np.stack([
+        simulated_sm_trace(days * 1440, ONLINE_FAMILIES[fams[i % len(fams)]], rng,
+                           qps_lo_frac=float(rng.uniform(0.05, 0.3)), qps_hi_frac=float(rng.uniform(0.5, 0.95)),
+                           peak_hour_utc=float(rng.uniform(0, 24)))
+        for i in range(n_gpus)
+    ])
+
+
+@bench.command("forecast")
+@click.option("--gpus", "n_gpus", type=click.IntRange(min=1), default=100, show_default=True)
+@click.option("--days", type=click.IntRange(min=2), default=5, show_default=True)
 @click.option("--seed", type=int, default=0, show_default=True)
 @click.option("--json", "as_json", is_flag=True, help="Print JSON only.")
-def bench_round(sizes: str, seed: int, as_json: bool) -> None:
-    """Time one scheduling round (feasibility, batched MLP prediction, matching) on synthetic clusters.
+def bench_forecast(n_gpus, days, seed, as_json) -> None:
+    """Online-load forecaster vs last-value on simulated diurnal SM traces (every 15-minute interval after day 1)."""
+    from scheduler_core.dynamic_sm import SmPolicy
+    from scheduler_core.forecast import ForecastPolicy, backtest
 
-    The predictor is a real MLP trained on 400 simulated co-location samples;
-    GPUs carry simulated online services, jobs simulated profiles.
-    """
-    import torch
-
-    from executors.simulated.calibration import default_catalog
-    from executors.simulated.cluster import rng_stream
-    from executors.simulated.profiling import colocation_samples, offline_profile, online_features
-    from executors.steps import training_matrix
-    from scheduler_core.domain import GpuCandidate, GpuHealth, JobCandidate
-    from scheduler_core.gpu_specs import get_spec
-    from scheduler_core.predictor import PredictorConfig, train
-    from scheduler_core.round import plan_round
-
-    torch.set_num_threads(max(1, min(2, os.cpu_count() or 1)))
-    catalog = default_catalog()
-    rng = rng_stream(seed, "bench")
-    services = [("svc-cnn", "cnn", 3.5e9), ("svc-rec", "recommender", 6e9), ("svc-lm", "lm", 5e9)]
-    samples = colocation_samples(catalog, "t4", services, sorted(catalog.offline), 400, rng)
-
-    class _Row:  # the shape training_matrix reads
-        def __init__(self, smp):
-            self.__dict__.update(smp.__dict__)
-
-    x, yt, ys = training_matrix([_Row(smp) for smp in samples], "t4")
-    model, _ = train(x, yt, ys, PredictorConfig(epochs=20, seed=seed))
-    spec = get_spec("t4")
-    types = sorted(catalog.offline)
-    results = []
-    for size in sizes.split(","):
-        n, m = (int(v) for v in size.lower().split("x"))
-        gpus = []
-        for i in range(n):
-            name, fam, mem = services[i % len(services)]
-            load = float(rng.uniform(0.1, 0.9))
-            f = online_features(catalog, fam, "t4", load, mem, rng)
-            gpus.append(GpuCandidate(i, "t4", spec.memory_bytes, spec.max_sm_clock_mhz, GpuHealth.HEALTHY, name, f,
-                                     f.sm_activity_pct, mem, 0.2))
-        jobs = []
-        for j in range(m):
-            jt = types[int(rng.integers(len(types)))]
-            jobs.append(JobCandidate(j, catalog.offline_workload(jt).mem_bytes, frozenset({"t4"}),
-                                     {"t4": offline_profile(catalog, jt, "t4", rng)}))
-        t0 = time.perf_counter()
-        res = plan_round(gpus, jobs, {"t4": model})
-        wall = time.perf_counter() - t0
-        results.append({"gpus": n, "jobs": m, "pairs": n * m, "feasible_pairs": res.feasible_pairs,
-                        "placements": len(res.placements), "objective": round(res.objective, 3),
-                        "wall_s": round(wall, 3), **{f"{k}_s": round(v, 3) for k, v in res.timings_s.items()}})
-    out = {"benchmark": "round", "machine": f"{platform.machine()} {os.cpu_count()} cores, CPU only",
-           "torch_threads": torch.get_num_threads(), "results": results}
-    if as_json:
-        click.echo(json.dumps(out))
-        return
-    for r in results:
-        click.echo(f"{r['gpus']:>6} GPUs x {r['jobs']:>6} jobs: total {r['wall_s']:.3f} s "
-                   f"(feasibility {r['feasibility_s']:.3f}, prediction {r['prediction_s']:.3f}, matching {r['matching_s']:.3f}) "
-                   f"placements {r['placements']} objective {r['objective']}")
+    traces = forecast_traces(n_gpus, days, seed)
+    headroom = SmPolicy().headroom_pct
+    t0 = time.perf_counter()
+    current = backtest(traces, ForecastPolicy(), headroom_pct=headroom)
+    previous = backtest(traces, ForecastPolicy(days=1, level_shift=False), headroom_pct=headroom)["forecaster"]
+    recent = backtest(traces, ForecastPolicy(period_minutes=10**9), headroom_pct=headroom)["forecaster"]
+    rows = {"forecaster": current["forecaster"].as_dict(), "last_value": current["last_value"].as_dict(),
+            "yesterday_only_previous_version": previous.as_dict(), "recent_quantile_only": recent.as_dict()}
+    out = {"benchmark": "forecast", "machine": _machine(), "seed": seed, "gpus": n_gpus, "days": days,
+           "headroom_pct": headroom, "target": "SM activity % over the next 15 minutes", "methods": rows,
+           "wall_s": round(time.perf_counter() - t0, 2)}
+    if not as_json:
+        click.echo("method                           MAE vs mean  MAE vs peak  below peak  shortfall  mean reserve")
+        for name, r in rows.items():
+            click.echo(f"{name:32s} {r['mae_vs_mean']:11.3f}  {r['mae_vs_peak']:11.3f}  "
+                       f"{100 * r['under_peak_rate']:9.1f}%  {100 * r['shortfall_rate']:8.2f}%  {r['mean_reserve']:12.3f}")
     click.echo(json.dumps(out))

@@ -1,0 +1,102 @@
+"""``muxflow bench``: the seeded instance generator and the round, predictor and forecast benchmarks at toy sizes.
+
+Speed targets are the benchmarks' business (docs/BENCHMARKS.md); these tests
+check that each command runs, reports what it promises, and that the round
+benchmark's fast plan equals the dense baseline's optimum.
+"""
+
+from __future__ import annotations
+
+import json
+
+import pytest
+from click.testing import CliRunner
+
+from pipelines.bench import BENCH_GPU_TYPES, N_JOB_TYPES, N_SERVICES, bench, bench_services, make_instance
+
+SMALL = ["--epochs", "2", "--samples", "100", "--json"]
+
+
+def invoke(*args: str) -> dict:
+    result = CliRunner().invoke(bench, list(args), catch_exceptions=False)
+    assert result.exit_code == 0, result.output
+    return json.loads(result.output.strip().splitlines()[-1])
+
+
+def test_instance_generator_is_seeded_and_shaped_like_the_issue() -> None:
+    gpus, jobs = make_instance(600, 300, seed=4)
+    again_gpus, again_jobs = make_instance(600, 300, seed=4)
+    assert gpus == again_gpus and jobs == again_jobs
+    other, _ = make_instance(600, 300, seed=5)
+    assert other != gpus
+    assert len(gpus) == 600 and len(jobs) == 300
+    assert len({g.gpu_id for g in gpus}) == 600 and len({j.job_id for j in jobs}) == 300
+    assert {g.gpu_type for g in gpus} <= set(BENCH_GPU_TYPES)
+    assert len({g.service_name for g in gpus}) == N_SERVICES == len(bench_services(4))
+    # Jobs of one type share their profile on each GPU type: at most 50 profiles per type.
+    for t in BENCH_GPU_TYPES:
+        assert len({j.profiles[t] for j in jobs}) <= N_JOB_TYPES
+    assert all(j.current_gpu_id is None for j in jobs)
+
+
+def test_running_jobs_sit_one_per_gpu() -> None:
+    gpus, jobs = make_instance(300, 100, seed=1, running_frac=0.5)
+    running = [j for j in jobs if j.current_gpu_id is not None]
+    assert len(running) == 50
+    host = {g.gpu_id: g for g in gpus}
+    for j in running:
+        assert host[j.current_gpu_id].current_job_id == j.job_id
+
+
+def test_bench_round_against_the_dense_baseline() -> None:
+    out = invoke("round", "--gpus", "120", "--jobs", "60", "--baseline", "dense", *SMALL)
+    for key in ("predict_s", "match_s", "total_s", "peak_rss_mb", "objective", "certified_optimal", "machine"):
+        assert key in out
+    assert out["certified_optimal"] is True and out["optimality_gap_bound"] <= 1e-6
+    assert out["gpus"] == 120 and out["jobs"] == 60 and out["placements"] > 0
+    dense = out["dense"]
+    assert dense["objectives_equal"] is True and abs(dense["objective_diff"]) <= 1e-6
+    assert dense["speedup"] > 0 and dense["placements"] == out["placements"]
+
+
+def test_bench_round_runs_both_at_baseline_sizes_when_dense_is_too_big() -> None:
+    out = invoke("round", "--gpus", "150", "--jobs", "80", "--baseline", "dense", "--dense-max-pairs", "5000",
+                 "--baseline-sizes", "40x30,60x40", "--running-frac", "0.3", "--migration-penalty", "0.05", *SMALL)
+    assert "skipped" in out["dense"]
+    assert [(r["gpus"], r["jobs"]) for r in out["baseline_sizes"]] == [(40, 30), (60, 40)]
+    for r in out["baseline_sizes"]:
+        assert r["objectives_equal"] is True and r["fast_certified_optimal"] is True
+        assert r["speedup"] > 0
+
+
+def test_bench_round_sizes_list() -> None:
+    out = invoke("round", "--sizes", "30x20,40x10", *SMALL)
+    assert [(r["gpus"], r["jobs"]) for r in out["results"]] == [(30, 20), (40, 10)]
+    assert all(r["certified_optimal"] for r in out["results"])
+
+
+def test_bench_predictor_table_and_figure_12_sweep() -> None:
+    out = invoke("predictor", "--hidden", "64,128", "--layers", "2,4", *SMALL)
+    assert set(out["per_gpu_type"]) == set(BENCH_GPU_TYPES)
+    for row in out["per_gpu_type"].values():
+        assert row["n_train"] + row["n_holdout"] == 100
+        assert row["mae_tput"] >= 0 and row["mape_tput_pct"] >= 0 and row["mae_slowdown"] >= 0
+        assert row["curve_mae_tput"][-1][0] == 2
+    assert [(r["layers"], r["hidden"]) for r in out["figure12"]] == [(4, 64), (4, 128), (2, 64)]
+
+
+def test_bench_forecast_against_last_value() -> None:
+    out = invoke("forecast", "--gpus", "3", "--days", "2", "--json")
+    methods = out["methods"]
+    assert set(methods) >= {"forecaster", "last_value"}
+    n = methods["forecaster"]["intervals"]
+    # Every 15-minute interval of day 2 for 3 GPUs (an interval whose samples are all missing is skipped).
+    assert n == methods["last_value"]["intervals"] and 0.95 * 3 * 96 <= n <= 3 * 96
+    for r in methods.values():
+        assert 0.0 <= r["shortfall_rate"] <= r["under_peak_rate"] <= 1.0
+
+
+@pytest.mark.parametrize("cmd", [["round"], ["predictor"], ["forecast"]])
+def test_bench_help(cmd) -> None:
+    result = CliRunner().invoke(bench, [*cmd, "--help"])
+    assert result.exit_code == 0 and result.output.startswith("Usage:")
