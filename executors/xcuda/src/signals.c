@@ -177,12 +177,20 @@ static void on_signal(int sig, siginfo_t *info, void *uc)
     errno = saved_errno;
 }
 
-static void redeliver(void)
+static _Atomic int passed_on;
+
+/* Hands the signal to the program, once, then lets held launches fail. The
+ * signal goes first: a program thread held at the launch gate runs the
+ * program's handler (or dies of the signal) before it sees its launch fail. */
+static void pass_on(void)
 {
+    if (atomic_exchange(&passed_on, 1))
+        return;
     union sigval v;
     v.sival_int = REDELIVER_MAGIC;
     if (sigqueue(getpid(), exit_sig, v) != 0)
         kill(getpid(), exit_sig);
+    atomic_store(&xc_exit_state, XC_EXIT_DONE);
 }
 
 static void *exit_worker(void *arg)
@@ -196,10 +204,9 @@ static void *exit_worker(void *arg)
         const char *name = exit_sig == SIGINT ? "SIGINT" : "SIGTERM";
         xc_log(XC_LOG_INFO, "%s: kernel launches frozen; synchronizing and releasing the CUDA context(s)", name);
         int n = xc_ctx_release_all();
-        int expected = XC_EXIT_RUNNING;
-        if (atomic_compare_exchange_strong(&xc_exit_state, &expected, XC_EXIT_DONE)) {
+        if (!atomic_load(&passed_on)) {
             xc_log(XC_LOG_INFO, "%s: %d context(s) released; passing the signal on", name, n);
-            redeliver();
+            pass_on();
         }
     }
     return NULL;
@@ -212,11 +219,10 @@ void xc_exit_watchdog(uint64_t now_ns)
     uint64_t start = atomic_load(&exit_start_ns);
     if (now_ns < start || now_ns - start < (uint64_t)xc_g.cfg.exit_timeout_ms * 1000000ull)
         return;
-    int expected = XC_EXIT_RUNNING;
-    if (atomic_compare_exchange_strong(&xc_exit_state, &expected, XC_EXIT_DONE)) {
+    if (!atomic_load(&passed_on)) {
         xc_log(XC_LOG_WARN, "graceful exit did not finish within %u ms; passing the signal on without it",
                xc_g.cfg.exit_timeout_ms);
-        redeliver();
+        pass_on();
     }
 }
 
@@ -254,6 +260,7 @@ void xc_signals_start_worker(void)
 void xc_signals_atfork_child(void)
 {
     atomic_store(&worker_alive, 0);
+    atomic_store(&passed_on, 0);
     atomic_flag_clear(&act_lock);
     int st = atomic_load(&xc_exit_state);
     if (st == XC_EXIT_RUNNING || st == XC_EXIT_DONE)

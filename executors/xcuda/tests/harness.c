@@ -571,6 +571,16 @@ int main(int argc, char **argv)
             int sig = parse_signal(ARG());
             raise(sig);
             printf("raised got=%d\n", (int)got_signal);
+        } else if (!strcmp(c, "wait-exit")) {
+            /* Waits (polling) for a signal handler to end the process, up to a deadline. */
+            double deadline = now_s() + atof(ARG());
+            while (now_s() < deadline && !got_signal) {
+                struct timespec ts = {0, 5000000};
+                nanosleep(&ts, NULL);
+            }
+            printf("wait-exit got=%d\n", (int)got_signal);
+            if (!got_signal)
+                return 3;
         } else if (!strcmp(c, "resolve-all")) {
             cmd_resolve_all();
         } else if (!strcmp(c, "call-all")) {

@@ -1,0 +1,105 @@
+"""Graceful exit (paper §4.2): on SIGINT/SIGTERM xCUDA freezes new launches,
+synchronizes and releases the CUDA context, then lets the signal do what the
+program intended (its handler, ignore, or terminate). The fake driver logs the
+context events; the harness logs its own handler in the same file."""
+
+from __future__ import annotations
+
+import signal
+import subprocess
+from pathlib import Path
+
+import pytest
+
+from .conftest import wait_for_line
+
+FAST = {"XCUDA_FALLBACK_LAUNCH_RATE": "1000000", "XCUDA_LOG_LEVEL": "info"}
+
+
+def _events(path: Path) -> list[str]:
+    return path.read_text().splitlines() if path.exists() else []
+
+
+def _burst_then(spawn, tmp_path: Path, sig: int, *setup: str) -> tuple[subprocess.Popen, list[str], str, str]:
+    log = tmp_path / "events.log"
+    proc = spawn(*setup, "burst", XCUDA_FAKE_EVENT_LOG=str(log), **FAST)
+    seen = wait_for_line(proc.stdout, "ready", deadline_s=20)  # launching flat out now
+    proc.send_signal(sig)
+    out, err = proc.communicate(timeout=30)
+    return proc, _events(log), "".join(seen) + out, err
+
+
+def _ordered(events: list[str], *prefixes: str) -> bool:
+    """The events start with these prefixes in this order (others may come between)."""
+    idx = [next((i for i, e in enumerate(events) if e.startswith(p)), -1) for p in prefixes]
+    return -1 not in idx and idx == sorted(idx)
+
+
+def test_sigterm_during_a_burst_releases_the_context_then_terminates(spawn, tmp_path) -> None:
+    proc, events, _, err = _burst_then(spawn, tmp_path, signal.SIGTERM, "init")
+    assert proc.returncode == -signal.SIGTERM  # died of the signal, as SIG_DFL intends
+    assert _ordered(events, "cuInit", "ctx_synchronize", "primary_ctx_reset dev=0")
+    assert "launch_after_release" not in events
+    assert "1 context(s) released" in err
+
+
+@pytest.mark.parametrize("api", ["sigaction", "signal"])
+def test_the_programs_handler_runs_after_the_release(spawn, tmp_path, api) -> None:
+    proc, events, out, _ = _burst_then(spawn, tmp_path, signal.SIGTERM, "init", "sig", "SIGTERM", "exit42", api,
+                                       "sigquery", "SIGTERM")
+    assert proc.returncode == 42
+    assert _ordered(events, "ctx_synchronize", "primary_ctx_reset", "program_handler SIGTERM")
+    # The program asked what its handler is and was told: its own.
+    assert "sigquery handler=exit42" in out
+
+
+def test_a_handler_installed_before_cuda_is_chained_too(spawn, tmp_path) -> None:
+    proc, events, _, _ = _burst_then(spawn, tmp_path, signal.SIGTERM, "sig", "SIGTERM", "exit42", "sigaction",
+                                     "init")
+    assert proc.returncode == 42
+    assert _ordered(events, "ctx_synchronize", "primary_ctx_reset", "program_handler SIGTERM")
+
+
+def test_sigint_with_a_handler_that_returns(spawn, tmp_path) -> None:
+    # Like Python's KeyboardInterrupt: the handler returns. Launches then fail
+    # with CUDA_ERROR_CONTEXT_IS_DESTROYED instead of reaching a dead context.
+    proc, events, out, _ = _burst_then(spawn, tmp_path, signal.SIGINT, "init", "sig", "SIGINT", "record", "signal")
+    assert proc.returncode == 7
+    assert "launch rc=709" in out and "signal=2" in out
+    assert _ordered(events, "ctx_synchronize", "primary_ctx_reset", "program_handler_returned")
+    assert "launch_after_release" not in events
+
+
+def test_created_contexts_are_destroyed(harness, tmp_path) -> None:
+    log = tmp_path / "events.log"
+    # A context made with cuCtxCreate is synchronized and destroyed as well as the primary one.
+    run = harness("init", "call-all", "sig", "SIGTERM", "exit42", "sigaction", "raise", "SIGTERM",
+                  "wait-exit", "20", XCUDA_FAKE_EVENT_LOG=str(log), XCUDA_MEM_QUOTA_BYTES="1GiB", **FAST)
+    assert run.returncode == 42
+    events = _events(log)
+    created = sum(e.startswith("ctx_create") for e in events)
+    assert created == 9  # cuCtxCreate_v2/_v3/_v4, three paths each
+    assert sum(e.startswith("ctx_destroy") for e in events) == created
+    assert _ordered(events, "ctx_synchronize", "ctx_destroy", "primary_ctx_reset", "program_handler SIGTERM")
+
+
+def test_an_ignored_signal_stays_ignored(harness, tmp_path) -> None:
+    log = tmp_path / "events.log"
+    run = harness("init", "sig", "SIGTERM", "ign", "sigaction", "raise", "SIGTERM", "launch", "100",
+                  XCUDA_FAKE_EVENT_LOG=str(log), **FAST)
+    assert run.returncode == 0
+    assert run.fields("launched") == {"n": "100", "seconds": run.fields("launched")["seconds"], "errors": "0"}
+    assert not any(e.startswith("ctx_synchronize") for e in _events(log))
+
+
+def test_before_cuda_is_used_signals_are_left_alone(harness, tmp_path) -> None:
+    log = tmp_path / "events.log"
+    run = harness("sig", "SIGTERM", "exit42", "sigaction", "raise", "SIGTERM", "wait-exit", "20",
+                  XCUDA_FAKE_EVENT_LOG=str(log))
+    assert run.returncode == 42
+    assert _events(log) == ["program_handler SIGTERM"]
+
+
+def test_default_action_without_cuda_is_untouched(harness) -> None:
+    run = harness("raise", "SIGTERM")
+    assert run.returncode == -signal.SIGTERM
