@@ -31,7 +31,12 @@ ui: install
 	@test -f "$(DAGSTER_HOME)/muxflow.json" || echo "note: no $(DAGSTER_HOME)/muxflow.json yet; run 'make run' first to have rounds to look at"
 	$(VENV)/bin/dagster-webserver -w workspace.yaml -h 127.0.0.1 -p $(UI_PORT)
 
-test: install
+# xCUDA, the LD_PRELOAD library, its fake driver, harness and C unit tests (executors/xcuda/build/).
+.PHONY: xcuda
+xcuda:
+	$(MAKE) -C executors/xcuda
+
+test: install xcuda
 	bash .ci/ensure_postgres.sh
 	bash .ci/ensure_browser.sh
 	$(PY) -m pytest -q

@@ -27,6 +27,7 @@ class Artifacts:
     probe: Path
     test_config: Path
     test_control: Path
+    test_memtrack: Path
 
     @classmethod
     def at(cls, build_dir: Path = BUILD_DIR) -> Artifacts:
@@ -39,6 +40,7 @@ class Artifacts:
             probe=build_dir / "libxcuda_probe.so",
             test_config=build_dir / "test_config",
             test_control=build_dir / "test_control",
+            test_memtrack=build_dir / "test_memtrack",
         )
 
 

@@ -40,8 +40,9 @@ def test_strict_warnings_and_hidden_visibility() -> None:
 
 
 def test_c_unit_tests_pass(xcuda: Artifacts) -> None:
-    config = subprocess.run([str(xcuda.test_config)], capture_output=True, text=True, timeout=60)
-    assert config.returncode == 0, config.stderr
+    for binary in (xcuda.test_config, xcuda.test_memtrack):
+        unit = subprocess.run([str(binary)], capture_output=True, text=True, timeout=120)
+        assert unit.returncode == 0, unit.stderr
     vectors = XCUDA_DIR / "tests" / "control_vectors.csv"
     control = subprocess.run([str(xcuda.test_control), str(vectors)], capture_output=True, text=True, timeout=60)
     assert control.returncode == 0, control.stderr

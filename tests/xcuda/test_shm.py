@@ -31,9 +31,9 @@ SAMPLE = GpuSample(u_sm=0.42, sm_clock_mhz=1215.0, clock_threshold_mhz=1290.0, c
                    target_util=0.85, sm_occupancy=0.3, gpu_util=0.7, mem_used_bytes=3 << 30)
 
 
-def _dump(xcuda: Artifacts, path: Path, stale_ms: int = 1000) -> dict:
-    out = subprocess.run([str(xcuda.shm_dump), str(path), str(stale_ms)], capture_output=True, text=True,
-                         check=True, timeout=30)
+def _dump(xcuda: Artifacts, path: Path, stale_ms: int = 1000, shift_ms: int = 0) -> dict:
+    out = subprocess.run([str(xcuda.shm_dump), str(path), str(stale_ms), str(shift_ms)], capture_output=True,
+                         text=True, check=True, timeout=30)
     return json.loads(out.stdout)
 
 
@@ -91,6 +91,13 @@ def test_stale_and_future_records_are_rejected(xcuda, tmp_path) -> None:
     assert _dump(xcuda, path, stale_ms=1000)["status"].startswith("stale")
 
 
+def test_a_sample_newer_than_the_readers_clock_is_fresh(xcuda, tmp_path) -> None:
+    # The controller reads the clock, then the record; the agent may write in between.
+    path = tmp_path / "rec"
+    path.write_bytes(encode(SAMPLE, 0, time.monotonic_ns()))
+    assert _dump(xcuda, path, stale_ms=1000, shift_ms=-50)["status"] == "ok"
+
+
 def test_missing_file(xcuda, tmp_path) -> None:
     assert _dump(xcuda, tmp_path / "nothing")["status"] == "no such file"
 
@@ -120,7 +127,7 @@ def test_reads_during_writes_are_never_torn(xcuda, tmp_path) -> None:
     assert ok, seen
     for s in ok:
         assert (s["u_sm"], s["sm_clock_mhz"], s["gpu_util"]) in {(0.1, 1000.0, 0.1), (0.9, 1500.0, 0.9)}
-    assert all(s["status"] in ("ok", "writer always mid-update") for s in seen)
+    assert all(s["status"] in ("ok", "writer always mid-update") for s in seen), [s["status"] for s in seen]
 
 
 def test_a_writer_resumes_after_one_that_died_mid_update(tmp_path) -> None:

@@ -5,6 +5,11 @@
 
 #define EMPTY 0ull
 #define TOMB UINT64_MAX
+/* Tombstones are reused but never cleared (that is not safe without a lock),
+ * so after enough churn few slots are EMPTY and a miss would scan the whole
+ * table. A key is therefore stored within MAX_PROBE slots of its hash, and
+ * look-ups stop there: a miss costs at most MAX_PROBE loads. */
+#define MAX_PROBE 128
 
 static uint64_t mix(uint64_t x)  /* splitmix64 finaliser: device pointers share low bits */
 {
@@ -44,8 +49,8 @@ int xc_table_insert(struct xc_table *t, uint64_t key, uint64_t val)
 {
     if (key == EMPTY || key == TOMB || t->keys == NULL)
         return 0;
-    size_t h = (size_t)mix(key);
-    for (size_t i = 0; i <= t->mask; i++) {
+    size_t h = (size_t)mix(key), probes = t->mask + 1 < MAX_PROBE ? t->mask + 1 : MAX_PROBE;
+    for (size_t i = 0; i < probes; i++) {
         size_t slot = (h + i) & t->mask;
         uint64_t k = atomic_load_explicit(&t->keys[slot], memory_order_relaxed);
         while (k == EMPTY || k == TOMB) {
@@ -67,8 +72,8 @@ int xc_table_remove(struct xc_table *t, uint64_t key, uint64_t *val)
 {
     if (key == EMPTY || key == TOMB || t->keys == NULL)
         return 0;
-    size_t h = (size_t)mix(key);
-    for (size_t i = 0; i <= t->mask; i++) {
+    size_t h = (size_t)mix(key), probes = t->mask + 1 < MAX_PROBE ? t->mask + 1 : MAX_PROBE;
+    for (size_t i = 0; i < probes; i++) {
         size_t slot = (h + i) & t->mask;
         uint64_t k = atomic_load_explicit(&t->keys[slot], memory_order_acquire);
         if (k == EMPTY)

@@ -1,8 +1,8 @@
 /*
- * Sizes of live allocations by pointer or handle: a fixed-capacity,
- * lock-free open-addressing table (linear probing, tombstones reused), so
- * that frees return exactly what the allocation charged without a lock.
- * Keys 0 and UINT64_MAX are reserved and cannot be stored.
+ * Sizes of live allocations by pointer or handle, so that frees return
+ * exactly what the allocation charged: a fixed-capacity, lock-free
+ * open-addressing table (linear probing within a bounded window, tombstones
+ * reused). Keys 0 and UINT64_MAX are reserved and cannot be stored.
  */
 #ifndef XCUDA_MEMTRACK_H
 #define XCUDA_MEMTRACK_H

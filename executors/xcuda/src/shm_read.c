@@ -10,7 +10,7 @@
 #include "xcuda_shm.h"
 
 #define REOPEN_INTERVAL_NS 1000000000ull  /* look for a missing record once a second */
-#define READ_ATTEMPTS 4
+#define READ_ATTEMPTS 8
 
 const char *xc_shm_status_name(enum xc_shm_status s)
 {
@@ -117,26 +117,31 @@ enum xc_shm_status xc_shm_read(struct xc_shm_reader *r, uint64_t now_ns, uint64_
     enum xc_shm_status st = XC_SHM_BUSY;
     for (int attempt = 0; attempt < READ_ATTEMPTS; attempt++) {
         unsigned char buf[XCUDA_SHM_SIZE];
-        uint64_t seq_after;
+        uint64_t seq_before, seq_after;
         ssize_t n = read_at(r->fd, buf, sizeof buf, 0);
         if (n < (ssize_t)sizeof buf) {
             st = n < 0 ? XC_SHM_MISSING : XC_SHM_SHORT;
             break;
         }
         st = xc_shm_decode(buf, sizeof buf, out);
-        if (st != XC_SHM_OK && st != XC_SHM_BUSY && st != XC_SHM_BAD_CHECKSUM)
+        if (st == XC_SHM_BUSY)
+            continue;
+        if (st != XC_SHM_OK && st != XC_SHM_BAD_CHECKSUM)
             break;
-        if (st == XC_SHM_OK) {
-            if (read_at(r->fd, &seq_after, sizeof seq_after, 16) != (ssize_t)sizeof seq_after) {
-                st = XC_SHM_SHORT;
-                break;
-            }
-            if (seq_after == out->seq)
-                break;
-            st = XC_SHM_BUSY;
+        /* A write that began while we copied shows as a changed seq (and
+         * usually a bad checksum): that copy is torn, not the record. */
+        memcpy(&seq_before, buf + 16, sizeof seq_before);
+        if (read_at(r->fd, &seq_after, sizeof seq_after, 16) != (ssize_t)sizeof seq_after) {
+            st = XC_SHM_SHORT;
+            break;
         }
+        if (seq_after == seq_before)
+            break;
+        st = XC_SHM_BUSY;
     }
-    if (st == XC_SHM_OK && (out->timestamp_ns > now_ns + stale_ns || now_ns - out->timestamp_ns > stale_ns))
+    /* A sample written after `now` was taken is fresh, not from the future. */
+    if (st == XC_SHM_OK && (out->timestamp_ns > now_ns ? out->timestamp_ns - now_ns > stale_ns
+                                                       : now_ns - out->timestamp_ns > stale_ns))
         st = XC_SHM_STALE;
     if (st != XC_SHM_OK && st != XC_SHM_BUSY) {
         /* The agent may have replaced the file: open it afresh next time. */

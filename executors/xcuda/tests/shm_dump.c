@@ -3,7 +3,8 @@
  * the tests can check executors/xcuda/shm.py against the C layout.
  *
  *   xcuda_shm_dump --layout          field offsets of struct xcuda_shm_record
- *   xcuda_shm_dump PATH [STALE_MS]   status and fields, as xCUDA would see them now
+ *   xcuda_shm_dump PATH [STALE_MS [SHIFT_MS]]
+ *       status and fields, as xCUDA would see them now (plus SHIFT_MS, which may be negative)
  */
 #include <stddef.h>
 #include <stdio.h>
@@ -36,6 +37,8 @@ int main(int argc, char **argv)
     clock_gettime(CLOCK_MONOTONIC, &ts);
     unsigned long long now = (unsigned long long)ts.tv_sec * 1000000000ull + (unsigned long long)ts.tv_nsec;
     unsigned long long stale_ms = argc > 2 ? strtoull(argv[2], NULL, 10) : 1000;
+    long long shift_ms = argc > 3 ? strtoll(argv[3], NULL, 10) : 0;
+    now = (unsigned long long)((long long)now + shift_ms * 1000000ll);
     struct xc_shm_reader r;
     xc_shm_reader_init(&r, argv[1]);
     struct xc_shm_sample s;
