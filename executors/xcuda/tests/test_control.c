@@ -118,9 +118,9 @@ static void test_pacer(void)
 }
 
 /* Closed loop against a toy GPU: the online service alone keeps U_SM at
- * `online`; each admitted launch/s adds `per_launch` of U_SM one period
- * later; the clock sags linearly with load. The controller must settle the
- * load near the target without oscillating. */
+ * `online`; each admitted launch/s adds `per_launch` of U_SM, seen one
+ * period later; the clock sags linearly with load. With the default gains the
+ * load must settle near the target, and again after the online load steps up. */
 static void test_closed_loop(void)
 {
     struct xc_pacer_params p;
@@ -128,26 +128,21 @@ static void test_closed_loop(void)
     struct xc_pacer s;
     struct xc_pid pid;
     xc_pacer_reset(&s, 2000.0);
-    xc_pid_init(&pid, 1.0, 10.0, 0.0);
-    const double online = 0.5, natural = 10000.0, per_launch = 6e-5, target = 0.9, dt = 0.02;
-    double served = natural, sum = 0, sum2 = 0;
-    int n = 0;
+    xc_pid_init(&pid, 1.0, 20.0, 0.0);  /* the XCUDA_KP / XCUDA_KI defaults */
+    const double natural = 10000.0, per_launch = 6e-5, target = 0.9, dt = 0.02;
+    double served = natural, worst_after_settling = 0.0;
     for (int k = 0; k < 400; k++) {
+        double online = k < 200 ? 0.5 : 0.8;
         double u_sm = online + per_launch * served;
         double clock = 1590.0 - 300.0 * (u_sm > 1 ? 1 : u_sm);
         double u_gpu = xc_gpu_load(u_sm, xc_clock_factor(clock, 1290.0, 1590.0, 5.0, 0.5));
         double demand = s.mode == XC_PACER_OPEN ? natural : (s.rate < natural ? s.rate : natural);
         xc_pacer_step(&p, &s, &pid, u_gpu, target, demand, dt);
         served = s.mode == XC_PACER_OPEN ? natural : (s.rate < natural ? s.rate : natural);
-        if (k >= 300) {
-            sum += u_gpu;
-            sum2 += u_gpu * u_gpu;
-            n++;
-        }
+        if ((k >= 40 && k < 200) || k >= 240)  /* 40 periods after the start and after the step */
+            worst_after_settling = fmax(worst_after_settling, fabs(u_gpu - target));
     }
-    double mean = sum / n, sd = sqrt(sum2 / n - mean * mean);
-    CHECK(fabs(mean - target) < 0.02, "closed loop settles at the target: mean U_GPU %.4f", mean);
-    CHECK(sd < 0.01, "and stays there: sd %.4f", sd);
+    CHECK(worst_after_settling < 0.03, "settled within 0.03 of the target: worst %.4f", worst_after_settling);
 }
 
 /* -- shared vectors ---------------------------------------------------------- */
