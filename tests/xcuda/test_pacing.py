@@ -126,3 +126,12 @@ def test_an_agent_that_starts_late_is_picked_up(spawn, tmp_path) -> None:
     # xCUDA looks for a missing record once a second, then opens the gate.
     assert buckets[-1] > 100_000, buckets
     assert err.index("fixed safe rate") < err.index("in use: closed-loop pacing")
+
+
+def test_a_forked_child_paces_its_own_launches(harness) -> None:
+    # The child has no controller thread (threads do not survive fork): its
+    # first launch starts one. 300 launches at 1000/s take a bounded time.
+    run = harness("init", "launch", "10", "fork-launch", "300", "launch", "10", timeout=30, **PACING)
+    assert run.returncode == 0, run.stderr
+    assert run.fields("fork-launch") == {"exit": "0"}
+    assert run.fields("launched", 1)["errors"] == "0"

@@ -7,11 +7,12 @@ from __future__ import annotations
 
 import signal
 import subprocess
+import sys
 from pathlib import Path
 
 import pytest
 
-from .conftest import wait_for_line
+from .conftest import base_env, wait_for_line
 
 FAST = {"XCUDA_FALLBACK_LAUNCH_RATE": "1000000", "XCUDA_LOG_LEVEL": "info"}
 
@@ -103,3 +104,46 @@ def test_before_cuda_is_used_signals_are_left_alone(harness, tmp_path) -> None:
 def test_default_action_without_cuda_is_untouched(harness) -> None:
     run = harness("raise", "SIGTERM")
     assert run.returncode == -signal.SIGTERM
+
+
+PYTHON_LOOP = r"""
+import ctypes, sys
+cuda = ctypes.CDLL("libcuda.so.1")
+ctx = ctypes.c_void_p()
+assert cuda.cuInit(0) == 0
+assert cuda.cuDevicePrimaryCtxRetain(ctypes.byref(ctx), 0) == 0
+assert cuda.cuCtxSetCurrent(ctx) == 0
+launch = cuda.cuLaunchKernel
+launch.argtypes = [ctypes.c_void_p] + [ctypes.c_uint] * 7 + [ctypes.c_void_p] * 3
+n, rc = 0, 0
+try:
+    while True:
+        rc = launch(None, 1, 1, 1, 64, 1, 1, 0, None, None, None)
+        n += 1
+        if n == 1000:
+            print("ready", flush=True)
+except KeyboardInterrupt:
+    print(f"KeyboardInterrupt after {n} launches, last rc={rc}", flush=True)
+"""
+
+
+def test_a_python_training_loop_gets_its_keyboardinterrupt_after_the_release(xcuda, tmp_path) -> None:
+    # Python installs its SIGINT handler at start-up, before any CUDA call: taken
+    # over at cuInit, chained after the release; the loop's blocked launch
+    # returns and the interpreter raises KeyboardInterrupt.
+    log = tmp_path / "events.log"
+    env = base_env(xcuda, tmp_path, XCUDA_FAKE_EVENT_LOG=str(log), **FAST)
+    proc = subprocess.Popen([sys.executable, "-c", PYTHON_LOOP], env=env, stdout=subprocess.PIPE,
+                            stderr=subprocess.PIPE, text=True)
+    try:
+        seen = wait_for_line(proc.stdout, "ready", deadline_s=30)
+        proc.send_signal(signal.SIGINT)
+        out, err = proc.communicate(timeout=30)
+    finally:
+        if proc.poll() is None:
+            proc.kill()
+            proc.wait()
+    assert proc.returncode == 0, err
+    assert "KeyboardInterrupt after" in "".join(seen) + out
+    assert _ordered(_events(log), "cuInit", "ctx_synchronize", "primary_ctx_reset")
+    assert "launch_after_release" not in _events(log)

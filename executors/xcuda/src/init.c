@@ -34,6 +34,7 @@ static void atfork_child(void)
      * gone. They are started again if the child uses CUDA itself. */
     atomic_store(&cuda_ready, 0);
     pthread_mutex_init(&ready_lock, NULL);
+    pthread_mutex_init(&init_lock, NULL);  /* another thread may have held it at fork */
     xc_pacing_atfork_child();
     xc_signals_atfork_child();
 }

@@ -10,6 +10,7 @@
 #include <fcntl.h>
 #include <libgen.h>
 #include <pthread.h>
+#include <sys/wait.h>
 #include <signal.h>
 #include <stdatomic.h>
 #include <stdio.h>
@@ -571,6 +572,21 @@ int main(int argc, char **argv)
             int sig = parse_signal(ARG());
             raise(sig);
             printf("raised got=%d\n", (int)got_signal);
+        } else if (!strcmp(c, "fork-launch")) {
+            /* A forked child (a data-loader worker, say) that launches on its own. */
+            unsigned long long n = parse_u64(ARG());
+            pfn_cuLaunchKernel fn = runtime_launch();
+            fflush(stdout);
+            pid_t pid = fork();
+            if (pid == 0) {
+                int errors = 0;
+                for (unsigned long long k = 0; k < n; k++)
+                    errors += LAUNCH(fn) != CUDA_SUCCESS;
+                _exit(errors ? 1 : 0);
+            }
+            int status = 0;
+            waitpid(pid, &status, 0);
+            printf("fork-launch exit=%d\n", WIFEXITED(status) ? WEXITSTATUS(status) : 128 + WTERMSIG(status));
         } else if (!strcmp(c, "wait-exit")) {
             /* Waits (polling) for a signal handler to end the process, up to a deadline. */
             double deadline = now_s() + atof(ARG());
