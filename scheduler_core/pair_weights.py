@@ -13,8 +13,9 @@ are one row of a :class:`~scheduler_core.grouped_weights.GroupedWeights`.
 De-duplication is exact (equal inputs, equal outputs); no feature is rounded.
 
 Feasibility (DESIGN §3.5, issue "Feasibility"): a pair is infeasible when the
-GPU is not Healthy (a running job may stay on an Unhealthy GPU — only
-Overlimit evicts, §4.1), the job's memory exceeds the GPU's offline quota, the
+GPU is not Healthy (a running job may stay on an Unhealthy GPU as it runs —
+only Overlimit evicts, §4.1 — but is not restarted there with a smaller
+share), the job's memory exceeds the GPU's offline quota, the
 GPU type is not allowed for the job or it has no profile there, the predicted
 online slowdown exceeds the service's allowance, the predicted throughput is
 0, or the predictor does not accept the features (NaN, out of range).
@@ -39,6 +40,11 @@ PREDICT_BATCH_ROWS = 2_000_000
 def mem_quota_bytes(gpu: GpuCandidate, cfg) -> int:
     free = gpu.memory_bytes - gpu.forecast_mem_bytes - cfg.mem_reserve_bytes
     return int(max(0.0, min(cfg.mem_quota_frac * gpu.memory_bytes, free)))
+
+
+def keeps_share(job: JobCandidate, planned_pct: int, cfg) -> bool:
+    """Whether a job staying on its GPU keeps its running MPS share (else it is restarted with the planned one)."""
+    return job.current_sm_pct is not None and job.current_sm_pct - planned_pct <= cfg.resize_threshold_pct
 
 
 def eligible_gpus(gpus: list[GpuCandidate], predictors: dict) -> list[GpuCandidate]:
@@ -221,6 +227,9 @@ def build_graph(gpus: list[GpuCandidate], jobs: list[JobCandidate], predictors: 
         tp, sl = _lookup(tables, gpu_type_idx, gpu_row, class_profile, job_class[has], hi_)
         with np.errstate(invalid="ignore"):  # NaN: no profile for the type, or not accepted
             ok = (sl - 1.0 <= allowance[hi_]) & (tp > 0) & (class_mem[job_class[has]] <= quota[hi_])
+        # On a GPU that is not Healthy a job may only stay as it runs: a restart with a
+        # smaller share (see round.diff_plan) would be new work there.
+        ok &= healthy[hi_] | np.array([keeps_share(jobs[j], int(sm[i]), cfg) for j, i in zip(has, hi_)], dtype=bool)
         home_w[has] = np.where(ok, tp, -np.inf)
     weights = GroupedWeights(base, job_class, home, home_w, penalty)
     stats.update({"gpus": n, "jobs": m, "classes": n_cls, "types": len(types),

@@ -32,7 +32,7 @@ from scheduler_core.domain import (
     RoundResult,
 )
 from scheduler_core.dynamic_sm import SmPolicy
-from scheduler_core.pair_weights import build_graph, mem_quota_bytes
+from scheduler_core.pair_weights import build_graph, keeps_share, mem_quota_bytes
 
 __all__ = ["RoundConfig", "plan_round", "mem_quota_bytes", "diff_plan", "snapshot", "from_snapshot"]
 
@@ -128,7 +128,7 @@ def diff_plan(
             action = Action.START
         elif job.current_gpu_id != g.gpu_id:
             action = Action.MIGRATE
-        elif job.current_sm_pct is not None and job.current_sm_pct - pct <= cfg.resize_threshold_pct:
+        elif keeps_share(job, pct, cfg):
             # An MPS share is fixed for the life of a process: keep the running one
             # unless it now exceeds the planned share by more than the threshold
             # (then the online service needs the SMs back).

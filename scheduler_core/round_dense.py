@@ -18,7 +18,7 @@ from scheduler_core.domain import GpuHealth, RoundResult
 from scheduler_core.dynamic_sm import offline_sm_pct
 from scheduler_core.features import N_FEATURES, OFFLINE_SLICE, ONLINE_SLICE, SM_COLUMN, offline_vector, online_vector
 from scheduler_core.matching import max_weight_matching
-from scheduler_core.pair_weights import eligible_gpus, mem_quota_bytes
+from scheduler_core.pair_weights import eligible_gpus, keeps_share, mem_quota_bytes
 
 PAIRS_PER_BATCH = 1_000_000
 
@@ -72,6 +72,7 @@ def dense_weights(gpus, jobs, predictors, cfg):
         allowed = type_ok[g.gpu_type] & (job_mem <= quota[i])
         if g.health != GpuHealth.HEALTHY:
             allowed &= job_cur == g.gpu_id
+            allowed &= np.array([keeps_share(job, int(sm[i]), cfg) for job in jobs], dtype=bool)
         feasible[i] = allowed & (slow[i] - 1.0 <= g.slowdown_allowance) & (tput[i] > 0)
     adjusted = tput.copy()
     if cfg.migration_penalty > 0:

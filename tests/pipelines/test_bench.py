@@ -53,6 +53,7 @@ def test_bench_round_against_the_dense_baseline() -> None:
     for key in ("predict_s", "match_s", "total_s", "peak_rss_mb", "objective", "certified_optimal", "machine"):
         assert key in out
     assert out["certified_optimal"] is True and out["optimality_gap_bound"] <= 1e-6
+    assert out["plan_violations"] == 0
     assert out["gpus"] == 120 and out["jobs"] == 60 and out["placements"] > 0
     dense = out["dense"]
     assert dense["objectives_equal"] is True and abs(dense["objective_diff"]) <= 1e-6

@@ -327,3 +327,17 @@ def test_round_config_survives_json() -> None:
     old = asdict(RoundConfig())
     old.pop("solver")
     assert RoundConfig(**old) == RoundConfig()
+
+
+def test_job_on_unhealthy_gpu_is_not_restarted_there() -> None:
+    # Planned share 70 %; the job runs at 90 %: keeping it needs a restart at 70 %, which
+    # would be new work on an Unhealthy GPU. It moves to a Healthy GPU, or is evicted.
+    sick = gpu(1, forecast_sm_pct=20.0, health=GpuHealth.UNHEALTHY, current_job_id=10, current_sm_pct=90)
+    running = job(10, current_gpu_id=1, current_sm_pct=90)
+    assert actions(plan_round([sick], [running], PREDICTORS)) == {10: (Action.EVICT, None, 1, None)}
+    moved = plan_round([sick, gpu(2, forecast_sm_pct=40.0)], [running], PREDICTORS)
+    assert actions(moved) == {10: (Action.MIGRATE, 2, 1, 50)}
+    # Within the threshold it stays as it runs.
+    ok = gpu(1, forecast_sm_pct=20.0, health=GpuHealth.UNHEALTHY, current_job_id=10, current_sm_pct=80)
+    assert actions(plan_round([ok], [job(10, current_gpu_id=1, current_sm_pct=80)], PREDICTORS)) == {
+        10: (Action.KEEP, 1, 1, 80)}
