@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import fcntl
 import shutil
 import subprocess
 from dataclasses import dataclass
@@ -58,8 +59,12 @@ def build(jobs: int = 2, timeout_s: float = 600.0) -> Artifacts:
     if missing:
         raise BuildError(f"cannot build xCUDA: missing {', '.join(missing)}")
     cc = "cc" if shutil.which("cc") else "gcc"
-    proc = subprocess.run(["make", "-C", str(XCUDA_DIR), f"-j{jobs}", f"CC={cc}"],
-                          capture_output=True, text=True, timeout=timeout_s, check=False)
+    BUILD_DIR.mkdir(exist_ok=True)
+    # Several test sessions may share a checkout: one build at a time.
+    with (BUILD_DIR / ".lock").open("w") as lock:
+        fcntl.flock(lock, fcntl.LOCK_EX)
+        proc = subprocess.run(["make", "-C", str(XCUDA_DIR), f"-j{jobs}", f"CC={cc}"],
+                              capture_output=True, text=True, timeout=timeout_s, check=False)
     if proc.returncode != 0:
         raise BuildError(f"make -C {XCUDA_DIR} failed ({proc.returncode}):\n{proc.stdout[-4000:]}\n{proc.stderr[-4000:]}")
     return Artifacts.at()
