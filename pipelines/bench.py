@@ -480,3 +480,13 @@ def bench_forecast(n_gpus, days, seed, as_json) -> None:
             click.echo(f"{name:32s} {r['mae_vs_mean']:11.3f}  {r['mae_vs_peak']:11.3f}  "
                        f"{100 * r['under_peak_rate']:9.1f}%  {100 * r['shortfall_rate']:8.2f}%  {r['mean_reserve']:12.3f}")
     click.echo(json.dumps(out))
+
+
+def _register_siblings() -> None:
+    """Benchmarks that live in their own modules join the ``bench`` group here."""
+    from pipelines.bench_xcuda import bench_xcuda
+
+    bench.add_command(bench_xcuda)
+
+
+_register_siblings()

@@ -37,6 +37,10 @@ from scheduler_core.certificate import DEFAULT_GAP_TOL, Certificate, certify, du
 from scheduler_core.grouped_weights import GroupedWeights, class_max
 
 
+# Largest instance (GPUs × jobs) solved densely if the LP ever fails.
+DENSE_FALLBACK_PAIRS = 25_000_000
+
+
 @dataclass(frozen=True)
 class SolverConfig:
     gap_tol: float = DEFAULT_GAP_TOL  # certificate: optimum − value ≤ this
@@ -338,6 +342,21 @@ def _expand(nodes: _Nodes, problem: GroupedWeights, arc_node, arc_gpu, x) -> lis
     return pairs
 
 
+def _dense_fallback(problem: GroupedWeights, cfg: SolverConfig, t0: float) -> Solution:
+    """Kuhn–Munkres on the dense matrix, certified the same way (duals rebuilt from the matching)."""
+    from scheduler_core.matching import max_weight_matching
+
+    w = problem.to_dense()
+    ok = np.isfinite(w) & (w > 0)
+    match = max_weight_matching(np.where(ok, w, 0.0), ok)
+    pairs = sorted(match.pairs)
+    u, v = duals_from_matching(problem, pairs)
+    cert = certify(problem, pairs, u, v, cfg.gap_tol)
+    stats = {"nodes": 0, "rounds": 0, "converged": cert.ok, "duals_from": "relaxation", "fallback": "dense",
+             "total_s": time.perf_counter() - t0, "history": []}
+    return Solution(pairs, cert.value, u, v, cert, stats)
+
+
 def solve(problem: GroupedWeights, cfg: SolverConfig = SolverConfig()) -> Solution:
     """Maximum-weight matching of GPUs to jobs over pairs with positive weight, with its certificate."""
     t0 = time.perf_counter()
@@ -358,7 +377,12 @@ def solve(problem: GroupedWeights, cfg: SolverConfig = SolverConfig()) -> Soluti
         arc_node, arc_gpu, w = arc_node[keep], arc_gpu[keep], w[keep]
         t = time.perf_counter()
         if w.size:
-            x, u, v = _solve_lp(nodes, arc_node, arc_gpu, w)
+            try:
+                x, u, v = _solve_lp(nodes, arc_node, arc_gpu, w)
+            except RuntimeError:
+                if problem.n_gpus * problem.n_jobs > DENSE_FALLBACK_PAIRS:
+                    raise
+                return _dense_fallback(problem, cfg, t0)
         else:
             x, u, v = np.zeros(0, dtype=np.int64), np.zeros(n), np.zeros(nodes.supply.size)
         lp_s += time.perf_counter() - t

@@ -97,7 +97,7 @@ def test_bench_forecast_against_last_value() -> None:
         assert 0.0 <= r["shortfall_rate"] <= r["under_peak_rate"] <= 1.0
 
 
-@pytest.mark.parametrize("cmd", [["round"], ["predictor"], ["forecast"]])
+@pytest.mark.parametrize("cmd", [["round"], ["predictor"], ["forecast"], ["xcuda"]])
 def test_bench_help(cmd) -> None:
     result = CliRunner().invoke(bench, [*cmd, "--help"])
     assert result.exit_code == 0 and result.output.startswith("Usage:")

@@ -268,3 +268,17 @@ def test_solver_reports_lp_rounds_and_certificate() -> None:
     sol = solve(problem, SolverConfig(max_rounds=60))
     assert sol.stats["converged"] and sol.stats["rounds"] >= 1
     assert sol.certificate.as_dict()["ok"] is True
+
+
+def test_falls_back_to_dense_km_if_the_lp_fails(monkeypatch) -> None:
+    from scheduler_core import assignment
+
+    def broken(*_args, **_kwargs):
+        raise RuntimeError("no integral optimum")
+
+    monkeypatch.setattr(assignment, "_solve_lp", broken)
+    problem = make_problem(np.random.default_rng(12), 20, 15, 3, lo=0.0)
+    sol = solve(problem)
+    w, ok = usable(problem)
+    assert sol.stats["fallback"] == "dense" and sol.certificate.ok
+    assert sol.total == pytest.approx(max_weight_matching(w, ok).total, abs=1e-9)
