@@ -10,7 +10,7 @@ import json
 import click
 
 
-@click.command("xcuda")
+@click.command("xcuda", context_settings={"help_option_names": ["-h", "--help"]})
 @click.option("--calls", type=click.IntRange(min=1000), default=1_000_000, show_default=True,
               help="Timed calls of each entry point per run.")
 @click.option("--rounds", type=click.IntRange(1, 21), default=3, show_default=True,

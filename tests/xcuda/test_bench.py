@@ -21,3 +21,9 @@ def test_bench_reports_added_latency_as_json(xcuda) -> None:
     assert out["pacing"].startswith("closed loop")
     # Loose bound here (a shared 2-core machine); the 100 ns target is in docs/BENCHMARKS.md.
     assert out["cuLaunchKernel"]["added_median_ns"] < 1000
+
+
+def test_bench_help() -> None:
+    for flag in ("-h", "--help"):
+        result = CliRunner().invoke(bench_xcuda, [flag])
+        assert result.exit_code == 0 and result.output.startswith("Usage:")
