@@ -280,12 +280,17 @@ def _size(text: str) -> tuple[int, int]:
     return n, m
 
 
-@click.group()
+# Explicit, not inherited from ``muxflow``: Click caches a command's help option on
+# first use, and the benchmarks are also invoked on their own (tests, scripts).
+HELP = {"help_option_names": ["-h", "--help"]}
+
+
+@click.group(context_settings=HELP)
 def bench() -> None:
     """Benchmarks that print their figures."""
 
 
-@bench.command("round")
+@bench.command("round", context_settings=HELP)
 @click.option("--gpus", "n_gpus", type=click.IntRange(min=1), default=None, help="Online GPUs (one size).")
 @click.option("--jobs", "n_jobs", type=click.IntRange(min=0), default=None, help="Pending offline jobs (one size).")
 @click.option("--sizes", default="100x50,500x250,1000x500,5000x2500", show_default=True,
@@ -390,7 +395,7 @@ def _report_row(report, seconds: float) -> dict:
     }
 
 
-@bench.command("predictor")
+@bench.command("predictor", context_settings=HELP)
 @click.option("--seed", type=int, default=0, show_default=True)
 @click.option("--samples", "samples_per_type", type=click.IntRange(min=20), default=2000, show_default=True,
               help="Simulated co-location samples per GPU type (paper: about 2,000).")
@@ -453,7 +458,7 @@ def forecast_traces(n_gpus: int, days: int, seed: int) -> np.ndarray:
     ])
 
 
-@bench.command("forecast")
+@bench.command("forecast", context_settings=HELP)
 @click.option("--gpus", "n_gpus", type=click.IntRange(min=1), default=100, show_default=True)
 @click.option("--days", type=click.IntRange(min=2), default=5, show_default=True)
 @click.option("--seed", type=int, default=0, show_default=True)
@@ -486,6 +491,7 @@ def _register_siblings() -> None:
     """Benchmarks that live in their own modules join the ``bench`` group here."""
     from pipelines.bench_xcuda import bench_xcuda
 
+    bench_xcuda.context_settings.setdefault("help_option_names", HELP["help_option_names"])
     bench.add_command(bench_xcuda)
 
 

@@ -155,8 +155,8 @@ def build_graph(gpus: list[GpuCandidate], jobs: list[JobCandidate], predictors: 
     gpu_row = np.zeros(n, dtype=np.int64)
     tables: list[_TypeTable] = []
     stats = {"gpus_out_of_range": 0, "profiles_out_of_range": 0, "predicted_pairs": 0, "distinct_gpu_rows": 0}
-    for ti, t in enumerate(types):
-        model = predictors[t]
+    for ti, gtype in enumerate(types):
+        model = predictors[gtype]
         lo, hi = _accept_bounds(model)
         idx = np.flatnonzero(gpu_type_idx == ti)
         key = np.column_stack([gpu_spec[idx].astype(float), on[idx], sm[idx].astype(float)])
@@ -182,9 +182,9 @@ def build_graph(gpus: list[GpuCandidate], jobs: list[JobCandidate], predictors: 
                 prof_ok &= _in_bounds(off[s], lo[OFFLINE_SLICE], hi[OFFLINE_SLICE])
             stats["profiles_out_of_range"] += int((~prof_ok).sum())
             good_rows, good_prof = np.flatnonzero(on_ok), np.flatnonzero(prof_ok)
-            t = time.perf_counter()
+            t_start = time.perf_counter()
             _predict_table(model, row_on, row_sm, row_spec, off, good_rows, good_prof, tput, slow)
-            t_predict += time.perf_counter() - t
+            t_predict += time.perf_counter() - t_start
             stats["predicted_pairs"] += good_rows.size * good_prof.size
         tables.append(_TypeTable(tput, slow))
 

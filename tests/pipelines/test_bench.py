@@ -101,3 +101,14 @@ def test_bench_forecast_against_last_value() -> None:
 def test_bench_help(cmd) -> None:
     result = CliRunner().invoke(bench, [*cmd, "--help"])
     assert result.exit_code == 0 and result.output.startswith("Usage:")
+
+
+def test_short_help_flag_survives_standalone_use(tmp_path) -> None:
+    # Click caches a command's help option the first time it is used; used on its own
+    # first, a command must still answer -h under ``muxflow``.
+    from pipelines.cli import main
+
+    for cmd in (["round"], ["xcuda"], []):
+        assert CliRunner().invoke(bench, [*cmd, "--help"]).exit_code == 0
+        result = CliRunner().invoke(main, ["--db", f"sqlite:///{tmp_path / 'h.db'}", "bench", *cmd, "-h"])
+        assert result.exit_code == 0, result.output
