@@ -1,0 +1,26 @@
+"""Slurm adapters: the slurmrestd client (per OpenAPI version) and the dev cluster.
+
+See docs/SLURM.md for transports, authentication and what was verified live.
+"""
+
+from executors.slurm.api import API_VERSIONS, DEFAULT_API_VERSION, ApiVersion, api_version
+from executors.slurm.client import SlurmApi, SlurmNotFound, SlurmRestClient
+from executors.slurm.errors import (
+    PayloadError,
+    SlurmAuthError,
+    SlurmError,
+    SlurmErrorEntry,
+    SlurmRestError,
+    SlurmTransportError,
+    SlurmUnsupported,
+)
+from executors.slurm.models import ControllerPing, Job, Node, Partition, SlurmVersion, SubmitResult
+from executors.slurm.settings import SlurmRestSettings
+from executors.slurm.spec import JobSignal, JobSpec, JobUpdate
+
+__all__ = [
+    "API_VERSIONS", "DEFAULT_API_VERSION", "ApiVersion", "ControllerPing", "Job", "JobSignal", "JobSpec",
+    "JobUpdate", "Node", "Partition", "PayloadError", "SlurmApi", "SlurmAuthError", "SlurmError",
+    "SlurmErrorEntry", "SlurmNotFound", "SlurmRestClient", "SlurmRestError", "SlurmRestSettings",
+    "SlurmTransportError", "SlurmUnsupported", "SlurmVersion", "SubmitResult", "api_version",
+]

@@ -1,0 +1,139 @@
+"""The shape every slurmrestd OpenAPI version implements: paths, payload builders, parsers.
+
+Builders and parsers are pure functions of plain data, so each version is
+tested against golden request bodies and captured (or schema-derived)
+responses without a running Slurm.
+"""
+
+from __future__ import annotations
+
+import time
+from abc import ABC, abstractmethod
+from collections.abc import Callable
+from typing import Any, ClassVar
+
+from executors.slurm.errors import SlurmErrorEntry
+from executors.slurm.models import ControllerPing, Job, Node, Partition, SlurmVersion, SubmitResult
+from executors.slurm.spec import JobSpec, JobUpdate
+
+
+class ApiVersion(ABC):
+    """One slurmrestd OpenAPI plugin version (``v0.0.38`` …)."""
+
+    name: ClassVar[str]
+    # True when the builders were checked against a live slurmrestd of this
+    # version; False when they follow the published schema only.
+    verified_live: ClassVar[bool]
+    # Whether slurmrestd of this version can requeue a job itself.
+    supports_requeue: ClassVar[bool] = False
+
+    def __init__(self, clock: Callable[[], float] = time.time):
+        # Only for versions that must send "now" as a number (v0.0.40 begin_time).
+        self.clock = clock
+
+    @property
+    def prefix(self) -> str:
+        return f"/slurm/{self.name}"
+
+    # -- paths ---------------------------------------------------------------
+    def ping_path(self) -> str:
+        return f"{self.prefix}/ping"
+
+    def diag_path(self) -> str:
+        return f"{self.prefix}/diag"
+
+    def submit_path(self) -> str:
+        return f"{self.prefix}/job/submit"
+
+    def job_path(self, job_id: int) -> str:
+        return f"{self.prefix}/job/{int(job_id)}"
+
+    def jobs_path(self) -> str:
+        return f"{self.prefix}/jobs"
+
+    def nodes_path(self) -> str:
+        return f"{self.prefix}/nodes"
+
+    def node_path(self, name: str) -> str:
+        return f"{self.prefix}/node/{name}"
+
+    def partitions_path(self) -> str:
+        return f"{self.prefix}/partitions"
+
+    def partition_path(self, name: str) -> str:
+        return f"{self.prefix}/partition/{name}"
+
+    # -- requests ------------------------------------------------------------
+    @abstractmethod
+    def build_submit(self, spec: JobSpec) -> dict[str, Any]:
+        """The JSON body of ``POST {prefix}/job/submit``."""
+
+    @abstractmethod
+    def build_update(self, update: JobUpdate) -> dict[str, Any]:
+        """The JSON body of ``POST {prefix}/job/{id}``."""
+
+    @abstractmethod
+    def cancel_params(self, signal: str | None) -> dict[str, str]:
+        """Query parameters of ``DELETE {prefix}/job/{id}``: no signal cancels the job (SIGKILL)."""
+
+    # -- responses -----------------------------------------------------------
+    def parse_errors(self, body: dict[str, Any]) -> list[SlurmErrorEntry]:
+        return [SlurmErrorEntry.parse(e) for e in body.get("errors") or []]
+
+    def parse_warnings(self, body: dict[str, Any]) -> list[SlurmErrorEntry]:
+        return [SlurmErrorEntry.parse(e) for e in body.get("warnings") or []]
+
+    def parse_version(self, body: dict[str, Any]) -> SlurmVersion:
+        meta = body.get("meta") or {}
+        plugin = meta.get("plugin") or {}
+        slurm = meta.get("Slurm") or meta.get("slurm") or {}
+        return SlurmVersion(plugin=str(plugin.get("type") or plugin.get("name") or ""),
+                            release=str(slurm.get("release") or ""))
+
+    def parse_submit(self, body: dict[str, Any]) -> SubmitResult:
+        notes = tuple(str(e) for e in self.parse_errors(body) + self.parse_warnings(body))
+        return SubmitResult(job_id=int(body["job_id"]), notes=notes,
+                            job_submit_user_msg=str(body.get("job_submit_user_msg") or ""))
+
+    @abstractmethod
+    def parse_job(self, raw: dict[str, Any]) -> Job: ...
+
+    @abstractmethod
+    def parse_node(self, raw: dict[str, Any]) -> Node: ...
+
+    @abstractmethod
+    def parse_partition(self, raw: dict[str, Any]) -> Partition: ...
+
+    @abstractmethod
+    def parse_ping(self, raw: dict[str, Any]) -> ControllerPing: ...
+
+    def parse_jobs(self, body: dict[str, Any]) -> list[Job]:
+        return [self.parse_job(j) for j in body.get("jobs") or []]
+
+    def parse_nodes(self, body: dict[str, Any]) -> list[Node]:
+        return [self.parse_node(n) for n in body.get("nodes") or []]
+
+    def parse_partitions(self, body: dict[str, Any]) -> list[Partition]:
+        return [self.parse_partition(p) for p in body.get("partitions") or []]
+
+    def parse_pings(self, body: dict[str, Any]) -> list[ControllerPing]:
+        return [self.parse_ping(p) for p in body.get("pings") or []]
+
+
+def as_int(value: Any, default: int | None = None) -> int | None:
+    """An integer from a plain number or a ``{"set", "infinite", "number"}`` record (v0.0.39+)."""
+    if isinstance(value, dict):
+        if not value.get("set", True) or value.get("infinite", False):
+            return default
+        value = value.get("number")
+    if isinstance(value, bool) or value is None:
+        return default
+    if isinstance(value, int | float):
+        return int(value)
+    if isinstance(value, str) and value.strip().lstrip("-").isdigit():
+        return int(value)
+    return default
+
+
+def as_str(value: Any) -> str:
+    return "" if value is None else str(value)

@@ -1,0 +1,170 @@
+"""slurmrestd OpenAPI v0.0.40 (Slurm 23.11). Built from the published schema, NOT verified live.
+
+Debian 12 ships Slurm 22.05, whose slurmrestd serves v0.0.38 only, so these
+builders and parsers follow Slurm 23.11's published OpenAPI description
+(``v0.0.40_job_submit_req``, ``v0.0.40_job_desc_msg``, ``v0.0.40_job_info``,
+``v0.0.40_node``, ``v0.0.40_partition_info``). Differences from v0.0.38 that
+matter here:
+
+- ``environment`` is a list of ``NAME=value`` strings, not an object;
+- GRES per node is ``tres_per_node`` in TRES form (``gres/mps:30``);
+- the node list is ``required_nodes`` (a CSV string list);
+- the warning signal is ``kill_warning_signal`` + ``kill_warning_delay`` and
+  ``kill_warning_flags: ["BATCH_JOB"]`` for the batch shell only;
+- counts and times are ``{"set", "infinite", "number"}`` records, and
+  ``job_state``/node ``state`` are lists of flags;
+- ``hold`` is still the field that holds (true) or releases (false) a job.
+"""
+
+from __future__ import annotations
+
+from typing import Any, ClassVar
+
+from executors.slurm.api.base import ApiVersion, as_int, as_str
+from executors.slurm.hostlist import expand_hostlist, parse_gres
+from executors.slurm.models import ControllerPing, Job, Node, Partition, epoch_to_utc
+from executors.slurm.spec import JobSpec, JobUpdate, signal_name
+
+
+def _no_val(number: int) -> dict[str, Any]:
+    return {"set": True, "infinite": False, "number": int(number)}
+
+
+def _tres_per_node(gres: str) -> str:
+    """``--gres`` form ``mps:30,gpu:t4:1`` → TRES form ``gres/mps:30,gres/gpu:t4:1``."""
+    return ",".join(item if item.startswith("gres/") else f"gres/{item}" for item in gres.split(","))
+
+
+def _csv(text: str) -> list[str]:
+    return [part.strip() for part in text.split(",") if part.strip()]
+
+
+def _flags(value: Any) -> tuple[str, ...]:
+    if isinstance(value, list):
+        return tuple(str(v).upper() for v in value)
+    return (str(value).upper(),) if value else ()
+
+
+def _hostlist(value: Any) -> tuple[str, ...]:
+    if isinstance(value, list):
+        return tuple(n for item in value for n in expand_hostlist(str(item)))
+    return expand_hostlist(value)
+
+
+class V0040(ApiVersion):
+    name: ClassVar[str] = "v0.0.40"
+    verified_live: ClassVar[bool] = False
+    supports_requeue: ClassVar[bool] = False
+
+    def build_submit(self, spec: JobSpec) -> dict[str, Any]:
+        job: dict[str, Any] = {
+            "name": spec.name,
+            "partition": spec.partition,
+            "environment": [f"{k}={v}" for k, v in sorted(spec.environment.items())],
+            "hold": spec.hold,
+            "requeue": spec.requeue,
+        }
+        if spec.working_dir is not None:
+            job["current_working_directory"] = spec.working_dir
+        if spec.gres_per_node is not None:
+            job["tres_per_node"] = _tres_per_node(spec.gres_per_node)
+        if spec.nodelist is not None:
+            job["required_nodes"] = _csv(spec.nodelist)
+        if spec.signal is not None:
+            job["kill_warning_signal"] = spec.signal.name
+            if spec.signal.before_end_s is not None:
+                job["kill_warning_delay"] = _no_val(spec.signal.before_end_s)
+            if spec.signal.batch_only:
+                job["kill_warning_flags"] = ["BATCH_JOB"]
+        if spec.stdout_path is not None:
+            job["standard_output"] = spec.stdout_path
+        if spec.stderr_path is not None:
+            job["standard_error"] = spec.stderr_path
+        if spec.time_limit_min is not None:
+            job["time_limit"] = _no_val(spec.time_limit_min)
+        if spec.comment is not None:
+            job["comment"] = spec.comment
+        # 23.11 takes the script inside the job description; the top-level
+        # "script" is deprecated there.
+        job["script"] = spec.script
+        return {"job": job}
+
+    def build_update(self, update: JobUpdate) -> dict[str, Any]:
+        body: dict[str, Any] = {}
+        if update.nodelist is not None:
+            body["required_nodes"] = _csv(update.nodelist)
+        if update.gres_per_node is not None:
+            body["tres_per_node"] = _tres_per_node(update.gres_per_node)
+        if update.comment is not None:
+            body["comment"] = update.comment
+        if update.eligible_now:
+            body["begin_time"] = _no_val(int(self.clock()))  # epoch seconds; 0 would mean "unchanged"
+        if update.hold is not None:
+            body["hold"] = update.hold
+        return body
+
+    def cancel_params(self, signal: str | None) -> dict[str, str]:
+        return {} if signal is None else {"signal": signal_name(signal)}
+
+    def parse_job(self, raw: dict[str, Any]) -> Job:
+        states = _flags(raw.get("job_state"))
+        exit_code = raw.get("exit_code")
+        if isinstance(exit_code, dict):
+            exit_code = exit_code.get("return_code")
+        return Job(
+            job_id=int(raw["job_id"]),
+            name=as_str(raw.get("name")),
+            state=states[0] if states else "",
+            state_flags=states[1:],
+            state_reason=as_str(raw.get("state_reason")),
+            partition=as_str(raw.get("partition")),
+            user_name=as_str(raw.get("user_name")),
+            nodes=_hostlist(raw.get("nodes")),
+            required_nodes=_hostlist(raw.get("required_nodes")),
+            gres_per_node=as_str(raw.get("tres_per_node")),
+            priority=as_int(raw.get("priority")),
+            requeue=bool(raw.get("requeue")),
+            restart_count=as_int(raw.get("restart_cnt"), 0) or 0,
+            exit_code=as_int(exit_code),
+            comment=as_str(raw.get("comment")),
+            working_dir=as_str(raw.get("current_working_directory")),
+            submit_time_utc=epoch_to_utc(as_int(raw.get("submit_time"))),
+            start_time_utc=epoch_to_utc(as_int(raw.get("start_time"))),
+            end_time_utc=epoch_to_utc(as_int(raw.get("end_time"))),
+        )
+
+    def parse_node(self, raw: dict[str, Any]) -> Node:
+        states = _flags(raw.get("state"))
+        return Node(
+            name=as_str(raw.get("name")),
+            address=as_str(raw.get("address")),
+            hostname=as_str(raw.get("hostname")),
+            state=states[0] if states else "",
+            state_flags=states[1:],
+            partitions=tuple(raw.get("partitions") or ()),
+            gres=parse_gres(raw.get("gres")),
+            gres_used=parse_gres(raw.get("gres_used")),
+            cpus=as_int(raw.get("cpus"), 0) or 0,
+            alloc_cpus=as_int(raw.get("alloc_cpus"), 0) or 0,
+            reason=as_str(raw.get("reason")),
+        )
+
+    def parse_partition(self, raw: dict[str, Any]) -> Partition:
+        nodes = raw.get("nodes") or {}
+        cpus = raw.get("cpus") or {}
+        part = raw.get("partition") or {}
+        states = _flags(part.get("state"))
+        return Partition(
+            name=as_str(raw.get("name")),
+            nodes=expand_hostlist(nodes.get("configured")),
+            state=states[0] if states else "",
+            total_nodes=as_int(nodes.get("total"), 0) or 0,
+            total_cpus=as_int(cpus.get("total"), 0) or 0,
+        )
+
+    def parse_ping(self, raw: dict[str, Any]) -> ControllerPing:
+        if "responding" in raw:
+            up = bool(raw["responding"])
+        else:
+            up = as_str(raw.get("pinged", raw.get("ping"))).upper() == "UP"
+        return ControllerPing(hostname=as_str(raw.get("hostname")), up=up, mode=as_str(raw.get("mode")))

@@ -1,0 +1,356 @@
+"""A real multi-node Slurm cluster on one machine, for development and the integration tests.
+
+``up`` starts munged, slurmctld, one slurmd per node (each in its own network
+namespace) and two slurmrestd: one on a unix socket with rest_auth/local, one
+on 127.0.0.1 with rest_auth/jwt. It waits for each stage by polling with a
+deadline; a second ``up`` finds everything running and changes nothing.
+``down`` stops every process by its recorded PID (and everything left in the
+nodes' namespaces: slurmstepd and job processes), then removes the network.
+"""
+
+from __future__ import annotations
+
+import os
+import socket
+import subprocess
+import time
+from collections.abc import Callable
+from dataclasses import dataclass, field, replace
+from pathlib import Path
+
+from executors.slurm.client import SlurmRestClient
+from executors.slurm.dev import network as net
+from executors.slurm.dev.install import SBIN_PATH, ensure_packages, ensure_service_user
+from executors.slurm.dev.layout import DEFAULT_STATE_DIR, DEFAULT_SUBNETS, SERVICE_USER, DevClusterLayout
+from executors.slurm.dev.procs import ProcRecord, ProcTable, descendants, terminate, wait_reaped
+from executors.slurm.dev.state import prepare_state
+from executors.slurm.errors import SlurmError
+from executors.slurm.jwt import mint_hs256
+from executors.slurm.models import Node, Partition
+from executors.slurm.settings import SlurmRestSettings
+
+POLL_S = 0.2
+GOOD_SINFO_STATES = ("idle", "mixed", "allocated", "completing")
+
+
+class DevClusterError(RuntimeError):
+    """dev-up could not bring the cluster up; ``logs`` are the files worth reading."""
+
+    def __init__(self, message: str, logs: list[Path] | tuple[Path, ...] = ()):
+        super().__init__(message)
+        self.logs = list(logs)
+
+
+@dataclass
+class _Component:
+    name: str
+    argv: list[str]
+    logs: list[Path]
+    ready: Callable[[], str | None]  # None when ready, else why not yet
+    env: dict[str, str] = field(default_factory=dict)
+    before_start: Callable[[], None] | None = None
+
+
+@dataclass(frozen=True)
+class ProcState:
+    name: str
+    pid: int | None
+    alive: bool
+
+
+@dataclass(frozen=True)
+class DevStatus:
+    state_dir: Path
+    layout: DevClusterLayout | None
+    procs: tuple[ProcState, ...]
+    nodes: tuple[Node, ...]
+    partitions: tuple[Partition, ...]
+    rest: dict[str, str | None]  # endpoint -> None when it answers, else the error
+    problems: tuple[str, ...]
+
+    @property
+    def ok(self) -> bool:
+        return not self.problems
+
+
+class DevCluster:
+    def __init__(self, state_dir: Path | str | None = None, *, subnet: str | None = None,
+                 bridge: str = "mxslurm0", port_base: int = 6917, echo: Callable[[str], None] = print):
+        """``bridge`` names the network pieces and ``port_base`` the ports (slurmctld, slurmd = +1,
+        REST = +3): a second cluster with other values and state dir runs beside the first."""
+        self.state_dir = Path(state_dir or os.environ.get("MUXFLOW_SLURM_DIR") or DEFAULT_STATE_DIR)
+        self.subnet = subnet
+        self.bridge = bridge
+        self.port_base = port_base
+        self.echo = echo
+        self.procs = ProcTable(self.state_dir / "pids")
+
+    # -- layout ------------------------------------------------------------------
+    def load_layout(self) -> DevClusterLayout | None:
+        try:
+            return DevClusterLayout.from_json((self.state_dir / "cluster.json").read_text())
+        except (FileNotFoundError, ValueError, KeyError, TypeError):
+            return None
+
+    def _new_layout(self, previous: DevClusterLayout | None) -> DevClusterLayout:
+        host = socket.gethostname().split(".")[0]
+        base = DevClusterLayout(state_dir=self.state_dir, controller_host=host, bridge=self.bridge,
+                                slurmctld_port=self.port_base, slurmd_port=self.port_base + 1,
+                                rest_port=self.port_base + 3)
+        if self.subnet:
+            if not net.subnet_is_free(self.subnet, base.bridge):
+                raise DevClusterError(f"subnet {self.subnet} overlaps a network of this host")
+            return replace(base, subnet=self.subnet)
+        if previous is not None and net.subnet_is_free(previous.subnet, base.bridge):
+            return replace(base, subnet=previous.subnet)
+        return replace(base, subnet=net.pick_free_subnet(DEFAULT_SUBNETS, base.bridge))
+
+    def slurm_env(self, layout: DevClusterLayout) -> dict[str, str]:
+        return {"PATH": SBIN_PATH, "SLURM_CONF": str(layout.slurm_conf), "LANG": "C.UTF-8"}
+
+    def component_names(self, layout: DevClusterLayout) -> list[str]:
+        return ["munged", "slurmctld", *[f"slurmd-{n.name}" for n in layout.nodes],
+                "slurmrestd-local", "slurmrestd-jwt"]
+
+    # -- clients -----------------------------------------------------------------
+    def mint_token(self, layout: DevClusterLayout, user: str = "root", lifespan_s: int = 3600) -> str:
+        return mint_hs256(layout.jwt_key.read_bytes(), user, issued_at_s=int(time.time()), lifespan_s=lifespan_s)
+
+    def rest_settings(self, layout: DevClusterLayout, transport: str = "local", *, user: str = "root",
+                      timeout_s: float = 15.0) -> SlurmRestSettings:
+        """``local``: the unix socket (acts as the service user, SlurmUser); ``jwt``: TCP with a fresh token."""
+        if transport == "local":
+            return SlurmRestSettings(api_version=layout.api_version, unix_socket=str(layout.rest_socket),
+                                     timeout_s=timeout_s)
+        if transport == "jwt":
+            return SlurmRestSettings(api_version=layout.api_version, url=layout.rest_url, user_name=user,
+                                     token=self.mint_token(layout, user), timeout_s=timeout_s)
+        raise ValueError(f"transport must be 'local' or 'jwt', got {transport!r}")
+
+    # -- readiness checks ----------------------------------------------------------
+    def _run(self, layout: DevClusterLayout, *argv: str, timeout_s: float = 10.0) -> subprocess.CompletedProcess:
+        try:
+            return subprocess.run(list(argv), env=self.slurm_env(layout), capture_output=True, text=True,
+                                  timeout=timeout_s)
+        except subprocess.TimeoutExpired:
+            return subprocess.CompletedProcess(list(argv), 124, "", f"timed out after {timeout_s}s")
+
+    def node_states(self, layout: DevClusterLayout) -> dict[str, str]:
+        out = self._run(layout, "sinfo", "-h", "-N", "-o", "%N|%T")
+        states = {}
+        for line in out.stdout.splitlines():
+            name, _, state = line.partition("|")
+            states[name.strip()] = state.strip()
+        return states
+
+    def _nodes_ready(self, layout: DevClusterLayout, names: list[str]) -> str | None:
+        states = self.node_states(layout)
+        bad = {n: states.get(n, "missing") for n in names if states.get(n) not in GOOD_SINFO_STATES}
+        return None if not bad else "node states " + ", ".join(f"{k}={v}" for k, v in sorted(bad.items()))
+
+    def _rest_ready(self, layout: DevClusterLayout, transport: str) -> str | None:
+        try:
+            with SlurmRestClient(self.rest_settings(layout, transport, timeout_s=5.0)) as client:
+                pings = client.ping()
+        except (SlurmError, OSError) as exc:
+            return str(exc)
+        return None if any(p.up for p in pings) else f"controller not up: {pings}"
+
+    # -- components ----------------------------------------------------------------
+    def _components(self, layout: DevClusterLayout) -> list[list[_Component]]:
+        env = self.slurm_env(layout)
+        conf = str(layout.slurm_conf)
+        logs = layout.log_dir
+        user = layout.service_user
+
+        def munge_ready() -> str | None:
+            out = self._run(layout, "munge", "-n", "-S", str(layout.munge_socket), timeout_s=5)
+            return None if out.returncode == 0 else (out.stderr.strip() or "munge -n failed")
+
+        def ctld_ready() -> str | None:
+            out = self._run(layout, "scontrol", "ping")
+            return None if " is UP" in out.stdout else (out.stdout + out.stderr).strip()
+
+        def rm_socket(path: Path) -> Callable[[], None]:
+            return lambda: path.unlink(missing_ok=True)
+
+        munged = _Component(
+            "munged",
+            ["munged", "-F", f"--socket={layout.munge_socket}", f"--key-file={layout.munge_key}",
+             f"--log-file={layout.munge_dir / 'munged.log'}", f"--pid-file={layout.munge_dir / 'munged.pid'}",
+             f"--seed-file={layout.munge_dir / 'munged.seed'}"],
+            [logs / "munged.out", layout.munge_dir / "munged.log"], munge_ready, env,
+            rm_socket(layout.munge_socket))
+        ctld = _Component("slurmctld", ["slurmctld", "-D", "-f", conf],
+                          [logs / "slurmctld.out", logs / "slurmctld.log"], ctld_ready, env)
+        slurmds = []
+        for node in layout.nodes:
+            slurmds.append(_Component(
+                f"slurmd-{node.name}",
+                # nsenter, not `ip netns exec`: the latter remounts /sys and
+                # slurmd then cannot initialize its cgroup plugin (DESIGN §4).
+                ["nsenter", f"--net={layout.netns_path(node)}", "slurmd", "-D", "-f", conf, "-N", node.name],
+                [logs / f"slurmd-{node.name}.out", logs / f"slurmd-{node.name}.log", logs / "slurmctld.log"],
+                lambda n=node.name: self._nodes_ready(layout, [n]), env))
+        rest_args = ["slurmrestd", "-f", conf, "-u", user, "-s", layout.rest_plugins]
+        rest_local = _Component(
+            "slurmrestd-local", [*rest_args, "-a", "rest_auth/local", f"unix:{layout.rest_socket}"],
+            [logs / "slurmrestd-local.out"], lambda: self._rest_ready(layout, "local"), env,
+            rm_socket(layout.rest_socket))
+        # A slurmrestd that takes JWTs must itself use auth/jwt toward slurmctld
+        # (SLURM_JWT=daemon), which rest_auth/local cannot share: hence two.
+        rest_jwt = _Component(
+            "slurmrestd-jwt", [*rest_args, "-a", "rest_auth/jwt", f"127.0.0.1:{layout.rest_port}"],
+            [logs / "slurmrestd-jwt.out"], lambda: self._rest_ready(layout, "jwt"),
+            {**env, "SLURM_JWT": "daemon"})
+        return [[munged], [ctld], slurmds, [rest_local, rest_jwt]]
+
+    # -- up --------------------------------------------------------------------------
+    def up(self, *, timeout_s: float = 120.0, install: bool = True) -> DevStatus:
+        if os.geteuid() != 0:
+            raise DevClusterError("the dev cluster needs root (network namespaces, munged, slurmd); "
+                                  "run `sudo muxflow slurm dev-up`")
+        if install:
+            ensure_packages(self.echo)
+        pw = ensure_service_user(SERVICE_USER)
+        previous = self.load_layout()
+        running = [r for r in self.procs.all() if r.running()]
+        if previous is None or not running:
+            if previous is not None or self.procs.all():
+                self.down(quiet=True)  # leftovers of a crashed cluster: stray processes, stale network
+            layout = self._new_layout(previous)
+            self._check_ports(layout)
+            prepare_state(layout, pw.pw_uid, pw.pw_gid)
+            self._forget_records()
+            self.echo(f"starting the dev Slurm cluster in {self.state_dir} (subnet {layout.subnet})")
+        else:
+            layout = previous
+        net.network_up(layout)
+        deadline = time.monotonic() + timeout_s
+        started = 0
+        for stage in self._components(layout):
+            fresh = []
+            for comp in stage:
+                rec = self.procs.get(comp.name)
+                if rec is not None and rec.running():
+                    continue
+                if comp.before_start:
+                    comp.before_start()
+                rec = self.procs.start(comp.name, comp.argv, log=layout.log_dir / f"{comp.name}.out",
+                                       env=comp.env, cwd=layout.state_dir)
+                self.echo(f"  started {comp.name} (pid {rec.pid})")
+                fresh.append((comp, rec))
+                started += 1
+            for comp in stage:  # wait for the whole stage, the already-running ones included
+                self._wait(comp, deadline, [r for c, r in fresh])
+        if started == 0:
+            self.echo(f"the dev Slurm cluster is already up ({self.state_dir}); nothing started")
+        return self.status()
+
+    def _wait(self, comp: _Component, deadline: float, watch: list[ProcRecord]) -> None:
+        while True:
+            reason = comp.ready()
+            if reason is None:
+                return
+            for rec in watch:
+                if not rec.running():
+                    raise DevClusterError(f"{rec.name} (pid {rec.pid}) exited while waiting for {comp.name}",
+                                          comp.logs + [Path(rec.log)])
+            if time.monotonic() >= deadline:
+                raise DevClusterError(f"timed out waiting for {comp.name}: {reason}", comp.logs)
+            time.sleep(POLL_S)
+
+    def _check_ports(self, layout: DevClusterLayout) -> None:
+        for host, port, what in (("0.0.0.0", layout.slurmctld_port, "slurmctld"),
+                                 ("127.0.0.1", layout.rest_port, "slurmrestd (JWT)")):
+            with socket.socket() as s:
+                s.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)
+                try:
+                    s.bind((host, port))
+                except OSError as exc:
+                    raise DevClusterError(f"port {port} for {what} is taken on {host}: {exc}") from exc
+
+    def _forget_records(self) -> None:
+        for rec in self.procs.all():
+            self.procs.drop(rec.name)
+
+    # -- down ------------------------------------------------------------------------
+    def down(self, *, grace_s: float = 10.0, quiet: bool = False) -> list[str]:
+        """Stop every recorded process and whatever else runs in the nodes' namespaces; problems left."""
+        say = (lambda _m: None) if quiet else self.echo
+        layout = self.load_layout()
+        records = {r.name: r for r in self.procs.all()}
+        slurmds = sorted(n for n in records if n.startswith("slurmd-"))
+        stages = [["slurmrestd-jwt", "slurmrestd-local"], slurmds, ["slurmctld", "munged"]]
+        stages.append(sorted(set(records) - {n for st in stages for n in st}))
+        problems: list[str] = []
+        stopped: list[int] = []
+        for i, stage in enumerate(stages):
+            for name in stage:
+                rec = records.get(name)
+                if rec is None:
+                    continue
+                if rec.running():
+                    family = [rec.pid, *descendants(rec.pid)]
+                    stopped += family
+                    left = terminate(family, grace_s)
+                    say(f"  stopped {name} (pid {rec.pid})")
+                    problems += [f"{name}: pid {p} survived SIGKILL" for p in left]
+                self.procs.drop(name)
+            if i == 1 and layout is not None:
+                for node in layout.nodes:  # slurmstepd and job processes outlive slurmd
+                    strays = net.pids_in_netns(layout.netns_path(node))
+                    if strays:
+                        say(f"  stopping {len(strays)} process(es) left in {layout.netns(node)}: {strays}")
+                        stopped += strays
+                        left = terminate(strays, 2.0)
+                        problems += [f"{layout.netns(node)}: pid {p} survived SIGKILL" for p in left]
+        if layout is not None:
+            problems += net.network_down(layout)
+            for sock in (layout.rest_socket, layout.munge_socket):
+                sock.unlink(missing_ok=True)
+        wait_reaped(stopped, 3.0)
+        return problems
+
+    # -- status ----------------------------------------------------------------------
+    def status(self) -> DevStatus:
+        layout = self.load_layout()
+        problems: list[str] = []
+        if layout is None:
+            recs = self.procs.all()
+            procs = tuple(ProcState(r.name, r.pid, r.running()) for r in recs)
+            problems.append(f"not set up: no {self.state_dir / 'cluster.json'} (run `muxflow slurm dev-up`)")
+            problems += [f"{p.name} (pid {p.pid}) runs without a layout" for p in procs if p.alive]
+            return DevStatus(self.state_dir, None, procs, (), (), {}, tuple(problems))
+        states = []
+        for name in self.component_names(layout):
+            rec = self.procs.get(name)
+            alive = rec is not None and rec.running()
+            states.append(ProcState(name, rec.pid if rec else None, alive))
+            if not alive:
+                problems.append(f"{name} is not running")
+        rest: dict[str, str | None] = {}
+        nodes: tuple[Node, ...] = ()
+        parts: tuple[Partition, ...] = ()
+        for transport, label in (("local", f"unix:{layout.rest_socket}"), ("jwt", layout.rest_url)):
+            try:
+                with SlurmRestClient(self.rest_settings(layout, transport, timeout_s=5.0)) as client:
+                    client.ping()
+                    if transport == "local":
+                        nodes = tuple(client.list_nodes())
+                        parts = tuple(client.list_partitions())
+                rest[label] = None
+            except (SlurmError, OSError) as exc:
+                rest[label] = str(exc)
+                problems.append(f"REST {label}: {exc}")
+        if rest.get(f"unix:{layout.rest_socket}") is None:
+            seen = {n.name: n for n in nodes}
+            for dn in layout.nodes:
+                n = seen.get(dn.name)
+                if n is None:
+                    problems.append(f"node {dn.name} unknown to slurmctld")
+                elif not n.usable:
+                    problems.append(f"node {dn.name} is {'+'.join((n.state, *n.state_flags))}")
+            missing = set(layout.partitions) - {p.name for p in parts}
+            problems += [f"partition {p} missing" for p in sorted(missing)]
+        return DevStatus(self.state_dir, layout, tuple(states), nodes, parts, rest, tuple(problems))

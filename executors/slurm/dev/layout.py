@@ -1,0 +1,258 @@
+"""Where the dev cluster keeps everything, and its Slurm configuration (pure rendering).
+
+All state lives under one directory (default ``/tmp/muxflow-slurm``): the
+configuration, a dedicated munge key and socket (a system munged is never
+touched), the JWT key, spool and state directories, logs, process records and
+the slurmrestd socket. GPUs are plain files (DESIGN §4): Slurm schedules
+``gpu`` and ``mps`` GRES on them without a device behind.
+"""
+
+from __future__ import annotations
+
+import ipaddress
+import json
+from dataclasses import asdict, dataclass, field
+from pathlib import Path
+
+DEFAULT_STATE_DIR = Path("/tmp/muxflow-slurm")
+SERVICE_USER = "muxflow-slurm"  # slurmctld (as SlurmUser) and slurmrestd run as this system user
+DEFAULT_SUBNETS = ("10.213.7.0/24", "10.213.77.0/24", "172.29.213.0/24")
+NODE_HOST_OFFSET = 11  # node i gets the subnet's host number 11 + i; the bridge gets 1
+
+
+@dataclass(frozen=True)
+class DevNode:
+    """One slurmd in its own network namespace, with ``gpus`` GPU files of one type."""
+
+    name: str
+    gpu_type: str
+    gpus: int = 4
+    mps_count: int = 400  # 100 per GPU, so --gres=mps:<pct> is a percentage of one GPU
+    cpus: int = 8
+    real_memory_mb: int = 4000
+
+
+DEFAULT_NODES = (DevNode("mx-t4-1", "t4"), DevNode("mx-a10-1", "a10"))
+DEFAULT_PARTITIONS = ("online", "offline", "profile")
+
+
+@dataclass(frozen=True)
+class DevClusterLayout:
+    state_dir: Path
+    controller_host: str
+    subnet: str = DEFAULT_SUBNETS[0]
+    nodes: tuple[DevNode, ...] = DEFAULT_NODES
+    partitions: tuple[str, ...] = DEFAULT_PARTITIONS
+    default_partition: str = "offline"
+    cluster_name: str = "muxflowdev"
+    bridge: str = "mxslurm0"
+    slurmctld_port: int = 6917
+    slurmd_port: int = 6918
+    rest_port: int = 6920
+    service_user: str = SERVICE_USER
+    rest_plugins: str = "openapi/v0.0.38"
+    api_version: str = "v0.0.38"
+    extra: dict[str, str] = field(default_factory=dict)
+
+    def __post_init__(self) -> None:
+        object.__setattr__(self, "state_dir", Path(self.state_dir))
+        net = ipaddress.ip_network(self.subnet)
+        if net.num_addresses < NODE_HOST_OFFSET + len(self.nodes) + 2:
+            raise ValueError(f"subnet {self.subnet} is too small for {len(self.nodes)} nodes")
+        names = [n.name for n in self.nodes]
+        if len(set(names)) != len(names) or not names:
+            raise ValueError(f"node names must be unique and non-empty: {names}")
+        if self.default_partition not in self.partitions:
+            raise ValueError(f"default partition {self.default_partition!r} not in {self.partitions}")
+        if len(self.bridge) + 3 > 15:
+            raise ValueError(f"bridge name {self.bridge!r} too long for veth names")
+
+    # -- network ---------------------------------------------------------------
+    @property
+    def prefix_len(self) -> int:
+        return ipaddress.ip_network(self.subnet).prefixlen
+
+    @property
+    def controller_address(self) -> str:
+        return str(ipaddress.ip_network(self.subnet).network_address + 1)
+
+    def node_address(self, node: DevNode) -> str:
+        i = self.nodes.index(node)
+        return str(ipaddress.ip_network(self.subnet).network_address + NODE_HOST_OFFSET + i)
+
+    def netns(self, node: DevNode) -> str:
+        return f"{self.bridge}-{node.name}"
+
+    def netns_path(self, node: DevNode) -> Path:
+        return Path("/var/run/netns") / self.netns(node)
+
+    def veth(self, node: DevNode) -> str:
+        return f"{self.bridge}v{self.nodes.index(node)}"
+
+    def node(self, name: str) -> DevNode:
+        for n in self.nodes:
+            if n.name == name:
+                return n
+        raise KeyError(f"no dev node {name!r}")
+
+    # -- paths -----------------------------------------------------------------
+    @property
+    def etc_dir(self) -> Path:
+        return self.state_dir / "etc"
+
+    @property
+    def slurm_conf(self) -> Path:
+        return self.etc_dir / "slurm.conf"
+
+    @property
+    def gres_conf(self) -> Path:
+        return self.etc_dir / "gres.conf"
+
+    @property
+    def munge_dir(self) -> Path:
+        return self.state_dir / "munge"
+
+    @property
+    def munge_key(self) -> Path:
+        return self.munge_dir / "munge.key"
+
+    @property
+    def munge_socket(self) -> Path:
+        return self.munge_dir / "munge.socket"
+
+    @property
+    def jwt_dir(self) -> Path:
+        return self.state_dir / "jwt"
+
+    @property
+    def jwt_key(self) -> Path:
+        return self.jwt_dir / "jwt_hs256.key"
+
+    @property
+    def ctld_dir(self) -> Path:
+        return self.state_dir / "ctld"
+
+    @property
+    def spool_root(self) -> Path:
+        return self.state_dir / "spool"
+
+    @property
+    def log_dir(self) -> Path:
+        return self.state_dir / "log"
+
+    @property
+    def run_dir(self) -> Path:
+        return self.state_dir / "run"
+
+    @property
+    def pid_dir(self) -> Path:
+        return self.state_dir / "pids"
+
+    @property
+    def rest_dir(self) -> Path:
+        return self.state_dir / "rest"
+
+    @property
+    def rest_socket(self) -> Path:
+        return self.rest_dir / "slurmrestd.sock"
+
+    @property
+    def rest_url(self) -> str:
+        return f"http://127.0.0.1:{self.rest_port}"
+
+    @property
+    def gpu_dir(self) -> Path:
+        return self.state_dir / "gpu"
+
+    @property
+    def jobs_dir(self) -> Path:
+        """World-writable (sticky) directory for job scripts' output and test artefacts."""
+        return self.state_dir / "jobs"
+
+    @property
+    def layout_file(self) -> Path:
+        return self.state_dir / "cluster.json"
+
+    def gpu_files(self, node: DevNode) -> list[Path]:
+        return [self.gpu_dir / f"{node.name}-gpu{i}" for i in range(node.gpus)]
+
+    # -- configuration ---------------------------------------------------------
+    def render_slurm_conf(self) -> str:
+        s = self.state_dir
+        node_names = ",".join(n.name for n in self.nodes)
+        lines = [
+            "# Generated by `muxflow slurm dev-up`; rewritten on every fresh start.",
+            f"ClusterName={self.cluster_name}",
+            f"SlurmctldHost={self.controller_host}({self.controller_address})",
+            f"SlurmctldPort={self.slurmctld_port}",
+            f"SlurmdPort={self.slurmd_port}",
+            # slurmctld runs as the service user; slurmrestd (same user) thereby
+            # acts with SlurmUser rights for clients it admits (root and itself).
+            f"SlurmUser={self.service_user}",
+            "SlurmdUser=root",
+            "AuthType=auth/munge",
+            f"AuthInfo=socket={self.munge_socket}",
+            "CredType=cred/munge",
+            "AuthAltTypes=auth/jwt",
+            f"AuthAltParameters=jwt_key={self.jwt_key}",
+            f"StateSaveLocation={self.ctld_dir}",
+            f"SlurmdSpoolDir={s / 'spool' / '%n'}",
+            f"SlurmctldPidFile={self.run_dir / 'slurmctld.pid'}",
+            f"SlurmdPidFile={self.run_dir / 'slurmd-%n.pid'}",
+            f"SlurmctldLogFile={self.log_dir / 'slurmctld.log'}",
+            f"SlurmdLogFile={self.log_dir / 'slurmd-%n.log'}",
+            "SlurmctldDebug=info",
+            "SlurmdDebug=info",
+            # No cgroup plugins: several slurmds share one host's cgroup tree.
+            "ProctrackType=proctrack/linuxproc",
+            "TaskPlugin=task/none",
+            "JobAcctGatherType=jobacct_gather/none",
+            "AccountingStorageType=accounting_storage/none",
+            "JobCompType=jobcomp/none",
+            "SwitchType=switch/none",
+            "MpiDefault=none",
+            "SchedulerType=sched/backfill",
+            "SelectType=select/cons_tres",
+            "SelectTypeParameters=CR_Core",
+            "GresTypes=gpu,mps",
+            # Nodes claim the CPUs and memory configured here, not the host's.
+            "SlurmdParameters=config_overrides",
+            "ReturnToService=2",
+            "SlurmctldTimeout=30",
+            "SlurmdTimeout=30",
+            "InactiveLimit=0",
+            "MinJobAge=300",
+            "KillWait=5",
+            "JobRequeue=1",
+        ]
+        lines += [f"{k}={v}" for k, v in sorted(self.extra.items())]
+        for n in self.nodes:
+            lines.append(
+                f"NodeName={n.name} NodeAddr={self.node_address(n)} NodeHostname={n.name} CPUs={n.cpus} "
+                f"RealMemory={n.real_memory_mb} Gres=gpu:{n.gpu_type}:{n.gpus},mps:{n.mps_count} State=UNKNOWN")
+        for p in self.partitions:
+            default = "YES" if p == self.default_partition else "NO"
+            lines.append(f"PartitionName={p} Nodes={node_names} Default={default} MaxTime=INFINITE State=UP")
+        return "\n".join(lines) + "\n"
+
+    def render_gres_conf(self) -> str:
+        lines = ["# Generated by `muxflow slurm dev-up`: plain files stand in for GPUs.", "AutoDetect=off"]
+        for n in self.nodes:
+            files = f"{self.gpu_dir}/{n.name}-gpu[0-{n.gpus - 1}]"
+            lines.append(f"NodeName={n.name} Name=gpu Type={n.gpu_type} File={files}")
+            lines.append(f"NodeName={n.name} Name=mps Count={n.mps_count} File={files}")
+        return "\n".join(lines) + "\n"
+
+    # -- persistence -----------------------------------------------------------
+    def to_json(self) -> str:
+        d = asdict(self)
+        d["state_dir"] = str(self.state_dir)
+        return json.dumps(d, indent=2, sort_keys=True) + "\n"
+
+    @classmethod
+    def from_json(cls, text: str) -> DevClusterLayout:
+        d = json.loads(text)
+        d["nodes"] = tuple(DevNode(**n) for n in d["nodes"])
+        d["partitions"] = tuple(d["partitions"])
+        d["state_dir"] = Path(d["state_dir"])
+        return cls(**d)

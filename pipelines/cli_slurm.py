@@ -1,0 +1,141 @@
+"""``muxflow slurm …``: the dev cluster (dev-up / dev-down / dev-status) and REST checks.
+
+docs/SLURM.md describes the cluster's layout and how to point MuxFlow at a real one.
+"""
+
+from __future__ import annotations
+
+import os
+import sys
+
+import click
+
+from executors.slurm.dev.cluster import DevCluster, DevClusterError, DevStatus
+from executors.slurm.dev.state import log_tail
+
+HELP = {"help_option_names": ["-h", "--help"]}
+_state_dir = click.option("--state-dir", envvar="MUXFLOW_SLURM_DIR", default=None, type=click.Path(),
+                          help="Where the dev cluster keeps everything (default /tmp/muxflow-slurm).")
+
+
+def _err(msg: str) -> None:
+    click.echo(msg, err=True)
+
+
+def print_status(st: DevStatus) -> None:
+    click.echo(f"dev Slurm cluster in {st.state_dir}")
+    for p in st.procs:
+        click.echo(f"  {p.name:<22} pid {p.pid if p.pid is not None else '-':>7}  "
+                   f"{'running' if p.alive else 'NOT RUNNING'}")
+    if st.nodes:
+        click.echo("nodes:")
+        for n in st.nodes:
+            gres = ",".join(f"{g.name}:{g.type + ':' if g.type else ''}{g.count}" for g in n.gres)
+            state = "+".join((n.state, *n.state_flags))
+            click.echo(f"  {n.name:<10} {n.address:<15} {state:<10} {gres:<18} "
+                       f"partitions={','.join(n.partitions)}")
+    if st.partitions:
+        click.echo("partitions: " + "  ".join(f"{p.name}({p.state}, {','.join(p.nodes)})" for p in st.partitions))
+    if st.layout is not None:
+        click.echo("REST:")
+        for endpoint, error in st.rest.items():
+            auth = "rest_auth/local" if endpoint.startswith("unix:") else "JWT"
+            click.echo(f"  {endpoint} ({auth}, {st.layout.api_version}): {'ok' if error is None else error}")
+        click.echo(f"SLURM_CONF={st.layout.slurm_conf}")
+    for p in st.problems:
+        _err(f"problem: {p}")
+
+
+@click.group("slurm", context_settings=HELP)
+def slurm() -> None:
+    """Slurm: the local dev cluster and the slurmrestd client."""
+
+
+@slurm.command("dev-up", context_settings=HELP)
+@_state_dir
+@click.option("--timeout", "timeout_s", type=float, default=120.0, show_default=True,
+              help="Seconds to wait for every daemon to be ready.")
+@click.option("--subnet", envvar="MUXFLOW_SLURM_SUBNET", default=None,
+              help="Private IPv4 subnet for the node namespaces (default: the first free of a few).")
+@click.option("--no-install", is_flag=True, help="Do not apt-get install missing Slurm/munge packages.")
+def dev_up(state_dir: str | None, timeout_s: float, subnet: str | None, no_install: bool) -> None:
+    """Start (or confirm) the dev cluster: munged, slurmctld, 2 slurmd nodes, slurmrestd."""
+    cluster = DevCluster(state_dir, subnet=subnet, echo=click.echo)
+    try:
+        st = cluster.up(timeout_s=timeout_s, install=not no_install)
+    except (DevClusterError, RuntimeError, OSError) as exc:
+        _err(f"error: dev-up failed: {exc}")
+        for path in getattr(exc, "logs", []):
+            _err(f"--- last lines of {path}:\n{log_tail(path)}")
+        _err("the processes that did start are still running: `muxflow slurm dev-down` stops them")
+        sys.exit(1)
+    print_status(st)
+    if not st.ok:
+        sys.exit(1)
+
+
+@slurm.command("dev-down", context_settings=HELP)
+@_state_dir
+@click.option("--grace", "grace_s", type=float, default=10.0, show_default=True,
+              help="Seconds between SIGTERM and SIGKILL.")
+def dev_down(state_dir: str | None, grace_s: float) -> None:
+    """Stop every dev-cluster process by PID and remove its network."""
+    if os.geteuid() != 0:
+        _err("error: dev-down needs root")
+        sys.exit(1)
+    problems = DevCluster(state_dir, echo=click.echo).down(grace_s=grace_s)
+    for p in problems:
+        _err(f"problem: {p}")
+    if problems:
+        sys.exit(1)
+    click.echo("the dev Slurm cluster is down")
+
+
+@slurm.command("dev-status", context_settings=HELP)
+@_state_dir
+def dev_status(state_dir: str | None) -> None:
+    """Each process (pid, alive), node states, partitions and REST endpoints; non-zero if anything is down."""
+    st = DevCluster(state_dir, echo=click.echo).status()
+    print_status(st)
+    if not st.ok:
+        sys.exit(1)
+
+
+@slurm.command("token", context_settings=HELP)
+@_state_dir
+@click.option("--user", default="root", show_default=True)
+@click.option("--lifespan", "lifespan_s", type=int, default=3600, show_default=True)
+def token(state_dir: str | None, user: str, lifespan_s: int) -> None:
+    """Print SLURM_JWT=<token> for the dev cluster's TCP endpoint (needs its JWT key)."""
+    cluster = DevCluster(state_dir, echo=click.echo)
+    layout = cluster.load_layout()
+    if layout is None:
+        _err("error: no dev cluster here; run `muxflow slurm dev-up`")
+        sys.exit(1)
+    click.echo(f"SLURM_JWT={cluster.mint_token(layout, user, lifespan_s)}")
+
+
+@slurm.command("ping", context_settings=HELP)
+@_state_dir
+def ping(state_dir: str | None) -> None:
+    """Ask slurmrestd who answers. Uses MUXFLOW_SLURM_REST_URL/_SOCKET, SLURM_JWT, MUXFLOW_SLURM_API_VERSION;
+    without them the dev cluster's unix socket."""
+    from executors.slurm.client import SlurmRestClient
+    from executors.slurm.errors import SlurmError
+    from executors.slurm.settings import SlurmRestSettings
+
+    layout = DevCluster(state_dir).load_layout()
+    try:
+        settings = SlurmRestSettings.from_env(os.environ,
+                                              default_socket=str(layout.rest_socket) if layout else None)
+        with SlurmRestClient(settings) as client:
+            version = client.version()
+            pings = client.ping()
+    except (SlurmError, ValueError, OSError) as exc:
+        _err(f"error: {exc}")
+        sys.exit(1)
+    click.echo(f"{settings.endpoint}: {version.plugin}, Slurm {version.release}")
+    for p in pings:
+        click.echo(f"  controller {p.hostname} ({p.mode}): {'UP' if p.up else 'DOWN'}")
+if __name__ == "__main__":  # pragma: no cover
+    slurm()
