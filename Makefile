@@ -39,6 +39,7 @@ xcuda:
 test: install xcuda
 	bash .ci/ensure_postgres.sh
 	bash .ci/ensure_browser.sh
+	bash .ci/ensure_slurm.sh
 	$(PY) -m pytest -q
 
 bench: install

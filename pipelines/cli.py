@@ -351,6 +351,8 @@ _register_round(main, _store, CliError)
 from pipelines.bench import bench as _bench  # noqa: E402
 
 main.add_command(_bench)
+from pipelines.cli_slurm import slurm as _slurm  # noqa: E402
+main.add_command(_slurm)
 
 
 if __name__ == "__main__":  # pragma: no cover
