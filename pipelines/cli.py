@@ -353,6 +353,8 @@ from pipelines.bench import bench as _bench  # noqa: E402
 main.add_command(_bench)
 from pipelines.cli_slurm import slurm as _slurm  # noqa: E402
 main.add_command(_slurm)
+from pipelines.cli_node import node_agent as _node_agent  # noqa: E402
+main.add_command(_node_agent)
 
 
 if __name__ == "__main__":  # pragma: no cover

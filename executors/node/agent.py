@@ -1,0 +1,478 @@
+"""The node agent: GPU monitor + SysMonitor + error detector for the GPUs of one node.
+
+One sampling thread ticks every ``interval_s``: for each GPU it reads a sample, appends
+it to the GPU's ring, publishes the xCUDA shared-memory record, steps SysMonitor (evicting
+on entry to Overlimit) and runs the error detector. Store writes (health changes,
+evictions, device errors, per-minute metrics) go through a queue to a writer thread, so
+a slow database never delays sampling. ``stop()`` ends sampling, flushes the current
+minute, drains the queue and closes the sampler (NVML).
+
+Time: ``Clock`` gives monotonic seconds for pacing and epoch seconds for minutes and
+SysMonitor; ``ScaledClock`` runs agent time faster than real time, so tests see a
+"minute" pass in a second.
+"""
+
+from __future__ import annotations
+
+import datetime as dt
+import logging
+import math
+import queue
+import threading
+import time
+from collections.abc import Callable
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Protocol
+
+from executors.node.aggregate import aggregate_minute, minute_floor
+from executors.node.detector import ErrorDetector, Fault
+from executors.node.evictor import Evictor
+from executors.node.ring import SampleRing
+from executors.node.sampler import GpuSampler, RawSample
+from executors.xcuda import shm
+from scheduler_core.domain import GpuHealth
+from scheduler_core.sysmonitor import GpuSample, SysMonitor, SysMonitorConfig
+
+log = logging.getLogger(__name__)
+
+
+class Clock(Protocol):
+    def monotonic(self) -> float: ...
+    def epoch(self) -> float: ...
+
+
+class RealClock:
+    def monotonic(self) -> float:
+        return time.monotonic()
+
+    def epoch(self) -> float:
+        return time.time()
+
+
+class ScaledClock:
+    """Agent time runs ``scale`` times faster than real time (pacing stays in real time)."""
+
+    def __init__(self, scale: float, start_epoch: float | None = None):
+        self.scale = scale
+        self._m0 = time.monotonic()
+        self._e0 = time.time() if start_epoch is None else start_epoch
+
+    def monotonic(self) -> float:
+        return time.monotonic()
+
+    def epoch(self) -> float:
+        return self._e0 + (time.monotonic() - self._m0) * self.scale
+
+
+@dataclass(frozen=True)
+class GpuBinding:
+    """One GPU of this node: its store id, its index on the node and its xCUDA record path."""
+
+    gpu_id: int
+    gpu_index: int
+    shm_path: Path | None = None
+    clock_threshold_mhz: float = 0.0   # T_SM for xCUDA (0: no clock information)
+    target_util: float = 0.0
+
+
+@dataclass(frozen=True)
+class AgentConfig:
+    interval_s: float = 0.01           # sampling period (≤ 10 ms, issue 6)
+    ring_window_s: float = 300.0       # raw samples kept (paper: "several minutes")
+    time_scale: float = 1.0            # agent seconds per real second (tests)
+    sysmonitor: SysMonitorConfig = field(default_factory=SysMonitorConfig)
+    idle_util_pct: float = 5.0         # below this, a low clock is idling, not throttling
+
+
+# -- events to the store ------------------------------------------------------------------------
+
+@dataclass(frozen=True)
+class HealthChange:
+    gpu_id: int
+    health: str
+    at_utc: dt.datetime
+    overlimit_entries_utc: tuple[dt.datetime, ...]
+
+
+@dataclass(frozen=True)
+class EvictionEvent:
+    gpu_id: int
+    job_id: int | None
+    at_utc: dt.datetime
+    reason: str
+    health: str
+    ok: bool
+
+
+@dataclass(frozen=True)
+class DeviceErrorEvent:
+    gpu_id: int
+    at_utc: dt.datetime
+    kind: str
+    xid: int | None
+    detail: str
+
+
+class Sink(Protocol):
+    def health(self, ev: HealthChange) -> None: ...
+    def eviction(self, ev: EvictionEvent) -> None: ...
+    def device_error(self, ev: DeviceErrorEvent) -> None: ...
+    def metrics(self, rows: list, source: str) -> None: ...
+    def close(self) -> None: ...
+
+
+class MemorySink:
+    """Keeps everything in lists (tests, dry runs)."""
+
+    def __init__(self) -> None:
+        self.healths: list[HealthChange] = []
+        self.evictions: list[EvictionEvent] = []
+        self.errors: list[DeviceErrorEvent] = []
+        self.rows: list = []
+        self.sources: set[str] = set()
+
+    def health(self, ev: HealthChange) -> None:
+        self.healths.append(ev)
+
+    def eviction(self, ev: EvictionEvent) -> None:
+        self.evictions.append(ev)
+
+    def device_error(self, ev: DeviceErrorEvent) -> None:
+        self.errors.append(ev)
+
+    def metrics(self, rows: list, source: str) -> None:
+        self.rows.extend(rows)
+        self.sources.add(source)
+
+    def close(self) -> None:
+        pass
+
+
+class StoreSink:
+    """Writes events to the feature store from its own thread; ``close`` drains and joins."""
+
+    def __init__(self, store, source: str):
+        self.store = store
+        self.source = source
+        self._q: queue.Queue = queue.Queue()
+        self._t = threading.Thread(target=self._run, name="node-agent-store", daemon=True)
+        self.errors = 0
+        self._t.start()
+
+    def health(self, ev: HealthChange) -> None:
+        self._q.put(("health", ev))
+
+    def eviction(self, ev: EvictionEvent) -> None:
+        self._q.put(("eviction", ev))
+
+    def device_error(self, ev: DeviceErrorEvent) -> None:
+        self._q.put(("error", ev))
+
+    def metrics(self, rows: list, source: str) -> None:
+        if rows:
+            self._q.put(("metrics", (rows, source)))
+
+    def close(self) -> None:
+        self._q.put(None)
+        self._t.join()
+
+    def _run(self) -> None:
+        while True:
+            item = self._q.get()
+            if item is None:
+                return
+            try:
+                self._write(*item)
+            except Exception:
+                self.errors += 1
+                log.exception("store write failed (%s)", item[0])
+
+    def _write(self, kind: str, payload) -> None:
+        from sqlalchemy import select, tuple_
+
+        from executors.store import models as m
+        from executors.store import repo
+
+        with self.store.session() as s:
+            if kind == "health":
+                repo.set_gpu_health(s, {payload.gpu_id: payload.health}, payload.at_utc)
+                gpu = s.get(m.Gpu, payload.gpu_id)
+                if gpu is not None:
+                    gpu.overlimit_entries = [t.isoformat() for t in payload.overlimit_entries_utc]
+            elif kind == "eviction":
+                if payload.job_id is not None:
+                    s.add(m.Eviction(job_id=payload.job_id, gpu_id=payload.gpu_id, at_utc=payload.at_utc,
+                                     reason=payload.reason, health=payload.health, source=self.source))
+            elif kind == "error":
+                s.add(m.DeviceError(gpu_id=payload.gpu_id, at_utc=payload.at_utc, kind=payload.kind,
+                                    xid=payload.xid, detail=payload.detail, source=self.source))
+            elif kind == "metrics":
+                rows, source = payload
+                keys = [(r.gpu_id, r.minute_utc) for r in rows]
+                have = set()
+                for gid, minute in s.execute(
+                    select(m.GpuMetricMinute.gpu_id, m.GpuMetricMinute.minute_utc)
+                    .where(tuple_(m.GpuMetricMinute.gpu_id, m.GpuMetricMinute.minute_utc).in_(keys))
+                ):
+                    have.add((gid, minute.replace(tzinfo=dt.timezone.utc) if minute.tzinfo is None else minute))
+                fresh = [r for r in rows if (r.gpu_id, r.minute_utc) not in have]
+                if len(fresh) < len(rows):
+                    log.warning("%d minute row(s) already in the store (agent restarted within a minute?): kept",
+                                len(rows) - len(fresh))
+                repo.write_metrics(s, fresh, source)
+
+
+# -- per-GPU loop -------------------------------------------------------------------------------
+
+def _utc(epoch_s: float) -> dt.datetime:
+    return dt.datetime.fromtimestamp(epoch_s, tz=dt.timezone.utc)
+
+
+def to_sysmonitor_sample(s: RawSample, idle_util_pct: float) -> GpuSample | None:
+    """The four SysMonitor metrics; None if the sample cannot judge health (core readings missing).
+
+    A low SM clock on an idle GPU is power management, not throttling: the clock fraction is
+    then taken as 1 (NVML's GpuIdle clock reason, or utilization under ``idle_util_pct``).
+    """
+    if any(math.isnan(v) for v in (s.gpu_util_pct, s.sm_activity_pct, s.mem_used_bytes, s.mem_total_bytes)):
+        return None
+    if s.mem_total_bytes <= 0:
+        return None
+    idle = s.clock_idle or s.gpu_util_pct < idle_util_pct
+    if idle or math.isnan(s.sm_clock_mhz) or math.isnan(s.sm_clock_max_mhz) or s.sm_clock_max_mhz <= 0:
+        clock_frac = 1.0
+    else:
+        clock_frac = s.sm_clock_mhz / s.sm_clock_max_mhz
+    return GpuSample(s.gpu_util_pct, s.sm_activity_pct, clock_frac, s.mem_used_bytes / s.mem_total_bytes)
+
+
+class GpuLoop:
+    """Everything the agent does for one GPU, one ``tick`` per sample (single-threaded)."""
+
+    def __init__(self, binding: GpuBinding, cfg: AgentConfig, evictor: Evictor, sink: Sink,
+                 detector: ErrorDetector | None, source: str, monitor: SysMonitor | None = None):
+        self.b = binding
+        self.cfg = cfg
+        self.evictor = evictor
+        self.sink = sink
+        self.detector = detector
+        self.source = source
+        self.monitor = monitor or SysMonitor(cfg.sysmonitor)
+        self.ring = SampleRing.for_window(cfg.ring_window_s, cfg.interval_s)
+        self.writer = shm.ShmWriter(binding.shm_path, binding.gpu_index) if binding.shm_path else None
+        self.minute: dt.datetime | None = None
+        self.minute_start_count = 0
+        self.minute_first_s: float | None = None
+        self.gaps = 0
+        self.samples = 0
+        self.evictions = 0
+        self.last_health = self.monitor.state.value
+        self.coverage_log: list[tuple[dt.datetime, float]] = []
+
+    # expected samples in one minute of agent time
+    def _expected(self) -> int:
+        return max(1, int(round(60.0 / (self.cfg.interval_s * self.cfg.time_scale))))
+
+    def tick(self, now_epoch: float, mono_ns: int, sample: RawSample | None, xids: list) -> None:
+        minute = minute_floor(now_epoch)
+        if self.minute is None:
+            self.minute = minute
+        elif minute != self.minute:
+            self.flush_minute()
+            self.minute = minute
+        if sample is None:
+            self.gaps += 1
+        else:
+            self.ring.append(now_epoch, sample)
+            self.samples += 1
+            if self.writer is not None:
+                self._publish(sample, mono_ns)
+        self._health(now_epoch, sample, xids)
+
+    def _publish(self, s: RawSample, mono_ns: int) -> None:
+        def fin(v: float, default: float = 0.0) -> float:
+            return default if math.isnan(v) else v
+
+        self.writer.write(shm.GpuSample(
+            u_sm=min(1.0, max(0.0, fin(s.sm_activity_pct) / 100.0)), sm_clock_mhz=fin(s.sm_clock_mhz),
+            clock_threshold_mhz=self.b.clock_threshold_mhz if not math.isnan(s.sm_clock_mhz) else 0.0,
+            clock_max_mhz=fin(s.sm_clock_max_mhz), target_util=self.b.target_util,
+            sm_occupancy=min(1.0, max(0.0, fin(s.sm_occupancy_pct) / 100.0)),
+            gpu_util=min(1.0, max(0.0, fin(s.gpu_util_pct) / 100.0)),
+            mem_used_bytes=int(fin(s.mem_used_bytes)),
+        ), timestamp_ns=mono_ns)
+
+    def _health(self, now_epoch: float, sample: RawSample | None, xids: list) -> None:
+        det = self.detector
+        faults: list[Fault] = det.check(now_epoch, xids) if det is not None else []
+        if faults:
+            self._on_faults(now_epoch, faults)
+        elif det is not None and det.recovering:
+            if det.recovered(now_epoch):
+                log.info("GPU %d recovered: Init, then back to SysMonitor", self.b.gpu_id)
+                self.monitor.state = GpuHealth.INIT
+            else:
+                self._note_health(now_epoch)
+                return
+        if self.monitor.state == GpuHealth.DISABLED:
+            self._note_health(now_epoch)
+            return
+        gs = to_sysmonitor_sample(sample, self.cfg.idle_util_pct) if sample is not None else None
+        if gs is not None and not (det is not None and det.recovering):
+            prev = self.monitor.state
+            if self.monitor.step(now_epoch, gs):
+                self._evict(now_epoch, self._overlimit_reason(gs, prev))
+        self._note_health(now_epoch)
+
+    def _overlimit_reason(self, s: GpuSample, prev: GpuHealth) -> str:
+        t = self.cfg.sysmonitor.overlimit
+        parts = []
+        if s.gpu_util_pct >= t.gpu_util_pct:
+            parts.append(f"gpu_util {s.gpu_util_pct:.1f}% >= {t.gpu_util_pct:g}%")
+        if s.sm_activity_pct >= t.sm_activity_pct:
+            parts.append(f"sm_activity {s.sm_activity_pct:.1f}% >= {t.sm_activity_pct:g}%")
+        if s.sm_clock_frac <= t.sm_clock_frac:
+            parts.append(f"sm_clock {s.sm_clock_frac:.2f} of max <= {t.sm_clock_frac:g}")
+        if s.mem_used_frac >= t.mem_used_frac:
+            parts.append(f"memory {s.mem_used_frac:.2f} >= {t.mem_used_frac:g}")
+        return f"Overlimit ({prev.value} -> Overlimit): " + "; ".join(parts)
+
+    def _on_faults(self, now_epoch: float, faults: list[Fault]) -> None:
+        at = _utc(now_epoch)
+        for f in faults:
+            log.error("GPU %d device error: %s %s %s", self.b.gpu_id, f.kind, f.xid or "", f.detail)
+            self.sink.device_error(DeviceErrorEvent(self.b.gpu_id, at, f.kind, f.xid, f.detail))
+        reason = "device error: " + ", ".join(f"{f.kind}{'' if f.xid is None else ' ' + str(f.xid)}" for f in faults)
+        if self.monitor.state != GpuHealth.DISABLED:
+            self._evict(now_epoch, reason)
+        if any(f.disable for f in faults):
+            self.monitor.disable()
+            return
+        if self.monitor.state == GpuHealth.DISABLED:
+            return
+        det = self.detector
+        assert det is not None
+        ok = det.mps.reset(det.probe_timeout_s)
+        if not ok:
+            log.error("GPU %d: MPS reset failed; staying in Init until a probe answers", self.b.gpu_id)
+        det.recovering = True
+        det._last_probe_s = now_epoch  # the next probe comes one interval after the reset
+        self.monitor.state = GpuHealth.INIT
+        self.monitor.calm_since_s = None
+
+    def _evict(self, now_epoch: float, reason: str) -> None:
+        at = _utc(now_epoch)
+        health = self.monitor.state.value
+        try:
+            done = self.evictor.evict(self.b.gpu_id, reason)
+        except Exception as exc:
+            log.exception("eviction on GPU %d failed", self.b.gpu_id)
+            self.sink.eviction(EvictionEvent(self.b.gpu_id, None, at, f"{reason} (failed: {exc})", health, False))
+            return
+        self.evictions += 1
+        log.warning("GPU %d: evicted %s — %s", self.b.gpu_id, [e.job_id for e in done], reason)
+        for e in done:
+            self.sink.eviction(EvictionEvent(self.b.gpu_id, e.job_id, at, reason if e.ok else f"{reason} (failed: {e.detail})",
+                                             health, e.ok))
+
+    def _note_health(self, now_epoch: float) -> None:
+        state = self.monitor.state.value
+        if state != self.last_health:
+            log.info("GPU %d: %s -> %s", self.b.gpu_id, self.last_health, state)
+            self.last_health = state
+            entries = tuple(_utc(t) for t in self.monitor.overlimit_entries_s)
+            self.sink.health(HealthChange(self.b.gpu_id, state, _utc(now_epoch), entries))
+
+    def flush_minute(self) -> None:
+        """Aggregate the samples of the current minute and hand the row to the sink."""
+        if self.minute is None:
+            return
+        _, data = self.ring.since(self.minute_start_count)
+        self.minute_start_count = self.ring.count
+        agg = aggregate_minute(self.b.gpu_id, self.minute, data, self._expected(), self.last_health)
+        self.coverage_log.append((self.minute, agg.coverage))
+        if agg.row is None:
+            log.warning("GPU %d minute %s skipped: %s", self.b.gpu_id, self.minute.isoformat(), agg.skipped_reason)
+            return
+        lvl = logging.INFO if agg.coverage >= 0.9 else logging.WARNING
+        log.log(lvl, "GPU %d minute %s: %d samples, coverage %.2f", self.b.gpu_id, self.minute.isoformat(),
+                agg.samples, agg.coverage)
+        self.sink.metrics([agg.row], self.source)
+
+    def close(self) -> None:
+        if self.writer is not None:
+            self.writer.close()
+
+
+# -- the node ----------------------------------------------------------------------------------
+
+class NodeAgent:
+    def __init__(self, sampler: GpuSampler, bindings: list[GpuBinding], evictor: Evictor, sink: Sink,
+                 cfg: AgentConfig = AgentConfig(), clock: Clock | None = None,
+                 detectors: dict[int, ErrorDetector] | None = None,
+                 monitors: dict[int, SysMonitor] | None = None):
+        self.sampler = sampler
+        self.cfg = cfg
+        self.clock = clock or (ScaledClock(cfg.time_scale) if cfg.time_scale != 1.0 else RealClock())
+        self.sink = sink
+        detectors = detectors or {}
+        monitors = monitors or {}
+        self.loops = {b.gpu_index: GpuLoop(b, cfg, evictor, sink, detectors.get(b.gpu_index), sampler.source,
+                                           monitors.get(b.gpu_index))
+                      for b in bindings}
+        self._stop = threading.Event()
+        self.ticks = 0
+        self.overruns = 0
+        self.on_tick: Callable[[NodeAgent], None] | None = None
+
+    def tick(self) -> None:
+        now = self.clock.epoch()
+        mono_ns = time.monotonic_ns()
+        xids = self.sampler.poll_xids(now)
+        by_gpu: dict[int, list] = {}
+        for e in xids:
+            by_gpu.setdefault(e.gpu_index, []).append(e)
+        for idx, loop in self.loops.items():
+            try:
+                s = self.sampler.sample(idx, now)
+            except Exception as exc:
+                log.debug("sample of GPU %d failed: %s", idx, exc)
+                s = None
+            loop.tick(now, mono_ns, s, by_gpu.get(idx, []))
+        self.ticks += 1
+        if self.on_tick is not None:
+            self.on_tick(self)
+
+    def run(self, duration_s: float | None = None) -> None:
+        """Sample until ``stop()`` (or ``duration_s`` of real time), then flush and close."""
+        start = time.monotonic()
+        next_t = start
+        try:
+            while not self._stop.is_set():
+                if duration_s is not None and time.monotonic() - start >= duration_s:
+                    break
+                self.tick()
+                next_t += self.cfg.interval_s
+                now = time.monotonic()
+                if next_t < now:  # behind: skip the missed ticks rather than burst
+                    missed = int((now - next_t) / self.cfg.interval_s) + 1
+                    self.overruns += missed
+                    next_t += missed * self.cfg.interval_s
+                self._stop.wait(max(0.0, next_t - time.monotonic()))
+        finally:
+            self.shutdown()
+
+    def stop(self) -> None:
+        self._stop.set()
+
+    def shutdown(self) -> None:
+        for loop in self.loops.values():
+            try:
+                loop.flush_minute()
+            finally:
+                loop.close()
+        try:
+            self.sink.close()
+        finally:
+            self.sampler.close()

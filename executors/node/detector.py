@@ -1,0 +1,186 @@
+"""Error detector for the 1% of MPS error propagation that graceful exit cannot cover (paper §4.2).
+
+Patterns: a fatal XID (31 = GPU memory page fault, and the others in ``FATAL_XIDS``), the
+MPS server gone (it was up, now its process is not), and an MPS hang (a probe client does
+not answer within its timeout). Each fault leads to: evict offline work, reset the MPS
+server, hold the GPU in Init until a probe answers again, record a device error. XIDs in
+``DISABLING_XIDS`` (the GPU fell off the bus) disable the GPU instead: a reset cannot help.
+"""
+
+from __future__ import annotations
+
+import logging
+import os
+import subprocess
+from collections.abc import Sequence
+from dataclasses import dataclass, field
+from typing import Protocol
+
+from executors.node.sampler import XidEvent
+
+log = logging.getLogger(__name__)
+
+# NVIDIA's XID catalogue: 13 graphics engine exception, 31 GPU memory page fault, 43 GPU stopped
+# processing, 45 preemptive cleanup, 48 double-bit ECC, 61/62 internal micro-controller, 63/64 ECC
+# page retirement, 68 video processor, 69 graphics engine class error, 74 NVLink, 79 fell off the
+# bus, 92 high single-bit ECC rate, 94/95 contained/uncontained ECC, 119/120 GSP.
+FATAL_XIDS = frozenset({13, 31, 43, 45, 48, 61, 62, 63, 64, 68, 69, 74, 79, 92, 94, 95, 119, 120})
+DISABLING_XIDS = frozenset({79})
+
+
+class MpsControl(Protocol):
+    def server_alive(self) -> bool | None:
+        """True/False whether the MPS server of this GPU is up; None when no MPS is configured."""
+        ...
+
+    def probe(self, timeout_s: float) -> bool:
+        """A probe client talks to MPS; False when it fails or does not answer in time."""
+        ...
+
+    def reset(self, timeout_s: float) -> bool:
+        """Quit and restart the MPS server; True when the control daemon accepted it."""
+        ...
+
+
+class SubprocessMpsControl:
+    """``nvidia-cuda-mps-control`` through subprocess, every call under a timeout.
+
+    ``pipe_dir`` selects the control daemon (``CUDA_MPS_PIPE_DIRECTORY``); ``probe_cmd`` is an
+    optional probe client (e.g. a tiny CUDA program); without it the probe asks the control
+    daemon for its server list, which hangs when MPS does.
+    """
+
+    def __init__(self, pipe_dir: str | None = None, log_dir: str | None = None,
+                 probe_cmd: Sequence[str] | None = None, binary: str = "nvidia-cuda-mps-control"):
+        self.binary = binary
+        self.probe_cmd = list(probe_cmd) if probe_cmd else None
+        self.env = dict(os.environ)
+        if pipe_dir:
+            self.env["CUDA_MPS_PIPE_DIRECTORY"] = pipe_dir
+        if log_dir:
+            self.env["CUDA_MPS_LOG_DIRECTORY"] = log_dir
+
+    def _ctl(self, command: str | None, timeout_s: float, args: Sequence[str] = ()) -> subprocess.CompletedProcess:
+        return subprocess.run([self.binary, *args], input=None if command is None else command + "\n",
+                              capture_output=True, text=True, timeout=timeout_s, env=self.env, check=False)
+
+    def server_pids(self, timeout_s: float = 2.0) -> list[int] | None:
+        try:
+            r = self._ctl("get_server_list", timeout_s)
+        except FileNotFoundError:
+            return None
+        except subprocess.TimeoutExpired:
+            return []
+        if r.returncode != 0:
+            return None
+        return [int(x) for x in r.stdout.split() if x.isdigit()]
+
+    def server_alive(self) -> bool | None:
+        pids = self.server_pids()
+        if pids is None:
+            return None
+        return any(os.path.exists(f"/proc/{p}") for p in pids)
+
+    def probe(self, timeout_s: float) -> bool:
+        try:
+            if self.probe_cmd:
+                r = subprocess.run(self.probe_cmd, capture_output=True, timeout=timeout_s, env=self.env, check=False)
+            else:
+                r = self._ctl("get_server_list", timeout_s)
+            return r.returncode == 0
+        except (subprocess.TimeoutExpired, OSError):
+            return False
+
+    def reset(self, timeout_s: float) -> bool:
+        try:
+            self._ctl("quit", timeout_s)
+        except (subprocess.TimeoutExpired, OSError) as exc:
+            log.warning("MPS quit did not finish: %s", exc)
+        try:
+            r = self._ctl(None, timeout_s, ["-d"])  # start the control daemon again
+            return r.returncode == 0
+        except (subprocess.TimeoutExpired, OSError) as exc:
+            log.error("MPS control daemon restart failed: %s", exc)
+            return False
+
+
+@dataclass
+class FakeMpsControl:
+    """Scripted MPS for tests: set ``alive``/``hung``; counts resets; a reset revives it."""
+
+    alive: bool | None = True
+    hung: bool = False
+    resets: int = 0
+    probes: int = 0
+    reset_ok: bool = True
+    revive_on_reset: bool = True
+
+    def server_alive(self) -> bool | None:
+        return self.alive
+
+    def probe(self, timeout_s: float) -> bool:
+        self.probes += 1
+        return bool(self.alive) and not self.hung
+
+    def reset(self, timeout_s: float) -> bool:
+        self.resets += 1
+        if self.reset_ok and self.revive_on_reset:
+            self.alive, self.hung = True, False
+        return self.reset_ok
+
+
+@dataclass(frozen=True)
+class Fault:
+    kind: str                 # 'xid' | 'mps_server_crash' | 'mps_hang'
+    xid: int | None = None
+    detail: str = ""
+    disable: bool = False     # the GPU is gone: Disabled rather than Init
+
+
+@dataclass
+class ErrorDetector:
+    """Per GPU. ``check`` is called every sample with the XIDs that arrived; it probes MPS at most
+    every ``probe_interval_s``. While ``recovering`` (after a fault) it only watches for recovery."""
+
+    mps: MpsControl
+    probe_interval_s: float = 1.0
+    probe_timeout_s: float = 2.0
+    fatal_xids: frozenset[int] = FATAL_XIDS
+    disabling_xids: frozenset[int] = DISABLING_XIDS
+    recovering: bool = False
+    _last_probe_s: float | None = None
+    _server_was_up: bool = False
+    history: list[Fault] = field(default_factory=list)
+
+    def check(self, now_s: float, xids: list[XidEvent]) -> list[Fault]:
+        faults = [
+            Fault("xid", e.xid, e.detail or f"XID {e.xid}", disable=e.xid in self.disabling_xids)
+            for e in xids if e.xid in self.fatal_xids
+        ]
+        if not faults and self.recovering:
+            return []
+        if self._last_probe_s is None or now_s - self._last_probe_s >= self.probe_interval_s:
+            self._last_probe_s = now_s
+            alive = self.mps.server_alive()
+            if alive is not None and not self.recovering:
+                if self._server_was_up and not alive:
+                    faults.append(Fault("mps_server_crash", detail="MPS server process is gone"))
+                elif alive and not self.mps.probe(self.probe_timeout_s):
+                    faults.append(Fault("mps_hang", detail=f"probe client did not answer in {self.probe_timeout_s:g} s"))
+                self._server_was_up = bool(alive)
+        self.history.extend(faults)
+        return faults
+
+    def recovered(self, now_s: float) -> bool:
+        """While recovering: True (and recovery ends) once MPS answers a probe again."""
+        if not self.recovering:
+            return True
+        if self._last_probe_s is not None and now_s - self._last_probe_s < self.probe_interval_s:
+            return False
+        self._last_probe_s = now_s
+        alive = self.mps.server_alive()
+        ok = alive is None or (alive and self.mps.probe(self.probe_timeout_s))
+        if ok:
+            self.recovering = False
+            self._server_was_up = bool(alive)
+        return ok

@@ -1,0 +1,83 @@
+"""Eviction of offline work from a GPU, through the cluster interface.
+
+``CallbackEvictor`` is the simulated path (the callback gets the GPU and the reason and
+returns the jobs it stopped); ``SlurmEvictor`` requeues the GPU's offline Slurm jobs with
+a ``requeue(slurm_job_id)`` callable — the Slurm dispatcher's requeue.
+"""
+
+from __future__ import annotations
+
+import logging
+from collections.abc import Callable
+from dataclasses import dataclass
+from typing import Protocol
+
+log = logging.getLogger(__name__)
+
+
+@dataclass(frozen=True)
+class Evicted:
+    job_id: int | None          # the feature store's offline job id, when known
+    slurm_job_id: int | None = None
+    ok: bool = True
+    detail: str = ""
+
+
+class Evictor(Protocol):
+    def evict(self, gpu_id: int, reason: str) -> list[Evicted]:
+        """Stop every offline job on ``gpu_id`` now; what was stopped (or failed to be)."""
+        ...
+
+
+class CallbackEvictor:
+    def __init__(self, callback: Callable[[int, str], list[int] | None]):
+        self._cb = callback
+
+    def evict(self, gpu_id: int, reason: str) -> list[Evicted]:
+        return [Evicted(j) for j in (self._cb(gpu_id, reason) or [])]
+
+
+class SlurmEvictor:
+    """``jobs_on_gpu(gpu_id) -> [(job_id | None, slurm_job_id)]``; ``requeue(slurm_job_id)`` does the work."""
+
+    def __init__(self, jobs_on_gpu: Callable[[int], list[tuple[int | None, int]]], requeue: Callable[[int], object]):
+        self._jobs_on_gpu = jobs_on_gpu
+        self._requeue = requeue
+
+    def evict(self, gpu_id: int, reason: str) -> list[Evicted]:
+        out = []
+        for job_id, slurm_id in self._jobs_on_gpu(gpu_id):
+            try:
+                self._requeue(slurm_id)
+                out.append(Evicted(job_id, slurm_id))
+            except Exception as exc:  # one failed requeue must not stop the others
+                log.error("requeue of Slurm job %s on GPU %d failed: %s", slurm_id, gpu_id, exc)
+                out.append(Evicted(job_id, slurm_id, ok=False, detail=str(exc)))
+        return out
+
+
+def store_jobs_on_gpu(store, with_slurm_id: bool = True) -> Callable[[int], list[tuple[int | None, int | None]]]:
+    """Running offline jobs on a GPU per the latest round's placements, with their Slurm ids
+    (only jobs that have one unless ``with_slurm_id`` is False)."""
+    from sqlalchemy import select
+
+    from executors.store import models as m
+    from scheduler_core.domain import JobState
+
+    def lookup(gpu_id: int) -> list[tuple[int | None, int | None]]:
+        with store.session() as s:
+            latest = s.scalar(
+                select(m.Placement.round_id).where(m.Placement.gpu_id == gpu_id).order_by(m.Placement.round_id.desc())
+                .limit(1)
+            )
+            if latest is None:
+                return []
+            rows = s.execute(
+                select(m.OfflineJob.id, m.OfflineJob.slurm_job_id)
+                .join(m.Placement, m.Placement.job_id == m.OfflineJob.id)
+                .where(m.Placement.round_id == latest, m.Placement.gpu_id == gpu_id,
+                       m.OfflineJob.state == JobState.RUNNING.value)
+            ).all()
+            return [(j, None if sid is None else int(sid)) for j, sid in rows if sid is not None or not with_slurm_id]
+
+    return lookup
