@@ -104,7 +104,7 @@ def test_cancel_with_signal_reaches_the_batch_shell_then_cancel(dev_cluster) -> 
               f"touch {out}/ready.$SLURM_JOB_ID\n"
               "while true; do sleep 0.1; done\n")
     with dev_cluster.client() as c:
-        job_id = c.submit(JobSpec(name="mx-signal", script=script, partition="offline", gres_per_node="mps:10",
+        job_id = c.submit(JobSpec(name="mx-signal", script=script, partition="profile", gres_per_node="mps:10",
                                   working_dir=str(out))).job_id
         dev_cluster.wait_for("the trap to be set", lambda: (out / f"ready.{job_id}").exists())
         c.cancel(job_id, "USR1")

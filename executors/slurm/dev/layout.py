@@ -28,7 +28,9 @@ class DevNode:
     gpu_type: str
     gpus: int = 4
     mps_count: int = 400  # 100 per GPU, so --gres=mps:<pct> is a percentage of one GPU
-    cpus: int = 8
+    # Enough CPU slots for dozens of tiny concurrent jobs (a 50-placement dispatch test);
+    # config_overrides lets a node claim them whatever the host has.
+    cpus: int = 32
     real_memory_mb: int = 4000
 
 
@@ -170,6 +172,16 @@ class DevClusterLayout:
         return self.state_dir / "jobs"
 
     @property
+    def node_script_dir(self) -> Path:
+        """Copies of ``executors/slurm/node/*.sh`` the slurmds run (installed by ``dev-up``)."""
+        return self.state_dir / "node"
+
+    @property
+    def job_submit_lua(self) -> Path:
+        """Slurm looks for ``job_submit.lua`` next to ``slurm.conf``."""
+        return self.etc_dir / "job_submit.lua"
+
+    @property
     def layout_file(self) -> Path:
         return self.state_dir / "cluster.json"
 
@@ -224,6 +236,12 @@ class DevClusterLayout:
             "MinJobAge=300",
             "KillWait=5",
             "JobRequeue=1",
+            # MuxFlow hooks (docs/SLURM.md "Offline pick-up", "Node scripts"): job_submit.lua holds every
+            # offline-partition job for placement; the node scripts configure MPS and xCUDA.
+            "JobSubmitPlugins=lua",
+            f"Prolog={self.node_script_dir / 'prolog.sh'}",
+            f"Epilog={self.node_script_dir / 'epilog.sh'}",
+            f"TaskProlog={self.node_script_dir / 'task_prolog.sh'}",
         ]
         lines += [f"{k}={v}" for k, v in sorted(self.extra.items())]
         for n in self.nodes:

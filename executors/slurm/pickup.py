@@ -1,0 +1,166 @@
+"""Offline pick-up: plain ``sbatch -p offline --gres=mps:N`` submissions become store jobs.
+
+Slurm is the queue of record (DESIGN §3 step 1). ``job_submit.lua`` holds every
+offline-partition job at submission, so Slurm's scheduler never starts one;
+:func:`import_submissions` reads those held jobs and imports each one exactly
+once (``offline_jobs.slurm_job_id`` is unique).
+
+The spec contract: the job's ``--comment`` carries the MuxFlow fields::
+
+    sbatch -p offline --gres=mps:30 \\
+      --comment="muxflow: type='ResNet-50 (batch size 64)' mem=4GiB gpu-types=t4,a10 ckpt=/ckpt/r50 steps=10000" job.sh
+
+Fields (``key=value``, values with spaces in single or double quotes):
+``type`` (job type), ``mem`` (GPU memory, e.g. ``4GiB``), ``gpu-types``
+(comma-separated), ``ckpt`` (absolute checkpoint directory), ``steps``, and
+optionally ``priority`` and ``name`` (default: the Slurm job name). The job
+must ask for exactly one MPS share of one GPU (``--gres=mps:N``, 1 ≤ N ≤ 100)
+and nothing else. A submission that breaks the contract is recorded as a
+FAILED job whose reason starts with ``rejected:`` (``muxflow jobs list``
+shows it) and is cancelled in Slurm; the reason is put in its comment first.
+"""
+
+from __future__ import annotations
+
+import logging
+import shlex
+from dataclasses import dataclass
+
+from sqlalchemy import select
+
+from executors.slurm.hostlist import gres_count
+from executors.slurm.models import Job
+from executors.slurm.spec import JobUpdate
+from executors.store import models as m
+from executors.store import repo
+from executors.submission import JobSpec, SubmissionError, parse_size_bytes, validate
+from scheduler_core.domain import JobState
+
+log = logging.getLogger(__name__)
+
+COMMENT_PREFIX = "muxflow:"
+REJECTED_PREFIX = "rejected: "
+OFFLINE_PARTITION = "offline"
+_KNOWN_KEYS = {"type", "mem", "gpu-types", "ckpt", "steps", "priority", "name"}
+
+
+@dataclass(frozen=True)
+class PickupReport:
+    imported: list[int]  # store job ids
+    rejected: list[tuple[int, str]]  # (slurm job id, reason)
+
+
+def _fields(comment: str) -> dict[str, str]:
+    text = comment.strip()
+    if not text.startswith(COMMENT_PREFIX):
+        raise SubmissionError("comment", "missing the MuxFlow spec: --comment=\"muxflow: type=… mem=… "
+                              "gpu-types=… ckpt=… steps=…\" (docs/SLURM.md)")
+    try:
+        words = shlex.split(text[len(COMMENT_PREFIX):])
+    except ValueError as exc:
+        raise SubmissionError("comment", f"cannot parse: {exc}") from None
+    out: dict[str, str] = {}
+    for w in words:
+        key, sep, value = w.partition("=")
+        if not sep:
+            raise SubmissionError("comment", f"expected key=value, got {w!r}")
+        if key not in _KNOWN_KEYS:
+            raise SubmissionError("comment", f"unknown field {key!r} (known: {', '.join(sorted(_KNOWN_KEYS))})")
+        if key in out and out[key] != value:
+            raise SubmissionError(key, f"given twice with different values ({out[key]!r}, {value!r})")
+        out[key] = value
+    return out
+
+
+def spec_from_job(job: Job) -> JobSpec:
+    """The submission's spec; :class:`SubmissionError` for missing or contradictory options."""
+    f = _fields(job.comment or "")
+    for key in ("type", "mem", "gpu-types", "ckpt", "steps"):
+        if not f.get(key):
+            raise SubmissionError(key, "required in the muxflow comment")
+    gres = (job.gres_per_node or "").strip()
+    try:
+        mps = gres_count(gres, "mps") if gres else 0
+    except ValueError as exc:
+        raise SubmissionError("gres", str(exc)) from None
+    if not gres or mps <= 0:
+        raise SubmissionError("gres", f"ask for an MPS share of one GPU with --gres=mps:<1..100>, got {gres!r}")
+    others = [g for g in gres.replace("gres/", "").replace("gres:", "").split(",") if not g.startswith("mps")]
+    if others:
+        raise SubmissionError("gres", f"--gres=mps:N contradicts {','.join(others)}: MuxFlow places the job "
+                              "on one shared GPU")
+    if mps > 100:
+        raise SubmissionError("gres", f"mps:{mps} is more than one GPU (at most mps:100)")
+    try:
+        steps = int(f["steps"])
+        priority = int(f.get("priority", "0"))
+    except ValueError as exc:
+        raise SubmissionError("steps", f"not an integer: {exc}") from None
+    return JobSpec(
+        name=f.get("name") or job.name, command=f"sbatch job {job.job_id} ({job.name}) in {job.working_dir or '?'}",
+        job_type=f["type"], mem_bytes=parse_size_bytes(f["mem"]),
+        allowed_gpu_types=tuple(t.strip().lower() for t in f["gpu-types"].split(",") if t.strip()),
+        checkpoint_dir=f["ckpt"], total_steps=steps, priority=priority,
+    )
+
+
+def is_candidate(job: Job) -> bool:
+    """A held job of the offline partition (the job_submit.lua hold, or ``--hold``)."""
+    return OFFLINE_PARTITION in job.partition.split(",") and job.held
+
+
+def import_submissions(store, client, known_job_types: set[str] | None = None) -> PickupReport:
+    """Import held offline-partition jobs not yet in the store; reject and cancel bad ones. Idempotent."""
+    jobs = [j for j in client.list_jobs() if is_candidate(j)]
+    with store.session() as s:
+        seen = set(s.scalars(select(m.OfflineJob.slurm_job_id).where(m.OfflineJob.slurm_job_id.is_not(None))))
+        gpu_types = repo.gpu_type_names(s)
+    imported: list[int] = []
+    rejected: list[tuple[int, str]] = []
+    for job in sorted(jobs, key=lambda j: j.job_id):
+        if job.job_id in seen:
+            continue
+        try:
+            spec = spec_from_job(job)
+            validate(spec, gpu_types, known_job_types)
+        except SubmissionError as exc:
+            reason = f"{REJECTED_PREFIX}{exc}"
+            with store.session() as s:
+                s.add(m.OfflineJob(
+                    name=(job.name or f"slurm-{job.job_id}")[:128], job_type="(rejected)",
+                    command=f"sbatch job {job.job_id}", mem_bytes=1, allowed_gpu_types=[], checkpoint_dir="",
+                    total_steps=1, state=JobState.FAILED.value, state_reason=reason, slurm_job_id=job.job_id,
+                ))
+            _cancel_rejected(client, job.job_id, reason)
+            rejected.append((job.job_id, reason))
+            log.warning("slurm job %s rejected: %s", job.job_id, exc)
+            continue
+        with store.session() as s:
+            row = m.OfflineJob(
+                name=spec.name, job_type=spec.job_type, command=spec.command, mem_bytes=spec.mem_bytes,
+                allowed_gpu_types=sorted(set(spec.allowed_gpu_types)), checkpoint_dir=spec.checkpoint_dir,
+                priority=spec.priority, total_steps=spec.total_steps, slurm_job_id=job.job_id,
+                state_reason=f"imported from Slurm job {job.job_id}",
+            )
+            s.add(row)
+            s.flush()
+            imported.append(row.id)
+        log.info("imported slurm job %s as store job %s", job.job_id, imported[-1])
+    # A crash between the store insert and the cancel leaves a rejected job pending in Slurm: finish it.
+    with store.session() as s:
+        stale = {j.job_id for j in jobs} & set(s.scalars(
+            select(m.OfflineJob.slurm_job_id).where(m.OfflineJob.state == JobState.FAILED.value,
+                                                    m.OfflineJob.state_reason.like(f"{REJECTED_PREFIX}%"))))
+        reasons = {j.slurm_job_id: j.state_reason for j in s.scalars(
+            select(m.OfflineJob).where(m.OfflineJob.slurm_job_id.in_(stale)))} if stale else {}
+    for sid in sorted(stale - {r[0] for r in rejected}):
+        _cancel_rejected(client, sid, reasons.get(sid) or "rejected")
+    return PickupReport(imported, rejected)
+
+
+def _cancel_rejected(client, slurm_job_id: int, reason: str) -> None:
+    try:
+        client.update_job(slurm_job_id, JobUpdate(comment=f"muxflow {reason}"[:250]))
+    except Exception as exc:  # the cancel matters more than the comment
+        log.warning("slurm job %s: could not record the rejection in its comment: %s", slurm_job_id, exc)
+    client.cancel(slurm_job_id)
