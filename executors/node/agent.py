@@ -344,9 +344,10 @@ class GpuLoop:
             log.error("GPU %d device error: %s %s %s", self.b.gpu_id, f.kind, f.xid or "", f.detail)
             self.sink.device_error(DeviceErrorEvent(self.b.gpu_id, at, f.kind, f.xid, f.detail))
         reason = "device error: " + ", ".join(f"{f.kind}{'' if f.xid is None else ' ' + str(f.xid)}" for f in faults)
+        disable = any(f.disable for f in faults)
         if self.monitor.state != GpuHealth.DISABLED:
-            self._evict(now_epoch, reason)
-        if any(f.disable for f in faults):
+            self._evict(now_epoch, reason, GpuHealth.DISABLED if disable else GpuHealth.INIT)
+        if disable:
             self.monitor.disable()
             return
         if self.monitor.state == GpuHealth.DISABLED:
@@ -361,9 +362,10 @@ class GpuLoop:
         self.monitor.state = GpuHealth.INIT
         self.monitor.calm_since_s = None
 
-    def _evict(self, now_epoch: float, reason: str) -> None:
+    def _evict(self, now_epoch: float, reason: str, health_after: GpuHealth | None = None) -> None:
+        """Evict offline work; the eviction is recorded with the state the GPU is going to."""
         at = _utc(now_epoch)
-        health = self.monitor.state.value
+        health = (health_after or self.monitor.state).value
         try:
             done = self.evictor.evict(self.b.gpu_id, reason)
         except Exception as exc:

@@ -1,0 +1,91 @@
+"""The node agent against the feature store (SQLite and Postgres): health, evictions, device errors, minutes."""
+
+from __future__ import annotations
+
+import datetime as dt
+
+from sqlalchemy import select
+
+from executors.node.agent import AgentConfig
+from executors.node.sampler import RawSample, SimulatedSampler
+from executors.node.wiring import build_agent, node_gpus
+from executors.store import models as m
+
+T0 = dt.datetime(2026, 1, 1, 12, 0, tzinfo=dt.timezone.utc).timestamp()
+CALM = RawSample(40.0, 30.0, 15.0, 6e9, 24e9, 10.0, 1600.0, 1700.0, 120.0, 55.0)
+HOT = RawSample(99.0, 99.0, 60.0, 6e9, 24e9, 10.0, 1600.0, 1700.0, 250.0, 75.0)
+
+
+class FakeClock:
+    def __init__(self) -> None:
+        self.t = T0
+
+    def epoch(self) -> float:
+        return self.t
+
+    def monotonic(self) -> float:
+        return self.t - T0
+
+
+def _agent(store, sampler, clock, evicted, tmp_path):
+    job_id = 1
+
+    def cb(gpu_id, reason):
+        evicted.append((gpu_id, reason))
+        return [job_id]
+
+    return build_agent(store, "sim-a10-000", simulated=True, cfg=AgentConfig(interval_s=1.0), shm_dir=tmp_path,
+                       evict_callback=cb, sampler=sampler, clock=clock)
+
+
+def test_agent_writes_health_evictions_errors_and_minutes(cluster_store, tmp_path):
+    store = cluster_store
+    pairs = node_gpus(store, "sim-a10-000")
+    assert len(pairs) == 8
+    gid0 = pairs[0][0].id
+    sampler = SimulatedSampler(replay={g.gpu_index: [CALM] for g, _ in pairs})
+    sampler.add_xid(T0 + 70, 1, 31)
+    clock, evicted = FakeClock(), []
+    agent = _agent(store, sampler, clock, evicted, tmp_path)
+    for k in range(90):
+        sampler.set_override(0, HOT if k == 65 else CALM)
+        agent.tick()
+        clock.t += 1.0
+    agent.shutdown()
+    with store.session() as s:
+        gpus = {g.gpu_index: g for g, _ in node_gpus(store, "sim-a10-000")}
+        assert gpus[0].health == "Overlimit" and len(gpus[0].overlimit_entries) == 1
+        assert all(gpus[i].health == "Healthy" for i in range(2, 8))
+        ev = s.scalars(select(m.Eviction).order_by(m.Eviction.id)).all()
+        assert [(e.gpu_id, e.job_id, e.health, e.source) for e in ev] == [
+            (gid0, 1, "Overlimit", "simulated"), (gpus[1].id, 1, "Init", "simulated")]
+        (err,) = s.scalars(select(m.DeviceError)).all()
+        assert (err.gpu_id, err.kind, err.xid, err.source) == (gpus[1].id, "xid", 31, "simulated")
+        rows = s.scalars(select(m.GpuMetricMinute).order_by(m.GpuMetricMinute.minute_utc, m.GpuMetricMinute.gpu_id)).all()
+        assert len(rows) == 16 and {r.source for r in rows} == {"simulated"}
+        first = [r for r in rows if r.gpu_id == gid0]
+        assert first[0].sm_activity_pct == 30.0 and first[0].health == "Healthy"
+        assert first[1].health == "Overlimit" and first[1].power_w > 120.0
+    assert len(evicted) == 2
+
+
+def test_restart_keeps_backoff_and_existing_minutes(cluster_store, tmp_path):
+    store = cluster_store
+    pairs = node_gpus(store, "sim-a10-000")
+    sampler = SimulatedSampler(replay={g.gpu_index: [CALM] for g, _ in pairs})
+    clock, evicted = FakeClock(), []
+    agent = _agent(store, sampler, clock, evicted, tmp_path)
+    sampler.set_override(0, HOT)
+    agent.tick()
+    clock.t += 1.0
+    agent.shutdown()
+    # a second agent in the same minute: the stored Overlimit entry is restored, the minute row kept
+    sampler2 = SimulatedSampler(replay={g.gpu_index: [CALM] for g, _ in pairs})
+    agent2 = _agent(store, sampler2, clock, evicted, tmp_path)
+    mon = agent2.loops[0].monitor
+    assert mon.overlimit_entries_s == [T0]
+    assert mon.hold_period_s(T0 + 10) == 60.0
+    agent2.tick()
+    agent2.shutdown()
+    with store.session() as s:
+        assert s.query(m.GpuMetricMinute).count() == 8
