@@ -8,10 +8,10 @@ structure of a round instead:
    interchangeable except at their own GPUs, so they form one node with a
    supply (how many of them) and a few per-GPU *home* weights. The matching
    becomes a transportation problem between a few hundred nodes and the GPUs.
-2. **Prices.** A class-level auction (Bertsekas, with ε = ``auction_eps``)
-   gives approximate GPU prices in well under a second; they pick the
-   candidate arcs — those within ``candidate_slack`` of each node's best, and
-   each GPU's two best classes.
+2. **Prices.** An auction between nodes and GPUs (Bertsekas, with
+   ε = ``auction_eps``) gives approximate prices in about a second; they pick
+   the candidate arcs — each node's best GPUs, each GPU's best node, and the
+   auction's own plan.
 3. **Column generation.** Solve the transportation LP (HiGHS interior point
    with crossover: a vertex, hence integral, because the constraint matrix is
    totally unimodular) over the candidates. Its duals price *every* pair, by
@@ -49,8 +49,8 @@ class SolverConfig:
     auction_max_rounds: int = 5000
     candidate_slack: float = 0.0  # arcs within this of a class's best value start in the LP
     extra_arcs: int = 4  # per node, beyond its supply
-    gpu_best_classes: int = 1  # initial arcs from each GPU to its best classes …
-    gpu_best_floor: float = -0.01  # … whose value (weight − class price) is at least this
+    gpu_best_classes: int = 1  # 1: an initial arc from each GPU to its best node …
+    gpu_best_floor: float = -0.01  # … if its value (weight − node price − GPU price) is at least this
     add_per_node: int = 8  # arcs a violating node may add per round (plus its supply)
     max_rounds: int = 60
 
@@ -133,67 +133,72 @@ def _top(row: np.ndarray, count: int) -> np.ndarray:
     return part[np.lexsort((part, -row[part]))]
 
 
-def _auction(nodes: _Nodes, cfg: SolverConfig) -> tuple[np.ndarray, np.ndarray, int]:
-    """Approximate GPU prices from a forward auction between classes (units) and GPUs.
+def _node_row(nodes: _Nodes, a: int, u: np.ndarray, ov_start: np.ndarray) -> np.ndarray:
+    """Node ``a``'s weight − price on every GPU (−inf where infeasible)."""
+    val = nodes.base[nodes.cls[a]] - nodes.pen[a] - u
+    lo, hi = ov_start[a], ov_start[a + 1]
+    if hi > lo:
+        g = nodes.ov_gpu[lo:hi]
+        val[g] = nodes.ov_w[lo:hi] - u[g]
+    return val
 
-    Units of one class rank GPUs alike, so a class with q unassigned units bids
+
+def _auction(nodes: _Nodes, cfg: SolverConfig) -> tuple[np.ndarray, np.ndarray, int]:
+    """Approximate GPU prices from a forward auction between nodes (units) and GPUs.
+
+    Units of one node rank GPUs alike, so a node with q unassigned units bids
     on its q best GPUs at once (Bertsekas's "similar persons"), each bid
     raising the GPU's price to leave the unit ε below its next option. Only
     the prices and the assignment (a feasible plan the LP can always fall back
     on) are used, to choose candidate arcs; optimality comes later.
     """
     n = nodes.n
-    k_count = nodes.base.shape[0]
-    units = np.bincount(nodes.cls, weights=nodes.supply, minlength=k_count).astype(np.int64)
-    q = units.copy()
+    q = nodes.supply.copy()
     u = np.zeros(n)
     owner = np.full(n, -1, dtype=np.int64)
     rounds = 0
     if n == 0:
         return u, owner, 0
+    ov_start = np.searchsorted(nodes.ov_node, np.arange(nodes.supply.size + 1))
     while rounds < cfg.auction_max_rounds:
         active = np.flatnonzero(q > 0)
         if active.size == 0:
             break
         rounds += 1
-        bids_g, bids_p, bids_k = [], [], []
-        for kk in active:
-            val = nodes.base[kk] - u
-            val[owner == kk] = -np.inf
-            qk = int(q[kk])
-            top = _top(val, qk + 1)
+        bids_g, bids_p, bids_a = [], [], []
+        for a in active:
+            val = _node_row(nodes, a, u, ov_start)
+            val[owner == a] = -np.inf
+            qa = int(q[a])
+            top = _top(val, qa + 1)
             vals = val[top]
-            beta = max(float(vals[qk]), 0.0) if top.size > qk else 0.0
-            good = top[:qk][vals[:qk] > 0]
-            q[kk] = good.size  # units with no positive option stay unmatched
+            beta = max(float(vals[qa]), 0.0) if top.size > qa else 0.0
+            keep = vals[:qa] > 0
+            good = top[:qa][keep]
+            q[a] = good.size  # units with no positive option stay unmatched
             bids_g.append(good)
-            bids_p.append(nodes.base[kk, good] - beta + cfg.auction_eps)
-            bids_k.append(np.full(good.size, kk))
+            bids_p.append(vals[:qa][keep] + u[good] - beta + cfg.auction_eps)
+            bids_a.append(np.full(good.size, a))
         g = np.concatenate(bids_g)
         if g.size == 0:
             break
-        b, kk = np.concatenate(bids_p), np.concatenate(bids_k)
+        b, aa = np.concatenate(bids_p), np.concatenate(bids_a)
         order = np.lexsort((-b, g))
-        g, b, kk = g[order], b[order], kk[order]
+        g, b, aa = g[order], b[order], aa[order]
         first = np.r_[True, g[1:] != g[:-1]]
-        g, b, kk = g[first], b[first], kk[first]
+        g, b, aa = g[first], b[first], aa[first]
         prev = owner[g]
         np.add.at(q, prev[prev >= 0], 1)
-        np.add.at(q, kk, -1)
-        owner[g] = kk
+        np.add.at(q, aa, -1)
+        owner[g] = aa
         u[g] = b
     return u, owner, rounds
 
 
 def _initial_arcs(nodes: _Nodes, u: np.ndarray, owner: np.ndarray, cfg: SolverConfig):
     n = nodes.n
-    an, ag = [nodes.ov_node], [nodes.ov_gpu]
-    # The auction's own assignment, offered to every node of the owning class.
     owned = np.flatnonzero(owner >= 0)
-    for a in range(nodes.cls.size):
-        g = owned[owner[owned] == nodes.cls[a]]
-        an.append(np.full(g.size, a))
-        ag.append(g)
+    an, ag = [nodes.ov_node, owner[owned]], [nodes.ov_gpu, owned]  # homes and the auction's plan
     classes = np.unique(nodes.cls)
     best, _ = class_max(nodes.base, u, classes)
     for kk in classes:
@@ -201,22 +206,41 @@ def _initial_arcs(nodes: _Nodes, u: np.ndarray, owner: np.ndarray, cfg: SolverCo
         near = int(np.count_nonzero(row >= max(best[kk], 0.0) - cfg.candidate_slack))
         for a in np.flatnonzero(nodes.cls == kk):
             s = int(nodes.supply[a])
-            top = _top(row - nodes.pen[a], min(max(near, s), 2 * s) + cfg.extra_arcs)
+            top = _top(row, min(max(near, s), 2 * s) + cfg.extra_arcs)
             an.append(np.full(top.size, a))
             ag.append(top)
-    # Each GPU's two best classes at the implied class prices.
-    v_cls = np.maximum(best, 0.0)
-    live = classes[np.isfinite(best[classes])]
-    if live.size and n:
-        score = nodes.base[live] - v_cls[live, None]
-        for _ in range(min(cfg.gpu_best_classes, live.size)):
-            idx = np.argmax(score, axis=0)
-            val = score[idx, np.arange(n)]
-            ok = np.flatnonzero(np.isfinite(val) & (val >= cfg.gpu_best_floor))
-            an.append(nodes.main[live[idx[ok]]])
-            ag.append(ok)
-            score[idx, np.arange(n)] = -np.inf
+    if n and cfg.gpu_best_classes:
+        # Each GPU's best node at the node prices the auction implies.
+        v = np.maximum(_node_best(nodes, u), 0.0)
+        a_best, val = _gpu_best_node(nodes, u, v)
+        ok = np.flatnonzero(val >= cfg.gpu_best_floor)
+        an.append(a_best[ok])
+        ag.append(ok)
     return np.concatenate(an), np.concatenate(ag)
+
+
+def _gpu_best_node(nodes: _Nodes, u: np.ndarray, v: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
+    """Per GPU: the node maximising weight − v − u (home weights aside) and that value."""
+    n = nodes.n
+    if nodes.cls.size == 0:
+        return np.full(n, -1, dtype=np.int64), np.full(n, -np.inf)
+    k_count = nodes.base.shape[0]
+    offset = np.full(k_count, -np.inf)
+    np.maximum.at(offset, nodes.cls, -nodes.pen - v)
+    best_node = np.full(k_count, -1, dtype=np.int64)
+    for a in np.lexsort((np.arange(nodes.cls.size), -nodes.pen - v)):
+        best_node[nodes.cls[a]] = a
+    best_val = np.full(n, -np.inf)
+    best_cls = np.zeros(n, dtype=np.int64)
+    live = np.flatnonzero(np.isfinite(offset))
+    for start in range(0, live.size, 64):
+        ks = live[start : start + 64]
+        score = nodes.base[ks] + offset[ks, None] - u
+        idx = np.argmax(score, axis=0)
+        val = score[idx, np.arange(n)]
+        better = val > best_val
+        best_val[better], best_cls[better] = val[better], ks[idx[better]]
+    return best_node[best_cls], best_val
 
 
 class _ArcSet:
@@ -288,24 +312,10 @@ def _price(nodes: _Nodes, u: np.ndarray, v: np.ndarray, cfg: SolverConfig, arcs:
         new_n.append(nodes.ov_node[hot])
         new_g.append(nodes.ov_gpu[hot])
     # Each GPU's best node at the current node prices.
-    offset = np.full(nodes.base.shape[0], -np.inf)
-    np.maximum.at(offset, nodes.cls, -nodes.pen - v)
-    best_node = np.full(nodes.base.shape[0], -1, dtype=np.int64)
-    for a in np.lexsort((np.arange(nodes.cls.size), -nodes.pen - v)):
-        best_node[nodes.cls[a]] = a
-    live = np.flatnonzero(np.isfinite(offset))
-    if live.size and n:
-        best_val = np.full(n, -np.inf)
-        best_cls = np.full(n, -1, dtype=np.int64)
-        for start in range(0, live.size, 64):
-            ks = live[start : start + 64]
-            score = nodes.base[ks] + offset[ks, None] - u
-            idx = np.argmax(score, axis=0)
-            val = score[idx, np.arange(n)]
-            better = val > best_val
-            best_val[better], best_cls[better] = val[better], ks[idx[better]]
-        hot_gpu = np.flatnonzero(best_val > tol)
-        new_n.append(best_node[best_cls[hot_gpu]])
+    if n:
+        a_best, val = _gpu_best_node(nodes, u, v)
+        hot_gpu = np.flatnonzero(val > tol)
+        new_n.append(a_best[hot_gpu])
         new_g.append(hot_gpu)
     added = arcs.add(np.concatenate(new_n), np.concatenate(new_g)) if new_n else 0
     return int(viol.size), added

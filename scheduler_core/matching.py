@@ -6,6 +6,10 @@ in the Kuhn–Munkres family). Because every feasible weight is positive and an
 infeasible pair is given weight 0, a maximum-weight *assignment* of size
 min(n, m) contains a maximum-weight *matching*: dropping its zero-weight and
 infeasible edges loses nothing.
+
+This dense form needs the whole GPUs × jobs matrix; rounds use the grouped,
+certified solver of :mod:`scheduler_core.assignment` and keep this one as the
+baseline (:mod:`scheduler_core.round_dense`) and as its fallback.
 """
 
 from __future__ import annotations
