@@ -57,19 +57,16 @@ class SlurmEvictor:
 
 
 def store_jobs_on_gpu(store, with_slurm_id: bool = True) -> Callable[[int], list[tuple[int | None, int | None]]]:
-    """Running offline jobs on a GPU per the latest round's placements, with their Slurm ids
+    """RUNNING offline jobs placed on a GPU by the latest dispatched round, with their Slurm ids
     (only jobs that have one unless ``with_slurm_id`` is False)."""
-    from sqlalchemy import select
+    from sqlalchemy import func, select
 
     from executors.store import models as m
     from scheduler_core.domain import JobState
 
     def lookup(gpu_id: int) -> list[tuple[int | None, int | None]]:
         with store.session() as s:
-            latest = s.scalar(
-                select(m.Placement.round_id).where(m.Placement.gpu_id == gpu_id).order_by(m.Placement.round_id.desc())
-                .limit(1)
-            )
+            latest = s.scalar(select(func.max(m.SchedulingRound.id)).where(m.SchedulingRound.status == "dispatched"))
             if latest is None:
                 return []
             rows = s.execute(
@@ -77,6 +74,7 @@ def store_jobs_on_gpu(store, with_slurm_id: bool = True) -> Callable[[int], list
                 .join(m.Placement, m.Placement.job_id == m.OfflineJob.id)
                 .where(m.Placement.round_id == latest, m.Placement.gpu_id == gpu_id,
                        m.OfflineJob.state == JobState.RUNNING.value)
+                .order_by(m.OfflineJob.id)
             ).all()
             return [(j, None if sid is None else int(sid)) for j, sid in rows if sid is not None or not with_slurm_id]
 

@@ -89,3 +89,36 @@ def test_restart_keeps_backoff_and_existing_minutes(cluster_store, tmp_path):
     agent2.shutdown()
     with store.session() as s:
         assert s.query(m.GpuMetricMinute).count() == 8
+
+
+def _dispatched_round(s, window: dt.datetime, placements: list[tuple[int, int]], status: str = "dispatched") -> None:
+    rnd = m.SchedulingRound(window_start_utc=window, status=status)
+    s.add(rnd)
+    s.flush()
+    for job_id, gpu_id in placements:
+        s.add(m.Placement(round_id=rnd.id, job_id=job_id, gpu_id=gpu_id, sm_pct=40, mem_quota_bytes=1 << 30,
+                          predicted_norm_tput=0.5, predicted_online_slowdown=0.1, action="start"))
+
+
+def test_jobs_on_gpu_follow_the_latest_dispatched_round(cluster_store):
+    from executors.node.evictor import SlurmEvictor, store_jobs_on_gpu
+
+    store = cluster_store
+    g1, g2 = [g.id for g, _ in node_gpus(store, "sim-a10-000")[:2]]
+    w = dt.datetime(2026, 1, 1, 12, 0, tzinfo=dt.timezone.utc)
+    with store.session() as s:
+        jobs = s.scalars(select(m.OfflineJob).order_by(m.OfflineJob.id)).all()
+        for j, sid in zip(jobs[:3], (9001, 9002, None)):
+            j.state, j.slurm_job_id = "RUNNING", sid
+        _dispatched_round(s, w, [(jobs[0].id, g1)])
+        # the next round moved job 0 to g2 and put job 2 (no Slurm id) on g1; job 1 (running) is placed
+        # nowhere; a later planned round is not dispatched yet
+        _dispatched_round(s, w + dt.timedelta(minutes=15), [(jobs[0].id, g2), (jobs[2].id, g1)])
+        _dispatched_round(s, w + dt.timedelta(minutes=30), [(jobs[0].id, g1)], status="planned")
+        ids = [j.id for j in jobs]
+    assert store_jobs_on_gpu(store)(g1) == []
+    assert store_jobs_on_gpu(store, with_slurm_id=False)(g1) == [(ids[2], None)]
+    assert store_jobs_on_gpu(store)(g2) == [(ids[0], 9001)]
+    requeued = []
+    out = SlurmEvictor(store_jobs_on_gpu(store), requeued.append).evict(g2, "Overlimit")
+    assert requeued == [9001] and [e.job_id for e in out] == [ids[0]]
