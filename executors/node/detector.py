@@ -1,8 +1,8 @@
 """Error detector for the 1% of MPS error propagation that graceful exit cannot cover (paper §4.2).
 
-Patterns: a fatal XID (31 = GPU memory page fault, and the others in ``FATAL_XIDS``), the
-MPS server gone (it was up, now its process is not), and an MPS hang (a probe client does
-not answer within its timeout). Each fault leads to: evict offline work, reset the MPS
+Patterns: a fatal XID (31 = GPU memory page fault, and the others in ``FATAL_XIDS``), an
+MPS server crash (a server process gone while its clients still run), and an MPS hang (a
+probe client does not answer within its timeout). Each fault leads to: evict offline work, reset the MPS
 server, hold the GPU in Init until a probe answers again, record a device error. XIDs in
 ``DISABLING_XIDS`` (the GPU fell off the bus) disable the GPU instead: a reset cannot help.
 """
@@ -30,7 +30,8 @@ DISABLING_XIDS = frozenset({79})
 
 class MpsControl(Protocol):
     def server_alive(self) -> bool | None:
-        """True/False whether the MPS server of this GPU is up; None when no MPS is configured."""
+        """False when an MPS server died under live clients since the last call (a crash);
+        True otherwise; None when no MPS is configured here."""
         ...
 
     def probe(self, timeout_s: float) -> bool:
@@ -59,27 +60,40 @@ class SubprocessMpsControl:
             self.env["CUDA_MPS_PIPE_DIRECTORY"] = pipe_dir
         if log_dir:
             self.env["CUDA_MPS_LOG_DIRECTORY"] = log_dir
+        self._clients: dict[int, list[int]] = {}  # server pid -> its clients at the last look
 
     def _ctl(self, command: str | None, timeout_s: float, args: Sequence[str] = ()) -> subprocess.CompletedProcess:
         return subprocess.run([self.binary, *args], input=None if command is None else command + "\n",
                               capture_output=True, text=True, timeout=timeout_s, env=self.env, check=False)
 
-    def server_pids(self, timeout_s: float = 2.0) -> list[int] | None:
+    def _pids(self, command: str, timeout_s: float) -> list[int] | None:
         try:
-            r = self._ctl("get_server_list", timeout_s)
-        except FileNotFoundError:
+            r = self._ctl(command, timeout_s)
+        except (FileNotFoundError, subprocess.TimeoutExpired):
             return None
-        except subprocess.TimeoutExpired:
-            return []
         if r.returncode != 0:
             return None
         return [int(x) for x in r.stdout.split() if x.isdigit()]
 
+    def server_pids(self, timeout_s: float = 2.0) -> list[int] | None:
+        return self._pids("get_server_list", timeout_s)
+
     def server_alive(self) -> bool | None:
+        """A server that is gone while the clients it had are still alive has crashed.
+
+        Servers also exit normally (the control daemon swaps a server for one of another
+        user once its clients are done), so a vanished server alone is not a crash."""
         pids = self.server_pids()
         if pids is None:
-            return None
-        return any(os.path.exists(f"/proc/{p}") for p in pids)
+            return None if not self._clients else True  # a hang is the probe's business
+        crashed = False
+        for pid, clients in self._clients.items():
+            if pid not in pids or not os.path.exists(f"/proc/{pid}"):
+                if any(os.path.exists(f"/proc/{c}") for c in clients):
+                    log.error("MPS server %d is gone while its clients %s still run", pid, clients)
+                    crashed = True
+        self._clients = {p: self._pids(f"get_client_list {p}", 2.0) or [] for p in pids}
+        return not crashed
 
     def probe(self, timeout_s: float) -> bool:
         try:
@@ -106,7 +120,8 @@ class SubprocessMpsControl:
 
 @dataclass
 class FakeMpsControl:
-    """Scripted MPS for tests: set ``alive``/``hung``; counts resets; a reset revives it."""
+    """Scripted MPS for tests: ``alive=False`` is a crashed server, ``hung`` a hang; counts
+    resets and probes; a reset revives it (unless ``revive_on_reset`` is off)."""
 
     alive: bool | None = True
     hung: bool = False
@@ -149,7 +164,6 @@ class ErrorDetector:
     disabling_xids: frozenset[int] = DISABLING_XIDS
     recovering: bool = False
     _last_probe_s: float | None = None
-    _server_was_up: bool = False
     history: list[Fault] = field(default_factory=list)
 
     def check(self, now_s: float, xids: list[XidEvent]) -> list[Fault]:
@@ -163,11 +177,10 @@ class ErrorDetector:
             self._last_probe_s = now_s
             alive = self.mps.server_alive()
             if alive is not None and not self.recovering:
-                if self._server_was_up and not alive:
-                    faults.append(Fault("mps_server_crash", detail="MPS server process is gone"))
-                elif alive and not self.mps.probe(self.probe_timeout_s):
+                if alive is False:
+                    faults.append(Fault("mps_server_crash", detail="MPS server process is gone under its clients"))
+                elif not self.mps.probe(self.probe_timeout_s):
                     faults.append(Fault("mps_hang", detail=f"probe client did not answer in {self.probe_timeout_s:g} s"))
-                self._server_was_up = bool(alive)
         self.history.extend(faults)
         return faults
 
@@ -182,5 +195,4 @@ class ErrorDetector:
         ok = alive is None or (alive and self.mps.probe(self.probe_timeout_s))
         if ok:
             self.recovering = False
-            self._server_was_up = bool(alive)
-        return ok
+        return bool(ok)
