@@ -137,5 +137,92 @@ def ping(state_dir: str | None) -> None:
     click.echo(f"{settings.endpoint}: {version.plugin}, Slurm {version.release}")
     for p in pings:
         click.echo(f"  controller {p.hostname} ({p.mode}): {'UP' if p.up else 'DOWN'}")
+
+
+# -- the dispatcher (docs/SLURM.md "Offline pick-up", "Dispatcher") -------------------------------
+_db = click.option("--db", "db_url", envvar="MUXFLOW_DATABASE_URL", default=None,
+                   help="Feature store URL (default: MUXFLOW_DATABASE_URL, else the SQLite default).")
+
+
+def _backend(state_dir: str | None, retry_deadline_s: float):
+    """SlurmBackend from MUXFLOW_SLURM_* (else the dev cluster's unix socket and slurm.conf)."""
+    from executors.slurm.backend import SlurmBackend
+    from executors.slurm.client import SlurmRestClient
+    from executors.slurm.scontrol import ScontrolRequeue
+    from executors.slurm.settings import SlurmRestSettings
+
+    layout = DevCluster(state_dir).load_layout()
+    settings = SlurmRestSettings.from_env(os.environ, default_socket=str(layout.rest_socket) if layout else None)
+    conf = os.environ.get("SLURM_CONF") or (str(layout.slurm_conf) if layout else None)
+    return SlurmBackend(lambda: SlurmRestClient(settings, requeue_fallback=ScontrolRequeue(conf)),
+                        retry_deadline_s=retry_deadline_s)
+
+
+def _open_store(db_url: str | None):
+    from executors.store.db import Store, resolve_url
+
+    return Store(resolve_url(db_url))
+
+
+@slurm.command("register-nodes", context_settings=HELP)
+@_state_dir
+@_db
+def register_nodes(state_dir: str | None, db_url: str | None) -> None:
+    """Record Slurm's GPU nodes (gpu:<type>:<n>) as the store's nodes and GPUs."""
+    from executors.slurm.backend import register_slurm_nodes
+
+    backend = _backend(state_dir, 10.0)
+    n = register_slurm_nodes(_open_store(db_url), backend.client_factory())
+    click.echo(f"registered {n} new GPU(s)")
+
+
+@slurm.command("pickup", context_settings=HELP)
+@_state_dir
+@_db
+def pickup(state_dir: str | None, db_url: str | None) -> None:
+    """Import held offline-partition Slurm jobs into the store; reject (and cancel) bad submissions."""
+    from executors.simulated.calibration import default_catalog
+    from executors.slurm.pickup import import_submissions
+
+    backend = _backend(state_dir, 10.0)
+    rep = import_submissions(_open_store(db_url), backend.client_factory(), set(default_catalog().offline))
+    click.echo(f"imported {len(rep.imported)} job(s), rejected {len(rep.rejected)}")
+    for sid, reason in rep.rejected:
+        click.echo(f"  slurm job {sid}: {reason}")
+
+
+@slurm.command("dispatch", context_settings=HELP)
+@_state_dir
+@_db
+@click.option("--round", "round_id", type=int, required=True, help="Scheduling round whose plan to carry out.")
+@click.option("--retry-deadline", "retry_deadline_s", type=float, default=60.0, show_default=True,
+              help="Seconds to keep retrying while Slurm does not answer.")
+def dispatch(state_dir: str | None, db_url: str | None, round_id: int, retry_deadline_s: float) -> None:
+    """Carry out a stored round's plan on Slurm (idempotent: re-run after a crash to finish it)."""
+    import datetime as dt
+
+    from executors import round_runner
+    from executors.slurm.backend import SlurmUnavailable, dispatch_status
+    from executors.store import models as m
+
+    store = _open_store(db_url)
+    with store.session() as s:
+        rnd = s.get(m.SchedulingRound, round_id)
+        if rnd is None:
+            _err(f"error: no round {round_id}")
+            sys.exit(1)
+        result = round_runner.stored_result(s, rnd)
+    try:
+        ok, failed = _backend(state_dir, retry_deadline_s).dispatch(store, round_id, result,
+                                                                      dt.datetime.now(dt.UTC))
+    except SlurmUnavailable as exc:
+        _err(f"plan of round {round_id} PENDING: {exc}; run this again when Slurm answers "
+             f"({dispatch_status(store, round_id)})")
+        sys.exit(75)
+    click.echo(f"round {round_id}: {ok} action(s) done, {failed} failed ({dispatch_status(store, round_id)})")
+    if failed:
+        sys.exit(1)
+
+
 if __name__ == "__main__":  # pragma: no cover
     slurm()

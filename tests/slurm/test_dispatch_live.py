@@ -1,0 +1,260 @@
+"""The Slurm dispatcher on the live dev cluster (issue 5, part 2).
+
+- A 50-placement plan is dispatched by ``muxflow slurm dispatch`` in a child process that is
+  SIGKILLed at ≥ 20 seeded random points (after a random number of actions was sent) and
+  restarted each time; afterwards every planned job exists exactly once in Slurm, on the
+  planned node with the planned MPS share.
+- slurmctld stopped during dispatch and started again: the plan stays pending, then completes.
+- Jobs that print their environment prove the TaskProlog contract for offline and online jobs.
+- Migrate and evict: requeue-hold, then place on the new node with the new share.
+"""
+
+from __future__ import annotations
+
+import os
+import random
+import signal
+import subprocess
+import time
+
+import pytest
+from sqlalchemy import func, select
+
+from executors.slurm.backend import parse_plan_comment
+from executors.slurm.pickup import import_submissions
+from executors.store import models as m
+from tests.slurm.muxflow_helpers import (
+    GOOD_COMMENT, REPO, backend, dispatch_cmd, make_pending, make_round, make_store, register, sbatch, write_script,
+)
+
+N_JOBS = 50
+N_KILLS = 20
+SEED = 20260105
+
+
+def _held_jobs(dev_cluster, store, d, n: int, prefix: str, body: str = "sleep 300\n") -> dict[int, int]:
+    """``n`` plain sbatch submissions, imported; store job id -> Slurm job id."""
+    script = write_script(d, body)
+    sids = [sbatch(dev_cluster, script, "-p", "offline", "--gres=mps:10", "-J", f"{prefix}-{i}",
+                   f"--output={d}/%j.out", f"--comment={GOOD_COMMENT.format(name=f'{prefix}-{i}')}")
+            for i in range(n)]
+    with dev_cluster.client() as c:
+        import_submissions(store, c, None)
+    with store.session() as s:
+        rows = {j.id: j.slurm_job_id for j in s.scalars(select(m.OfflineJob).where(
+            m.OfflineJob.slurm_job_id.in_(sids)))}
+    assert sorted(rows.values()) == sorted(sids)
+    make_pending(store, list(rows))
+    return rows
+
+
+def _cancel(dev_cluster, sids) -> None:
+    with dev_cluster.client() as c:
+        for sid in sids:
+            try:
+                c.cancel(sid)
+            except Exception:
+                pass
+
+
+def _status_counts(store, round_id: int) -> dict[str, int]:
+    with store.session() as s:
+        return dict(s.execute(select(m.DispatchLog.status, func.count()).where(
+            m.DispatchLog.round_id == round_id).group_by(m.DispatchLog.status)).all())
+
+
+def _check_placed(dev_cluster, jobs: dict[int, int], plan: dict[int, tuple[str, int, int]], prefix: str) -> None:
+    with dev_cluster.client() as c:
+        slurm_jobs = [j for j in c.list_jobs() if j.name.startswith(prefix + "-")]
+    # exactly once: one Slurm job per planned job, no extra submissions
+    assert sorted(j.job_id for j in slurm_jobs) == sorted(jobs.values())
+    by_sid = {j.job_id: j for j in slurm_jobs}
+    for job_id, sid in jobs.items():
+        j = by_sid[sid]
+        node, index, pct = plan[job_id]
+        where = j.nodes if j.state == "RUNNING" else j.required_nodes
+        assert not j.held and not j.finished, (sid, j.state, j.state_reason)
+        assert where == (node,) and j.mps_pct == pct, (sid, where, j.mps_pct, node, pct)
+        p = parse_plan_comment(j.comment)
+        assert (p["job"], p["gpu"], p["pct"]) == (str(job_id), str(index), str(pct))
+
+
+def test_dispatch_survives_20_sigkills_during_a_50_placement_plan(dev_cluster, tmp_path) -> None:
+    rng = random.Random(SEED)
+    store, url = make_store(tmp_path)
+    gpus = register(store, dev_cluster)
+    d = dev_cluster.job_dir("crash")
+    prefix = f"mx-crash{os.getpid()}"
+    jobs = _held_jobs(dev_cluster, store, d, N_JOBS, prefix)
+    try:
+        keys = sorted(gpus)
+        plan = {}
+        actions = []
+        for k, job_id in enumerate(sorted(jobs)):
+            node, index = keys[k % len(keys)]
+            # Slurm 22.05 runs MPS jobs on one GPU of a node at a time (100 per node, docs/SLURM.md):
+            # 25 jobs per node at 3-4 % fit.
+            pct = (3, 4)[k % 2]
+            plan[job_id] = (node, index, pct)
+            actions.append({"action": "start", "job_id": job_id, "gpu_id": gpus[(node, index)],
+                            "from_gpu_id": None, "sm_pct": pct})
+        round_id = make_round(store, actions)
+
+        # Kill after a seeded random number of actions was sent (0 = after the intents only),
+        # plus a random few milliseconds: a random point inside the action stream each time.
+        thresholds = sorted(rng.sample(range(0, N_JOBS - 1), N_KILLS))
+        kills = 0
+        finished_early = 0
+        for t in thresholds:
+            proc = subprocess.Popen(dispatch_cmd(url, round_id), cwd=REPO, stdout=subprocess.PIPE,
+                                    stderr=subprocess.PIPE, text=True)
+            extra = rng.uniform(0, 0.05)
+            end = time.monotonic() + 120
+            while proc.poll() is None and time.monotonic() < end:
+                c = _status_counts(store, round_id)
+                if sum(c.values()) >= N_JOBS and c.get("sent", 0) + c.get("done", 0) >= t:
+                    time.sleep(extra)  # jitter, not a race: the process is killed wherever it is
+                    break
+                time.sleep(0.005)
+            if proc.poll() is None:
+                proc.send_signal(signal.SIGKILL)
+                kills += 1
+            else:
+                finished_early += 1
+            proc.communicate(timeout=30)
+            if _status_counts(store, round_id).get("done") == N_JOBS:
+                break
+        final = subprocess.run(dispatch_cmd(url, round_id), cwd=REPO, capture_output=True, text=True, timeout=300)
+        assert final.returncode == 0, final.stderr[-3000:]
+        print(f"crash test: {kills} SIGKILLs at thresholds {thresholds}, {finished_early} runs finished "
+              f"before their kill point; final: {final.stdout.strip()}")
+        assert kills >= N_KILLS
+        assert _status_counts(store, round_id) == {"done": N_JOBS}
+        with store.session() as s:
+            states = {j.state for j in s.scalars(select(m.OfflineJob).where(m.OfflineJob.id.in_(list(jobs))))}
+        assert states == {"RUNNING"}
+        _check_placed(dev_cluster, jobs, plan, prefix)
+        with dev_cluster.client() as c:
+            def all_running():
+                mine = [j for j in c.list_jobs() if j.name.startswith(prefix + "-")]
+                return all(j.state == "RUNNING" for j in mine) or sorted(
+                    {(j.state, j.state_reason) for j in mine if j.state != "RUNNING"}) and False
+
+            dev_cluster.wait_for("all 50 jobs running", all_running, timeout_s=90)
+        _check_placed(dev_cluster, jobs, plan, prefix)
+    finally:
+        _cancel(dev_cluster, jobs.values())
+
+
+def test_taskprolog_contract_offline_and_online(dev_cluster, tmp_path) -> None:
+    store, url = make_store(tmp_path)
+    gpus = register(store, dev_cluster)
+    d = dev_cluster.job_dir("taskprolog")
+    body = f"env > {d}/env.$SLURM_JOB_ID.tmp && mv {d}/env.$SLURM_JOB_ID.tmp {d}/env.$SLURM_JOB_ID\n"
+    jobs = _held_jobs(dev_cluster, store, d, 1, f"mx-tp{os.getpid()}", body)
+    (job_id, sid), = jobs.items()
+    round_id = make_round(store, [{"action": "start", "job_id": job_id, "gpu_id": gpus[("mx-a10-1", 2)],
+                                   "from_gpu_id": None, "sm_pct": 35}])
+    # an online job carrying the same plan comment must get nothing
+    online = sbatch(dev_cluster, write_script(d, body, "online.sh"), "-p", "online", "--gres=mps:20",
+                    f"--output={d}/%j.out", "--comment=muxflow-job=1 muxflow-gpu=1 muxflow-pct=20")
+    with store.session() as s:
+        from executors.round_runner import stored_result
+        result = stored_result(s, s.get(m.SchedulingRound, round_id))
+    import datetime as dt
+    ok, failed = backend(dev_cluster).dispatch(store, round_id, result, dt.datetime.now(dt.UTC))
+    assert (ok, failed) == (1, 0)
+    dev_cluster.wait_for("both jobs to print their environment",
+                         lambda: (d / f"env.{sid}").exists() and (d / f"env.{online}").exists(), timeout_s=60)
+    env = dict(line.split("=", 1) for line in (d / f"env.{sid}").read_text().splitlines() if "=" in line)
+    assert env["CUDA_VISIBLE_DEVICES"] == "2" and env["CUDA_MPS_ACTIVE_THREAD_PERCENTAGE"] == "35"
+    assert env["CUDA_MPS_PIPE_DIRECTORY"].endswith("/gpu2") and env["SLURMD_NODENAME"] == "mx-a10-1"
+    assert env["LD_PRELOAD"].endswith("executors/xcuda/build/libxcuda.so")
+    assert env["XCUDA_MEM_QUOTA_BYTES"] == str(2 * 1024**3) and env["XCUDA_GPU_INDEX"] == "2"
+    oenv = dict(line.split("=", 1) for line in (d / f"env.{online}").read_text().splitlines() if "=" in line)
+    assert "LD_PRELOAD" not in oenv and not any(k.startswith("XCUDA_") for k in oenv)
+    assert oenv.get("CUDA_VISIBLE_DEVICES", "") == ""
+
+
+def test_migrate_and_evict(dev_cluster, tmp_path) -> None:
+    store, url = make_store(tmp_path)
+    gpus = register(store, dev_cluster)
+    d = dev_cluster.job_dir("migrate")
+    prefix = f"mx-mig{os.getpid()}"
+    jobs = _held_jobs(dev_cluster, store, d, 2, prefix)
+    (a, sa), (b, sb) = sorted(jobs.items())
+    import datetime as dt
+
+    from executors.round_runner import stored_result
+    be = backend(dev_cluster)
+
+    def run_round(actions, minute):
+        rid = make_round(store, actions, dt.datetime(2030, 1, 1, tzinfo=dt.UTC) + dt.timedelta(minutes=minute))
+        with store.session() as s:
+            res = stored_result(s, s.get(m.SchedulingRound, rid))
+        return be.dispatch(store, rid, res, dt.datetime.now(dt.UTC))
+
+    try:
+        assert run_round([{"action": "start", "job_id": a, "gpu_id": gpus[("mx-t4-1", 0)], "from_gpu_id": None,
+                           "sm_pct": 30},
+                          {"action": "start", "job_id": b, "gpu_id": gpus[("mx-t4-1", 1)], "from_gpu_id": None,
+                           "sm_pct": 20}], 15 * (os.getpid() % 1000)) == (2, 0)
+        with dev_cluster.client() as c:
+            for sid in (sa, sb):
+                dev_cluster.wait_job(c, sid, lambda j: j.state == "RUNNING", "start", timeout_s=60)
+        assert run_round([{"action": "migrate", "job_id": a, "gpu_id": gpus[("mx-a10-1", 3)],
+                           "from_gpu_id": gpus[("mx-t4-1", 0)], "sm_pct": 50},
+                          {"action": "evict", "job_id": b, "gpu_id": None, "from_gpu_id": gpus[("mx-t4-1", 1)],
+                           "sm_pct": None}], 15 * (os.getpid() % 1000) + 15) == (2, 0)
+        with dev_cluster.client() as c:
+            j = dev_cluster.wait_job(c, sa, lambda j: j.state == "RUNNING", "restart on the new node", timeout_s=60)
+            assert j.nodes == ("mx-a10-1",) and j.mps_pct == 50 and j.restart_count >= 1
+            assert parse_plan_comment(j.comment)["gpu"] == "3"
+            e = c.get_job(sb)
+            assert e.held and e.state == "PENDING"
+        cl = be.cluster(store)
+        running = cl.running()
+        assert running[a].gpu_id == gpus[("mx-a10-1", 3)] and running[a].sm_pct == 50 and b not in running
+    finally:
+        _cancel(dev_cluster, jobs.values())
+
+
+def test_slurmctld_down_during_dispatch_plan_completes_after_restart(dev_cluster, tmp_path) -> None:
+    store, url = make_store(tmp_path)
+    gpus = register(store, dev_cluster)
+    d = dev_cluster.job_dir("ctld")
+    prefix = f"mx-ctld{os.getpid()}"
+    jobs = _held_jobs(dev_cluster, store, d, 4, prefix)
+    keys = sorted(gpus)
+    plan = {job_id: (*keys[k], 15) for k, job_id in enumerate(sorted(jobs))}
+    round_id = make_round(store, [{"action": "start", "job_id": j, "gpu_id": gpus[(n, i)], "from_gpu_id": None,
+                                   "sm_pct": p} for j, (n, i, p) in plan.items()],
+                          __import__("datetime").datetime(2031, 1, 1, tzinfo=__import__("datetime").UTC))
+    cluster = dev_cluster.cluster
+    rec = cluster.procs.get("slurmctld")
+    assert rec is not None and rec.running()
+    proc = None
+    try:
+        os.kill(rec.pid, signal.SIGTERM)
+        dev_cluster.wait_for("slurmctld to stop", lambda: not rec.running(), timeout_s=30)
+        # a dispatcher that gives up quickly leaves the plan pending with a clear status
+        quick = subprocess.run(dispatch_cmd(url, round_id, retry_deadline_s=2), cwd=REPO, capture_output=True,
+                               text=True, timeout=120)
+        assert quick.returncode == 75 and "PENDING" in quick.stderr, quick.stderr[-2000:]
+        with store.session() as s:
+            rows = s.scalars(select(m.DispatchLog).where(m.DispatchLog.round_id == round_id)).all()
+            assert rows and all(r.status in ("intent", "sent") and "pending" in (r.error or "") for r in rows)
+            assert s.get(m.SchedulingRound, round_id).status == "planned"
+        # a patient one, started while slurmctld is down, finishes once it is back
+        proc = subprocess.Popen(dispatch_cmd(url, round_id, retry_deadline_s=180), cwd=REPO,
+                                stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
+    finally:
+        st = cluster.up(install=False)  # restarts only what died: slurmctld
+        assert st.ok, st.problems
+    try:
+        out, err = proc.communicate(timeout=200)
+        assert proc.returncode == 0, err[-3000:]
+        assert _status_counts(store, round_id) == {"done": len(jobs)}
+        _check_placed(dev_cluster, jobs, plan, prefix)
+    finally:
+        _cancel(dev_cluster, jobs.values())
