@@ -33,13 +33,15 @@ log = logging.getLogger(__name__)
 @click.option("--mps-pipe-dir", default=None, help="CUDA_MPS_PIPE_DIRECTORY of the node's MPS control daemon.")
 @click.option("--ring-seconds", type=click.FloatRange(1, 3600), default=300.0, show_default=True,
               help="Raw samples kept in memory per GPU.")
+@click.option("--sysmonitor-config", "sm_config", type=click.Path(dir_okay=False, exists=True, path_type=Path),
+              default=None, help="SysMonitor thresholds and back-off (TOML or .json; see docs/NODE_AGENT.md).")
 @click.option("--time-scale", type=click.FloatRange(min=1e-3), default=1.0, hidden=True,
               help="Agent seconds per real second (tests: 60 makes a minute pass in one second).")
 @click.option("--seed", type=int, default=0, hidden=True)
 @click.pass_context
 def node_agent(ctx: click.Context, node: str | None, simulated: bool, db_url: str | None, interval_ms: float,
                duration: float | None, shm_dir: Path, no_shm: bool, evict_mode: str, mps_pipe_dir: str | None,
-               ring_seconds: float, time_scale: float, seed: int) -> None:
+               ring_seconds: float, sm_config: Path | None, time_scale: float, seed: int) -> None:
     """Run the node agent for the GPUs of one node until SIGTERM/SIGINT."""
     from executors.node.agent import AgentConfig
     from executors.node.wiring import build_agent
@@ -47,7 +49,16 @@ def node_agent(ctx: click.Context, node: str | None, simulated: bool, db_url: st
 
     url = db_url or (ctx.obj or {}).get("db") or resolve_url(None)
     node = node or socket.gethostname()
+    from executors.node.config import ConfigError, load_sysmonitor_config
+
     cfg = AgentConfig(interval_s=interval_ms / 1000.0, ring_window_s=ring_seconds, time_scale=time_scale)
+    if sm_config is not None:
+        try:
+            smc, idle = load_sysmonitor_config(sm_config)
+        except ConfigError as exc:
+            raise click.ClickException(str(exc)) from exc
+        cfg = AgentConfig(interval_s=cfg.interval_s, ring_window_s=cfg.ring_window_s, time_scale=time_scale,
+                          sysmonitor=smc, idle_util_pct=idle)
     requeue = None
     if evict_mode == "scontrol" or (evict_mode == "auto" and not simulated):
         from executors.slurm.scontrol import ScontrolRequeue
