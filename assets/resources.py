@@ -46,8 +46,14 @@ class ClusterResource(ConfigurableResource):
 
     kind: str = "simulated"
     seed: int = 0
-    slurm_url: str | None = None
+    slurm_url: str | None = None  # http(s)://host:port (JWT), or unix:/path/to/slurmrestd.sock (rest_auth/local)
     warmup_minutes: int = 60
+    slurm_api_version: str = "v0.0.38"
+    slurm_socket: str | None = None  # a unix socket instead of slurm_url
+    slurm_jwt_file: str | None = None  # file holding the token (else $SLURM_JWT at run time)
+    slurm_user: str | None = None  # X-SLURM-USER-NAME (default: the token's sun claim)
+    slurm_conf: str | None = None  # for `scontrol requeuehold` (no REST requeue); default $SLURM_CONF
+    slurm_retry_deadline_s: float = 60.0
 
     def backend(self) -> ClusterBackend:
         if self.kind == "simulated":
@@ -56,9 +62,33 @@ class ClusterResource(ConfigurableResource):
 
             return SimulatedBackend(SimSettings(seed=self.seed), warmup_minutes=self.warmup_minutes)
         if self.kind == "slurm":
-            raise Failure(description=f"the Slurm dispatcher ({self.slurm_url}) is not part of this build yet; "
-                                      "set cluster to 'simulated'")
+            return self._slurm_backend()
         raise Failure(description=f"unknown cluster kind {self.kind!r}")
+
+    def _slurm_backend(self) -> ClusterBackend:
+        import os
+
+        from executors.slurm.backend import SlurmBackend
+        from executors.slurm.client import SlurmRestClient
+        from executors.slurm.scontrol import ScontrolRequeue
+        from executors.slurm.settings import SlurmRestSettings
+
+        url, sock = self.slurm_url, self.slurm_socket
+        if url and url.startswith("unix:"):
+            url, sock = None, url[len("unix:"):]
+            if sock.startswith("//"):  # unix:///run/slurmrestd.sock
+                sock = sock[2:]
+        try:
+            settings = SlurmRestSettings(
+                api_version=self.slurm_api_version, unix_socket=sock, url=None if sock else url,
+                user_name=self.slurm_user, token_file=self.slurm_jwt_file,
+                token=None if (sock or self.slurm_jwt_file) else (os.environ.get("SLURM_JWT") or None),
+            )
+        except ValueError as exc:
+            raise Failure(description=f"cluster 'slurm': {exc}") from exc
+        requeue = ScontrolRequeue(self.slurm_conf or os.environ.get("SLURM_CONF"))
+        return SlurmBackend(lambda: SlurmRestClient(settings, requeue_fallback=requeue),
+                            retry_deadline_s=self.slurm_retry_deadline_s)
 
 
 class PredictorStoreResource(ConfigurableResource):

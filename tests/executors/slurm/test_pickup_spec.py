@@ -1,0 +1,61 @@
+"""The sbatch → JobSpec contract of the offline pick-up (no Slurm needed)."""
+
+from __future__ import annotations
+
+import pytest
+
+from executors.slurm.backend import Retry, SlurmUnavailable
+from executors.slurm.errors import SlurmTransportError
+from executors.slurm.models import Job
+from executors.slurm.pickup import is_candidate, spec_from_job
+from executors.submission import SubmissionError
+
+GOOD = "muxflow: type='ResNet-50 (batch size 64)' mem=4GiB gpu-types=t4,A10 ckpt=/ckpt/a steps=100 priority=5"
+
+
+def job(comment: str = GOOD, gres: str = "gres:mps:30", priority: int = 0, partition: str = "offline") -> Job:
+    return Job(job_id=42, name="train", state="PENDING", state_reason="JobHeldUser", partition=partition,
+               user_name="u", nodes=(), required_nodes=(), gres_per_node=gres, priority=priority, requeue=True,
+               restart_count=0, exit_code=None, comment=comment, working_dir="/home/u", submit_time_utc=None,
+               start_time_utc=None, end_time_utc=None)
+
+
+def test_good_comment_gives_the_spec() -> None:
+    s = spec_from_job(job())
+    assert (s.name, s.job_type, s.mem_bytes, s.allowed_gpu_types, s.checkpoint_dir, s.total_steps, s.priority) == (
+        "train", "ResNet-50 (batch size 64)", 4 * 1024**3, ("t4", "a10"), "/ckpt/a", 100, 5)
+
+
+@pytest.mark.parametrize(("comment", "gres", "field"), [
+    ("", "gres:mps:30", "comment"),
+    ("muxflow: type=x mem=1GiB gpu-types=t4 ckpt=/c", "gres:mps:30", "steps"),
+    (GOOD, "", "gres"),
+    (GOOD, "gres:mps:101", "gres"),
+    (GOOD, "gres:gpu:1", "gres"),
+    (GOOD + " steps=7", "gres:mps:30", "steps"),
+    ("muxflow: type=x bogus=1", "gres:mps:30", "comment"),
+    ("muxflow: type='unterminated", "gres:mps:30", "comment"),
+    (GOOD.replace("mem=4GiB", "mem=lots"), "gres:mps:30", "mem"),
+])
+def test_missing_or_contradictory_options_are_rejected(comment, gres, field) -> None:
+    with pytest.raises(SubmissionError) as exc:
+        spec_from_job(job(comment, gres))
+    assert exc.value.field == field
+
+
+def test_only_held_offline_jobs_are_candidates() -> None:
+    assert is_candidate(job())
+    assert not is_candidate(job(priority=100))
+    assert not is_candidate(job(partition="online"))
+
+
+def test_retry_backs_off_then_gives_up_with_slurm_unavailable() -> None:
+    waits: list[float] = []
+    r = Retry(deadline_s=1.0, first_wait_s=0.1, max_wait_s=0.4, sleep=waits.append)
+
+    def down():
+        raise SlurmTransportError("connection refused")
+
+    with pytest.raises(SlurmUnavailable):
+        r.call("x", down)
+    assert waits[:3] == [0.1, 0.2, 0.4] and all(w <= 0.4 for w in waits)
