@@ -9,7 +9,7 @@ STAMP := $(VENV)/.installed-stamp
 export DAGSTER_HOME ?= $(CURDIR)/.dagster_home
 UI_PORT ?= 3000
 
-.PHONY: install run ui test bench clean
+.PHONY: install run ui test test-gpu bench clean
 
 install: $(STAMP)
 
@@ -41,6 +41,10 @@ test: install xcuda
 	bash .ci/ensure_browser.sh
 	bash .ci/ensure_slurm.sh
 	$(PY) -m pytest -q
+
+# NVML node-agent tests on a GPU node (fail, not skip, if the driver is missing).
+test-gpu: install
+	MUXFLOW_REQUIRE_GPU=1 $(PY) -m pytest -q -rs tests/gpu
 
 bench: install
 	$(VENV)/bin/muxflow bench round
