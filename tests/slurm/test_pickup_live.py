@@ -72,3 +72,17 @@ def test_sbatch_offline_is_held_imported_once_and_bad_ones_rejected(dev_cluster,
                             capture_output=True, text=True, timeout=120)
     assert listed.returncode == 0, listed.stderr
     assert "rejected: gres" in listed.stdout and "FAILED" in listed.stdout and "mx-good" in listed.stdout
+
+
+def test_a_user_cannot_release_a_held_offline_job_by_hand(dev_cluster) -> None:
+    env = {**__import__("os").environ, **dev_cluster.cluster.slurm_env(dev_cluster.layout)}
+    sub = subprocess.run(["runuser", "-u", "nobody", "--", "sbatch", "--parsable", "-p", "offline", "-o", "/dev/null",
+                          "--wrap", "true"], env=env, capture_output=True, text=True, timeout=30, cwd="/tmp")
+    assert sub.returncode == 0, sub.stderr
+    sid = int(sub.stdout.strip())
+    rel = subprocess.run(["runuser", "-u", "nobody", "--", "scontrol", "release", str(sid)], env=env,
+                         capture_output=True, text=True, timeout=30, cwd="/tmp")
+    assert rel.returncode != 0
+    with dev_cluster.client() as c:
+        assert c.get_job(sid).held
+        c.cancel(sid)

@@ -37,7 +37,7 @@ NODE_SRC = Path(__file__).resolve().parents[1] / "node"
 XCUDA_LIB = Path(__file__).resolve().parents[2] / "xcuda" / "build" / "libxcuda.so"
 
 
-def install_node_scripts(layout: DevClusterLayout) -> None:
+def install_node_scripts(layout: DevClusterLayout, slurm_user_uid: int) -> None:
     """Install ``job_submit.lua`` next to slurm.conf and the Prolog/TaskProlog/Epilog (docs/SLURM.md)."""
     layout.node_script_dir.mkdir(parents=True, exist_ok=True)
     os.chmod(layout.node_script_dir, 0o755)
@@ -45,7 +45,8 @@ def install_node_scripts(layout: DevClusterLayout) -> None:
         dst = layout.node_script_dir / name
         dst.write_text((NODE_SRC / name).read_text().replace("@XCUDA_LIB@", str(XCUDA_LIB)))
         os.chmod(dst, 0o755)
-    layout.job_submit_lua.write_text((NODE_SRC / "job_submit.lua").read_text())
+    layout.job_submit_lua.write_text((NODE_SRC / "job_submit.lua").read_text()
+                                     .replace("@SLURM_USER_UID@", str(int(slurm_user_uid))))
     os.chmod(layout.job_submit_lua, 0o644)
 
 
@@ -237,7 +238,7 @@ class DevCluster:
             layout = self._new_layout(previous)
             self._check_ports(layout)
             prepare_state(layout, pw.pw_uid, pw.pw_gid)
-            install_node_scripts(layout)
+            install_node_scripts(layout, pw.pw_uid)
             self._forget_records()
             self.echo(f"starting the dev Slurm cluster in {self.state_dir} (subnet {layout.subnet})")
         else:

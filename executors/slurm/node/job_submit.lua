@@ -7,6 +7,9 @@
 
 local OFFLINE = "offline"
 local DEFAULT_IS_OFFLINE = true
+-- Who may release a held offline job: root and SlurmUser (slurmrestd over the unix socket runs
+-- as SlurmUser; `dev-up` fills in its uid).
+local RELEASERS = { [0] = true, [@SLURM_USER_UID@] = true }
 
 local function is_offline(part)
    if part == nil or part == "" then
@@ -31,6 +34,13 @@ function slurm_job_submit(job_desc, part_list, submit_uid)
 end
 
 function slurm_job_modify(job_desc, job_rec, part_list, modify_uid)
+   -- `scontrol release` / `hold: false` set a non-zero priority: only MuxFlow may do that to a
+   -- held offline job (it places it first).
+   if is_offline(job_rec.partition) and job_rec.priority == 0 and job_desc.priority ~= nil
+      and job_desc.priority ~= 0 and job_desc.priority ~= slurm.NO_VAL and not RELEASERS[modify_uid] then
+      slurm.log_user("offline jobs wait for MuxFlow to place them; they cannot be released by hand")
+      return slurm.ERROR
+   end
    return slurm.SUCCESS
 end
 
