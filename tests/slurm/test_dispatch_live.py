@@ -258,3 +258,65 @@ def test_slurmctld_down_during_dispatch_plan_completes_after_restart(dev_cluster
         _check_placed(dev_cluster, jobs, plan, prefix)
     finally:
         _cancel(dev_cluster, jobs.values())
+
+
+def test_pytorch_job_migrated_three_times_ends_like_an_unmigrated_run(dev_cluster, tmp_path) -> None:
+    """A small CPU PyTorch job (executors.runtime.example_train) moved t4 → a10 → t4 → a10 by MIGRATE actions."""
+    import datetime as dt
+    import json
+    import sys
+
+    from executors.round_runner import stored_result
+    from executors.runtime import CheckpointStore
+
+    steps = "240"
+    ref_out = tmp_path / "ref.json"
+    ref = subprocess.run([sys.executable, "-m", "executors.runtime.example_train", "--ckpt", str(tmp_path / "ref"),
+                          "--out", str(ref_out), "--steps", steps, "--every", "20"], cwd=REPO, timeout=120)
+    assert ref.returncode == 0
+    want = json.loads(ref_out.read_text())
+
+    store, url = make_store(tmp_path)
+    gpus = register(store, dev_cluster)
+    d = dev_cluster.job_dir("migrate-torch")
+    ckpt, out = d / "ckpt", d / "result.json"
+    body = (f"cd {REPO}\nexec {sys.executable} -m executors.runtime.example_train --ckpt {ckpt} --out {out} "
+            f"--steps {steps} --every 20 --iter-ms 60\n")
+    jobs = _held_jobs(dev_cluster, store, d, 1, f"mx-torch{os.getpid()}", body)
+    (job_id, sid), = jobs.items()
+    be = backend(dev_cluster)
+    base = dt.datetime(2032, 1, 1, tzinfo=dt.UTC) + dt.timedelta(hours=os.getpid() % 1000)
+    route = [("mx-t4-1", 0, 40), ("mx-a10-1", 1, 30), ("mx-t4-1", 2, 50), ("mx-a10-1", 3, 20)]
+
+    def run_round(k: int, action: str, prev):
+        node, index, pct = route[k]
+        rid = make_round(store, [{"action": action, "job_id": job_id, "gpu_id": gpus[(node, index)],
+                                  "from_gpu_id": gpus[prev] if prev else None, "sm_pct": pct}],
+                         base + dt.timedelta(minutes=15 * k))
+        with store.session() as s:
+            res = stored_result(s, s.get(m.SchedulingRound, rid))
+        assert be.dispatch(store, rid, res, dt.datetime.now(dt.UTC)) == (1, 0)
+
+    try:
+        with dev_cluster.client() as c:
+            run_round(0, "start", None)
+            resumed_at = 0
+            for k in range(1, 4):
+                node, index, pct = route[k - 1]
+                dev_cluster.wait_job(c, sid, lambda j, n=node: j.state == "RUNNING" and j.nodes == (n,),
+                                     f"running on {node}", timeout_s=60)
+                # let it make progress past its last checkpoint before moving it
+                dev_cluster.wait_for("training progress", lambda r=resumed_at: (ckpt / "progress").exists() and int(
+                    (ckpt / "progress").read_text() or 0) > r + 25, timeout_s=60)
+                run_round(k, "migrate", (node, index))
+                latest = CheckpointStore(ckpt).latest()
+                assert latest is not None and latest[0] > resumed_at
+                resumed_at = latest[0]
+            node, index, pct = route[3]
+            j = dev_cluster.wait_job(c, sid, lambda j: j.finished, "the migrated job to finish", timeout_s=120)
+            assert j.state == "COMPLETED" and j.nodes == (node,) and j.restart_count == 3, (j.state, j.nodes,
+                                                                                           j.restart_count)
+        got = json.loads(out.read_text())
+        assert got == want
+    finally:
+        _cancel(dev_cluster, jobs.values())
