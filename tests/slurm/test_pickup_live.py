@@ -32,41 +32,48 @@ def test_sbatch_offline_is_held_imported_once_and_bad_ones_rejected(dev_cluster,
     twice = sbatch(dev_cluster, script, "-p", "offline", "--gres=mps:20", "-J", "mx-twice", out,
                    "--comment=muxflow: type=x steps=1 steps=2")
     online = sbatch(dev_cluster, script, "-p", "online", "-J", "mx-online", out)
+    try:
 
-    with dev_cluster.client() as c:
-        # job_submit.lua: every offline job waits held; the online one is not held.
-        for sid in (good, no_spec, too_big, bad_type, no_gres, twice):
-            j = c.get_job(sid)
-            assert j.held and j.state == "PENDING", (sid, j.state, j.state_reason)
-        assert not c.get_job(online).held
+        with dev_cluster.client() as c:
+            # job_submit.lua: every offline job waits held; the online one is not held.
+            for sid in (good, no_spec, too_big, bad_type, no_gres, twice):
+                j = c.get_job(sid)
+                assert j.held and j.state == "PENDING", (sid, j.state, j.state_reason)
+            assert not c.get_job(online).held
 
-        known = set(default_catalog().offline)
-        rep = import_submissions(store, c, known)
-        again = import_submissions(store, c, known)
-        mine = {good, no_spec, too_big, bad_type, no_gres, twice}
-        assert not [i for i in again.imported] and not [r for r in again.rejected if r[0] in mine]
+            known = set(default_catalog().offline)
+            rep = import_submissions(store, c, known)
+            again = import_submissions(store, c, known)
+            mine = {good, no_spec, too_big, bad_type, no_gres, twice}
+            assert not [i for i in again.imported] and not [r for r in again.rejected if r[0] in mine]
 
-        with store.session() as s:
-            rows = {j.slurm_job_id: j for j in s.scalars(select(m.OfflineJob).where(
-                m.OfflineJob.slurm_job_id.in_(mine)))}
-            assert set(rows) == mine
-            g = rows[good]
-            assert (g.state, g.job_type, g.mem_bytes, sorted(g.allowed_gpu_types), g.checkpoint_dir,
-                    g.total_steps) == ("SUBMITTED", "ResNet-50 (batch size 64)", 2 * 1024**3, ["a10", "t4"],
-                                       "/ckpt/good", 1000)
-            reasons = {sid: rows[sid].state_reason for sid in mine - {good}}
-            assert all(rows[sid].state == "FAILED" for sid in reasons)
-        assert "comment" in reasons[no_spec] and "mps:150" in reasons[too_big]
-        assert "v100" in reasons[bad_type] and "gres" in reasons[no_gres] and "twice" in reasons[twice]
-        assert all(r.startswith("rejected: ") for r in reasons.values())
-        assert {sid for sid, _ in rep.rejected} >= mine - {good}
+            with store.session() as s:
+                rows = {j.slurm_job_id: j for j in s.scalars(select(m.OfflineJob).where(
+                    m.OfflineJob.slurm_job_id.in_(mine)))}
+                assert set(rows) == mine
+                g = rows[good]
+                assert (g.state, g.job_type, g.mem_bytes, sorted(g.allowed_gpu_types), g.checkpoint_dir,
+                        g.total_steps) == ("SUBMITTED", "ResNet-50 (batch size 64)", 2 * 1024**3, ["a10", "t4"],
+                                           "/ckpt/good", 1000)
+                reasons = {sid: rows[sid].state_reason for sid in mine - {good}}
+                assert all(rows[sid].state == "FAILED" for sid in reasons)
+            assert "comment" in reasons[no_spec] and "mps:150" in reasons[too_big]
+            assert "v100" in reasons[bad_type] and "gres" in reasons[no_gres] and "twice" in reasons[twice]
+            assert all(r.startswith("rejected: ") for r in reasons.values())
+            assert {sid for sid, _ in rep.rejected} >= mine - {good}
 
-        for sid in mine - {good}:
-            j = c.get_job(sid)
-            assert j.state == "CANCELLED" and "rejected" in j.comment, (sid, j.state, j.comment)
-        assert c.get_job(good).held  # still waiting for its placement
-        c.cancel(good)
-        c.cancel(online)
+            for sid in mine - {good}:
+                j = c.get_job(sid)
+                assert j.state == "CANCELLED" and "rejected" in j.comment, (sid, j.state, j.comment)
+            assert c.get_job(good).held  # still waiting for its placement
+
+    finally:
+        with dev_cluster.client() as c:
+            for sid in (good, online):
+                try:
+                    c.cancel(sid)
+                except Exception:
+                    pass
 
     listed = subprocess.run([sys.executable, "-m", "pipelines.cli", "--db", url, "jobs", "list"], cwd=REPO,
                             capture_output=True, text=True, timeout=120)

@@ -150,7 +150,8 @@ def test_slurm_errors_surface_with_their_messages(dev_cluster) -> None:
         with pytest.raises(SlurmRestError, match='Disabled key: "required_nodes"'):
             c.request("POST", c.api.job_path(1), body={"required_nodes": "mx-t4-1"})
         with pytest.raises(SlurmRestError, match="Requested node configuration is not available"):
-            c.submit(JobSpec(name="mx-bad-gres", script="#!/bin/sh\ntrue\n", partition="offline",
+            # (profile: a held offline job, see job_submit.lua, is not checked against the nodes at submission)
+            c.submit(JobSpec(name="mx-bad-gres", script="#!/bin/sh\ntrue\n", partition="profile",
                              gres_per_node="gpu:v100:1"))
 
 
