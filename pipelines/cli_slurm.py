@@ -224,5 +224,56 @@ def dispatch(state_dir: str | None, db_url: str | None, round_id: int, retry_dea
         sys.exit(1)
 
 
+@slurm.command("submit", context_settings=HELP)
+@_state_dir
+@_db
+@click.option("--script", "script_path", required=True, type=click.Path(exists=True, dir_okay=False),
+              help="Batch script (must start with #!).")
+@click.option("--name", required=True)
+@click.option("--job-type", required=True)
+@click.option("--mem", "mem_text", required=True, help="GPU memory, e.g. 4GiB.")
+@click.option("--gpu-types", required=True, help="Allowed GPU types, comma-separated.")
+@click.option("--checkpoint-dir", required=True)
+@click.option("--steps", type=int, required=True)
+@click.option("--mps", "mps_pct", type=int, default=30, show_default=True, help="Requested MPS share (1..100).")
+@click.option("--priority", type=int, default=0, show_default=True)
+def submit(state_dir, db_url, script_path, name, job_type, mem_text, gpu_types, checkpoint_dir, steps, mps_pct,
+           priority) -> None:
+    """The same as `sbatch -p offline --gres=mps:N --comment="muxflow: …"`, validated first, then picked up."""
+    import shlex
+    from pathlib import Path
+
+    from executors.simulated.calibration import default_catalog
+    from executors.slurm.pickup import COMMENT_PREFIX, import_submissions
+    from executors.slurm.spec import JobSpec as SlurmJobSpec
+    from executors.store import repo
+    from executors.submission import JobSpec, SubmissionError, parse_size_bytes, validate
+
+    store = _open_store(db_url)
+    known = set(default_catalog().offline)
+    types = tuple(t.strip().lower() for t in gpu_types.split(",") if t.strip())
+    try:
+        spec = JobSpec(name=name, command=str(script_path), job_type=job_type, mem_bytes=parse_size_bytes(mem_text),
+                       allowed_gpu_types=types, checkpoint_dir=checkpoint_dir, total_steps=steps, priority=priority)
+        with store.session() as s:
+            validate(spec, repo.gpu_type_names(s), known)
+        if not 1 <= mps_pct <= 100:
+            raise SubmissionError("mps", f"must be within 1..100, got {mps_pct}")
+    except SubmissionError as exc:
+        _err(f"error: {exc}")
+        sys.exit(2)
+    comment = (f"{COMMENT_PREFIX} type={shlex.quote(job_type)} mem={shlex.quote(mem_text)} "
+               f"gpu-types={','.join(types)} ckpt={shlex.quote(checkpoint_dir)} steps={steps} "
+               f"priority={priority} name={shlex.quote(name)}")
+    script = Path(script_path).read_text()
+    client = _backend(state_dir, 10.0).client_factory()
+    res = client.submit(SlurmJobSpec(name=name, script=script, partition="offline", hold=True,
+                                     gres_per_node=f"mps:{mps_pct}", comment=comment,
+                                     working_dir=str(Path(script_path).resolve().parent),
+                                     environment={"PATH": os.environ.get("PATH", "/usr/bin:/bin")}))
+    rep = import_submissions(store, client, known)
+    click.echo(f"submitted Slurm job {res.job_id} (held for placement); imported {len(rep.imported)} job(s)")
+
+
 if __name__ == "__main__":  # pragma: no cover
     slurm()

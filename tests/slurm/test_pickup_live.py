@@ -93,3 +93,24 @@ def test_a_user_cannot_release_a_held_offline_job_by_hand(dev_cluster) -> None:
     with dev_cluster.client() as c:
         assert c.get_job(sid).held
         c.cancel(sid)
+
+
+def test_muxflow_slurm_submit_does_the_same_as_sbatch(dev_cluster, tmp_path) -> None:
+    store, url = make_store(tmp_path)
+    register(store, dev_cluster)
+    d = dev_cluster.job_dir("cli-submit")
+    script = write_script(d, "true\n")
+    args = ["submit", "--db", url, "--script", str(script), "--name", "mx-cli", "--job-type", "A3C",
+            "--mem", "1GiB", "--gpu-types", "t4", "--checkpoint-dir", "/ckpt/cli", "--steps", "10", "--mps", "25"]
+    out = dev_cluster.cli(*args)
+    assert out.returncode == 0, out.stderr
+    with store.session() as s:
+        job = s.scalars(select(m.OfflineJob).where(m.OfflineJob.name == "mx-cli")).one()
+        sid = job.slurm_job_id
+        assert (job.job_type, job.mem_bytes, job.allowed_gpu_types, job.total_steps) == ("A3C", 1024**3, ["t4"], 10)
+    with dev_cluster.client() as c:
+        j = c.get_job(sid)
+        assert j.held and j.mps_pct == 25 and j.partition == "offline"
+        c.cancel(sid)
+    bad = dev_cluster.cli(*[a if a != "t4" else "v100" for a in args])
+    assert bad.returncode == 2 and "gpu_types" in bad.stderr
