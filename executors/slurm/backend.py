@@ -42,6 +42,7 @@ from executors import round_runner
 from executors.cluster import DispatchResult, IntervalReport, RunningJob
 from executors.slurm.errors import SlurmError, SlurmRestError, SlurmTransportError
 from executors.slurm.models import PENDING, RUNNING, Job
+from executors.slurm.scontrol import ScontrolError
 from executors.slurm.spec import JobUpdate
 from executors.store import models as m
 from scheduler_core.domain import Action, PlanAction, RoundResult
@@ -74,7 +75,7 @@ def parse_plan_comment(comment: str | None) -> dict[str, str]:
 def _transient(exc: Exception) -> bool:
     if isinstance(exc, SlurmTransportError):
         return True
-    if isinstance(exc, SlurmRestError):
+    if isinstance(exc, SlurmRestError | ScontrolError):
         text = str(exc).lower()
         # slurmrestd up but slurmctld down: "Unable to contact slurm controller", connection refused…
         return any(w in text for w in ("contact", "connect", "timed out", "timeout", "unable to load",
@@ -167,8 +168,8 @@ class SlurmCluster:
                 detail = self._one(act)
                 results.append(DispatchResult(act, True, detail))
                 self._mark_sent(act, detail)
-            except (ActionFailed, SlurmRestError) as exc:
-                if isinstance(exc, SlurmRestError) and _transient(exc):
+            except (ActionFailed, SlurmError) as exc:
+                if isinstance(exc, SlurmError) and _transient(exc):
                     raise SlurmUnavailable(str(exc)) from exc
                 log.warning("action %s failed: %s", act, exc)
                 results.append(DispatchResult(act, False, str(exc)))

@@ -59,3 +59,20 @@ def test_retry_backs_off_then_gives_up_with_slurm_unavailable() -> None:
     with pytest.raises(SlurmUnavailable):
         r.call("x", down)
     assert waits[:3] == [0.1, 0.2, 0.4] and all(w <= 0.4 for w in waits)
+
+
+def test_scontrol_failures_while_slurmctld_is_down_are_retried() -> None:
+    from executors.slurm.scontrol import ScontrolError
+
+    calls = []
+
+    def flaky():
+        calls.append(1)
+        if len(calls) < 3:
+            raise ScontrolError("scontrol requeuehold 5: Unable to contact slurm controller (connect failure)")
+        return "ok"
+
+    assert Retry(deadline_s=30, first_wait_s=0.01, sleep=lambda _s: None).call("x", flaky) == "ok"
+    with pytest.raises(ScontrolError):
+        Retry(deadline_s=30, sleep=lambda _s: None).call("x", lambda: (_ for _ in ()).throw(
+            ScontrolError("scontrol requeuehold 5: Invalid job id specified")))
