@@ -44,6 +44,8 @@ def build_predictor_assets(gpu_types: tuple[str, ...]) -> tuple[list, StaticPart
                 "gpu_type": gtype, "version": t.version, "training_samples": t.n_train,
                 "holdout_samples": t.n_holdout, "holdout_mae_norm_tput": round(t.holdout_mae_tput, 4),
                 "holdout_mae_online_slowdown": round(t.holdout_mae_slowdown, 4), "trained_on": t.trained_on,
+                **({"holdout_mape_norm_tput_pct": round(100 * t.holdout_mape_tput, 2)}
+                   if t.holdout_mape_tput is not None else {}),
             },
             check_results=[AssetCheckResult(
                 check_name=CHECK, passed=ok, severity=AssetCheckSeverity.ERROR,

@@ -210,6 +210,8 @@ def _round_metadata(rnd: m.SchedulingRound, result) -> dict:
         "start": counts.get("start", 0), "keep": counts.get("keep", 0),
         "migrate": counts.get("migrate", 0), "evict": counts.get("evict", 0),
         "matching_ms": round(1000 * result.timings_s.get("matching", 0.0), 2),
+        "certified_optimal": bool(rnd.certified_optimal),
+        "optimality_gap_bound": rnd.optimality_gap_bound if rnd.optimality_gap_bound is not None else -1.0,
         "round_ms": round(1000 * result.timings_s.get("total", 0.0), 2),
         "predictor_versions": MetadataValue.json(rnd.snapshot.get("predictor_versions", {})),
         "cluster": "SIMULATED" if rnd.simulated else "real",

@@ -86,6 +86,7 @@ class TrainOutcome:
     holdout_mae_slowdown: float
     promoted: bool
     trained_on: str
+    holdout_mape_tput: float | None = None
 
 
 def training_matrix(rows: list[m.ColocationSample], gpu_type: str) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
@@ -110,7 +111,7 @@ def train_candidate(store: Store, gpu_type: str, cfg: PredictorConfig = Predicto
         trained_on = "simulated" if methods == {"simulated"} else ("measured" if "simulated" not in methods else "mixed")
         row = repo.save_model(s, gpu_type, model, cfg, report, False, trained_on)
         return TrainOutcome(gpu_type, row.version, report.n_train, report.n_holdout, report.holdout_mae_tput,
-                            report.holdout_mae_slowdown, False, trained_on)
+                            report.holdout_mae_slowdown, False, trained_on, row.holdout_mape_tput)
 
 
 @dataclass(frozen=True)

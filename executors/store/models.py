@@ -255,6 +255,8 @@ class PredictorModel(Base):
     n_holdout: Mapped[int] = mapped_column(Integer)
     holdout_mae_tput: Mapped[float] = mapped_column(Float)
     holdout_mae_slowdown: Mapped[float] = mapped_column(Float)
+    holdout_mape_tput: Mapped[float | None] = mapped_column(Float, nullable=True)
+    holdout_mape_slowdown: Mapped[float | None] = mapped_column(Float, nullable=True)
     promoted: Mapped[bool] = mapped_column(Boolean, default=False)
     trained_on: Mapped[str] = mapped_column(String(16))  # simulated | measured | mixed
     created_utc: Mapped[dt.datetime] = mapped_column(UtcDateTime, default=utcnow)
@@ -280,6 +282,10 @@ class SchedulingRound(Base):
     simulated: Mapped[bool] = mapped_column(Boolean, default=False)
     # The plan diff as dispatched: [{"action", "job_id", "gpu_id", "from_gpu_id", "sm_pct"}, ...]
     plan_actions: Mapped[list] = mapped_column(JSON, default=list)
+    # The matching's optimality proof (dual certificate checked on every feasible pair).
+    certified_optimal: Mapped[bool] = mapped_column(Boolean, default=False)
+    optimality_gap_bound: Mapped[float | None] = mapped_column(Float, nullable=True)
+    stats: Mapped[dict] = mapped_column(JSON, default=dict)  # solver and pair-building figures
     __table_args__ = (
         CheckConstraint("status IN ('planned', 'dispatched', 'failed')", name="status_valid"),
     )

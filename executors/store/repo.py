@@ -128,6 +128,8 @@ def save_model(
         gpu_type=gpu_type, version=version, blob=model.to_bytes(), config=asdict(cfg),
         feature_ranges=report.feature_ranges, n_train=report.n_train, n_holdout=report.n_holdout,
         holdout_mae_tput=report.holdout_mae_tput, holdout_mae_slowdown=report.holdout_mae_slowdown,
+        holdout_mape_tput=_finite_or_none(report.holdout_mape_tput),
+        holdout_mape_slowdown=_finite_or_none(report.holdout_mape_slowdown),
         promoted=promoted, trained_on=trained_on,
     )
     s.add(row)
@@ -195,6 +197,8 @@ def record_round(
         objective=result.objective,
         predicted_oversold=(n_pred / len(result.placements)) if result.placements else None,
         action_counts=result.action_counts(), timings_s=result.timings_s, snapshot=snapshot, simulated=simulated,
+        certified_optimal=bool(result.certified_optimal), optimality_gap_bound=result.optimality_gap_bound,
+        stats=_json_safe(result.stats),
         plan_actions=[
             {"action": a.action.value, "job_id": a.job_id, "gpu_id": a.gpu_id, "from_gpu_id": a.from_gpu_id,
              "sm_pct": a.sm_pct}
@@ -281,3 +285,26 @@ def predicted_vs_realised(s: Session, round_id: int) -> list[dict]:
         {"job_id": j, "gpu_id": g, "action": a, "predicted": float(p), "realised": float(solo) / float(wall)}
         for j, g, a, p, solo, wall in rows if wall and wall > 0
     ]
+
+
+def _finite_or_none(x: float | None) -> float | None:
+    return float(x) if x is not None and np.isfinite(x) else None
+
+
+def _json_safe(d: dict) -> dict:
+    """Solver statistics as plain JSON (numpy scalars → Python, non-finite → None)."""
+    out = {}
+    for k, v in (d or {}).items():
+        if isinstance(v, dict):
+            out[str(k)] = _json_safe(v)
+        elif isinstance(v, (bool, np.bool_)):
+            out[str(k)] = bool(v)
+        elif isinstance(v, (int, np.integer)):
+            out[str(k)] = int(v)
+        elif isinstance(v, (float, np.floating)):
+            out[str(k)] = float(v) if np.isfinite(v) else None
+        elif isinstance(v, (str, type(None))):
+            out[str(k)] = v
+        else:
+            out[str(k)] = str(v)
+    return out

@@ -162,6 +162,8 @@ def test_round_partition_plans_dispatches_and_observes(cluster_store: Store, tmp
     assert plan["warmup_minutes_recorded"] == 60 and plan["replayed_from_snapshot"] is False
     assert plan["cluster"] == "SIMULATED"
     assert "matching_ms" in plan and plan["predictor_versions"] == {"a10": 1, "t4": 1}
+    assert plan["certified_optimal"] is True and plan["optimality_gap_bound"] == pytest.approx(0.0, abs=1e-6)
+    assert rnd.certified_optimal is True
     feasible = dagster_instance.event_log_storage.get_latest_asset_check_execution_by_key(
         [_check_key("placement_plan", "plan_feasible")])
     assert list(feasible.values())[0].status.value == "SUCCEEDED"
@@ -271,6 +273,6 @@ def test_feature_store_resource_refuses_an_unmigrated_store(empty_db_url: str, t
                if e.is_failure)
 
 
-def test_failure_is_raised_for_a_slurm_cluster_in_this_build() -> None:
-    with pytest.raises(Failure, match="Slurm dispatcher"):
-        ClusterResource(kind="slurm", slurm_url="unix:///run/slurmrestd.sock").backend()
+def test_unknown_cluster_kind_fails_clearly() -> None:
+    with pytest.raises(Failure, match="unknown cluster kind 'kubernetes'"):
+        ClusterResource(kind="kubernetes").backend()
