@@ -12,7 +12,11 @@
         CUresult gate_ = xc_gate((uint64_t)(cost));                   \
         if (XC_UNLIKELY(gate_ != CUDA_SUCCESS))                       \
             return gate_;                                             \
-        return xc_real_##name args;                                   \
+        if (XC_UNLIKELY(!xc_launch_enter()))                          \
+            return xc_gate_frozen();                                  \
+        CUresult rc_ = xc_real_##name args;                           \
+        xc_launch_leave();                                            \
+        return rc_;                                                   \
     }                                                                 \
     XC_EXPORT(name)
 #include "hooks.def"

@@ -175,6 +175,7 @@ void xc_pacing_atfork_child(void)
     pthread_mutex_init(&ctl_lock, NULL);
     atomic_store(&ctl_state, CTL_NONE);
     atomic_store(&xc_pace.frozen, 0);
+    atomic_store(&xc_pace.in_flight, 0);  /* only the forking thread exists in the child */
     /* No controller in the child yet: the next launch takes the slow path and starts one. */
     atomic_store(&xc_pace.granted, atomic_load(&xc_pace.taken));
 }

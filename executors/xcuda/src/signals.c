@@ -193,6 +193,21 @@ static void pass_on(void)
     atomic_store(&xc_exit_state, XC_EXIT_DONE);
 }
 
+#define DRAIN_TIMEOUT_MS 2000
+
+/* Waits until no launch is between the gate and the driver's return (they
+ * see `frozen` from now on and never enter). 1 when drained in time. */
+static int drain_launches_in_flight(void)
+{
+    for (int waited_us = 0; waited_us < DRAIN_TIMEOUT_MS * 1000; waited_us += 100) {
+        if (atomic_load_explicit(&xc_pace.in_flight, memory_order_seq_cst) == 0)
+            return 1;
+        struct timespec ts = {0, 100000};
+        nanosleep(&ts, NULL);
+    }
+    return atomic_load_explicit(&xc_pace.in_flight, memory_order_seq_cst) == 0;
+}
+
 static void *exit_worker(void *arg)
 {
     (void)arg;
@@ -203,6 +218,9 @@ static void *exit_worker(void *arg)
             continue;
         const char *name = exit_sig == SIGINT ? "SIGINT" : "SIGTERM";
         xc_log(XC_LOG_INFO, "%s: kernel launches frozen; synchronizing and releasing the CUDA context(s)", name);
+        if (!drain_launches_in_flight())
+            xc_log(XC_LOG_WARN, "%s: a kernel launch is still inside the driver after %d ms; releasing anyway",
+                   name, DRAIN_TIMEOUT_MS);
         int n = xc_ctx_release_all();
         if (!atomic_load(&passed_on)) {
             xc_log(XC_LOG_INFO, "%s: %d context(s) released; passing the signal on", name, n);

@@ -40,6 +40,7 @@ struct xc_pace {
     _Alignas(64) _Atomic uint64_t taken;
     _Alignas(64) _Atomic uint64_t granted;
     _Atomic int frozen;         /* graceful exit in progress */
+    _Alignas(64) _Atomic uint64_t in_flight; /* launches past the gate, not yet returned from the driver */
     _Atomic uint64_t rate_milli; /* current paced rate x 1000; 0 = open */
     _Alignas(64) _Atomic uint64_t waits;
     _Atomic uint64_t waited_ns;
@@ -60,6 +61,25 @@ static inline CUresult xc_gate(uint64_t cost)
     if (XC_LIKELY(ticket <= atomic_load_explicit(&xc_pace.granted, memory_order_relaxed)))
         return CUDA_SUCCESS;
     return xc_gate_wait(ticket);
+}
+
+/* Brackets the driver call of a launch that passed the gate. The graceful exit
+ * sets `frozen`, then waits for `in_flight` to drain before it synchronises:
+ * with both sides sequentially consistent, either the launch sees `frozen` here
+ * or the exit sees it in flight and waits (no launch reaches a released context). */
+static inline int xc_launch_enter(void)
+{
+    atomic_fetch_add_explicit(&xc_pace.in_flight, 1, memory_order_seq_cst);
+    if (XC_UNLIKELY(atomic_load_explicit(&xc_pace.frozen, memory_order_seq_cst))) {
+        atomic_fetch_sub_explicit(&xc_pace.in_flight, 1, memory_order_release);
+        return 0;
+    }
+    return 1;
+}
+
+static inline void xc_launch_leave(void)
+{
+    atomic_fetch_sub_explicit(&xc_pace.in_flight, 1, memory_order_release);
 }
 
 /* signals.c */
