@@ -44,6 +44,19 @@ class Thresholds:
     def all_below(self, s: GpuSample) -> bool:
         return not self.reached_by(s)
 
+    def reasons(self, s: GpuSample) -> list[str]:
+        """Each metric of ``s`` that reaches its threshold, as one readable line (for eviction records)."""
+        out = []
+        if s.gpu_util_pct >= self.gpu_util_pct:
+            out.append(f"gpu_util {s.gpu_util_pct:.1f}% >= {self.gpu_util_pct:g}%")
+        if s.sm_activity_pct >= self.sm_activity_pct:
+            out.append(f"sm_activity {s.sm_activity_pct:.1f}% >= {self.sm_activity_pct:g}%")
+        if s.sm_clock_frac <= self.sm_clock_frac:
+            out.append(f"sm_clock {s.sm_clock_frac:.2f} of max <= {self.sm_clock_frac:g}")
+        if s.mem_used_frac >= self.mem_used_frac:
+            out.append(f"memory {s.mem_used_frac:.2f} >= {self.mem_used_frac:g}")
+        return out
+
 
 @dataclass(frozen=True)
 class SysMonitorConfig:

@@ -326,17 +326,7 @@ class GpuLoop:
         self._note_health(now_epoch)
 
     def _overlimit_reason(self, s: GpuSample, prev: GpuHealth) -> str:
-        t = self.cfg.sysmonitor.overlimit
-        parts = []
-        if s.gpu_util_pct >= t.gpu_util_pct:
-            parts.append(f"gpu_util {s.gpu_util_pct:.1f}% >= {t.gpu_util_pct:g}%")
-        if s.sm_activity_pct >= t.sm_activity_pct:
-            parts.append(f"sm_activity {s.sm_activity_pct:.1f}% >= {t.sm_activity_pct:g}%")
-        if s.sm_clock_frac <= t.sm_clock_frac:
-            parts.append(f"sm_clock {s.sm_clock_frac:.2f} of max <= {t.sm_clock_frac:g}")
-        if s.mem_used_frac >= t.mem_used_frac:
-            parts.append(f"memory {s.mem_used_frac:.2f} >= {t.mem_used_frac:g}")
-        return f"Overlimit ({prev.value} -> Overlimit): " + "; ".join(parts)
+        return f"Overlimit ({prev.value} -> Overlimit): " + "; ".join(self.cfg.sysmonitor.overlimit.reasons(s))
 
     def _on_faults(self, now_epoch: float, faults: list[Fault]) -> None:
         at = _utc(now_epoch)

@@ -394,14 +394,4 @@ class SimulatedCluster:
 
 
 def _overlimit_reason(s: GpuSample, cfg: SysMonitorConfig) -> str:
-    t = cfg.overlimit
-    parts = []
-    if s.sm_activity_pct >= t.sm_activity_pct:
-        parts.append(f"SM activity {s.sm_activity_pct:.1f}% >= {t.sm_activity_pct}%")
-    if s.sm_clock_frac <= t.sm_clock_frac:
-        parts.append(f"SM clock {s.sm_clock_frac:.2f} of max <= {t.sm_clock_frac}")
-    if s.mem_used_frac >= t.mem_used_frac:
-        parts.append(f"memory {s.mem_used_frac:.2f} >= {t.mem_used_frac}")
-    if s.gpu_util_pct >= t.gpu_util_pct:
-        parts.append(f"GPU util {s.gpu_util_pct:.1f}% >= {t.gpu_util_pct}%")
-    return "SysMonitor Overlimit (simulated): " + "; ".join(parts or ["threshold reached"])
+    return "SysMonitor Overlimit (simulated): " + "; ".join(cfg.overlimit.reasons(s) or ["threshold reached"])
