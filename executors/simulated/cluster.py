@@ -142,12 +142,6 @@ class SimulatedCluster:
     def register_job(self, job: SimJobSpec) -> None:
         self._known_jobs[job.job_id] = job
 
-    def restore(self, job_id: int, gpu_id: int, sm_pct: int, steps_done: float, checkpoint_step: float,
-                now: dt.datetime) -> None:
-        """Re-create a job the store says is running (a new process picking up the cluster)."""
-        spec = self._known_jobs[job_id]
-        self._jobs[job_id] = _Job(spec, gpu_id, sm_pct, steps_done, checkpoint_step, 0.0, now)
-
     def running(self) -> dict[int, RunningJob]:
         return {j: RunningJob(j, r.gpu_id, r.sm_pct) for j, r in self._jobs.items()}
 

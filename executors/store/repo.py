@@ -147,10 +147,6 @@ def load_predictor_versions(s: Session) -> dict[str, tuple[int, SpeedPredictor]]
     return out
 
 
-def load_predictors(s: Session) -> dict[str, SpeedPredictor]:
-    return {t: model for t, (_, model) in load_predictor_versions(s).items()}
-
-
 def load_predictor(s: Session, gpu_type: str, version: int) -> SpeedPredictor:
     return SpeedPredictor.from_bytes(model_row(s, gpu_type, version).blob)
 

@@ -14,7 +14,7 @@ from typing import Any, ClassVar
 
 from executors.slurm.errors import SlurmErrorEntry
 from executors.slurm.models import ControllerPing, Job, Node, Partition, SlurmVersion, SubmitResult
-from executors.slurm.spec import JobSpec, JobUpdate
+from executors.slurm.spec import JobSpec, JobUpdate, signal_name
 
 
 class ApiVersion(ABC):
@@ -72,9 +72,12 @@ class ApiVersion(ABC):
     def build_update(self, update: JobUpdate) -> dict[str, Any]:
         """The JSON body of ``POST {prefix}/job/{id}``."""
 
-    @abstractmethod
     def cancel_params(self, signal: str | None) -> dict[str, str]:
-        """Query parameters of ``DELETE {prefix}/job/{id}``: no signal cancels the job (SIGKILL)."""
+        """Query parameters of ``DELETE {prefix}/job/{id}``: no signal cancels the job (SIGKILL).
+
+        The same in every version supported so far (v0.0.38, v0.0.40).
+        """
+        return {} if signal is None else {"signal": signal_name(signal)}
 
     # -- responses -----------------------------------------------------------
     def parse_errors(self, body: dict[str, Any]) -> list[SlurmErrorEntry]:

@@ -23,7 +23,7 @@ from typing import Any, ClassVar
 from executors.slurm.api.base import ApiVersion, as_int, as_str
 from executors.slurm.hostlist import expand_hostlist, parse_gres
 from executors.slurm.models import ControllerPing, Job, Node, Partition, epoch_to_utc
-from executors.slurm.spec import JobSpec, JobUpdate, signal_name
+from executors.slurm.spec import JobSpec, JobUpdate
 
 
 def _no_val(number: int) -> dict[str, Any]:
@@ -102,9 +102,6 @@ class V0040(ApiVersion):
         if update.hold is not None:
             body["hold"] = update.hold
         return body
-
-    def cancel_params(self, signal: str | None) -> dict[str, str]:
-        return {} if signal is None else {"signal": signal_name(signal)}
 
     def parse_job(self, raw: dict[str, Any]) -> Job:
         states = _flags(raw.get("job_state"))

@@ -7,17 +7,7 @@
 
 #include "../src/config.h"
 
-static int failures;
-
-#define CHECK(cond, ...)                                            \
-    do {                                                            \
-        if (!(cond)) {                                              \
-            failures++;                                             \
-            fprintf(stderr, "%s:%d: FAIL: ", __FILE__, __LINE__);   \
-            fprintf(stderr, __VA_ARGS__);                           \
-            fputc('\n', stderr);                                    \
-        }                                                           \
-    } while (0)
+#include "check.h"
 
 static int parse(const char *const *env, struct xc_config *cfg, char *msgs, size_t len)
 {

@@ -5,17 +5,7 @@
 
 #include "../src/memtrack.h"
 
-static int failures;
-
-#define CHECK(cond, ...)                                            \
-    do {                                                            \
-        if (!(cond)) {                                              \
-            failures++;                                             \
-            fprintf(stderr, "%s:%d: FAIL: ", __FILE__, __LINE__);   \
-            fprintf(stderr, __VA_ARGS__);                           \
-            fputc('\n', stderr);                                    \
-        }                                                           \
-    } while (0)
+#include "check.h"
 
 static void test_basics(void)
 {
