@@ -1,6 +1,10 @@
-"""The offline-job runtime helper: checkpoint on signal, resume from the newest valid checkpoint."""
+"""The offline-job runtime helper: checkpoint on signal, resume from the newest valid checkpoint,
+iteration timing and profiling mode."""
 
 from executors.runtime.checkpoint import CheckpointStore, CorruptCheckpoint
 from executors.runtime.loop import EXIT_CHECKPOINTED, Runtime
+from executors.runtime.profiling import ProfileSession, ProfilingConfigError, ProfilingMode
+from executors.runtime.timing import IterationStats, IterationTimer, summarize
 
-__all__ = ["EXIT_CHECKPOINTED", "CheckpointStore", "CorruptCheckpoint", "Runtime"]
+__all__ = ["EXIT_CHECKPOINTED", "CheckpointStore", "CorruptCheckpoint", "IterationStats", "IterationTimer",
+           "ProfileSession", "ProfilingConfigError", "ProfilingMode", "Runtime", "summarize"]

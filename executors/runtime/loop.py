@@ -14,42 +14,80 @@ flag: the current iteration finishes, ``step_done`` saves a checkpoint
 atomically and the process exits with :data:`EXIT_CHECKPOINTED`, so Slurm can
 requeue it. Otherwise a checkpoint is written every ``every_steps`` steps: at
 most one interval of work is ever lost (a SIGKILL mid-iteration).
+
+Iteration timing: ``step_done`` marks the end of an iteration, so
+``rt.timer`` holds the time between consecutive calls; wrapping the step in
+``with rt.iteration():`` times exactly that block instead.
+
+Profiling mode (:mod:`executors.runtime.profiling`, on when the environment
+sets ``MUXFLOW_PROFILE_ITERS`` or ``MUXFLOW_PROFILE_SECONDS``, or given as
+``profiling=``): the run is a dry run (no checkpoint is read or written) that
+stops cleanly after N measured iterations or T seconds and writes the
+iteration report (mean/p50/p95). A checkpoint signal ends it the same way,
+with ``stopped_by: signal``.
 """
 
 from __future__ import annotations
 
+import atexit
 import logging
 import os
 import signal
 import sys
+import time
 from collections.abc import Callable, Iterable
+from contextlib import AbstractContextManager
 from typing import Any
 
 from executors.runtime.checkpoint import CheckpointStore
+from executors.runtime.profiling import STOP_FINISHED, STOP_SIGNAL, ProfileSession, ProfilingMode
+from executors.runtime.timing import Clock, IterationTimer
 
 log = logging.getLogger(__name__)
 
 EXIT_CHECKPOINTED = 0  # a checkpointed exit is a clean one; the dispatcher's requeue brings the job back
+EXIT_PROFILED = 0  # profiling mode stopped after its iterations/seconds: a clean exit
+FROM_ENV = object()  # profiling mode as the environment says (the default)
+TIMER_KEEP = 10_000  # iteration durations kept outside profiling mode
 
 
 class Runtime:
     def __init__(self, checkpoint_dir: str | os.PathLike[str], every_steps: int = 100, keep: int = 2,
                  signals: Iterable[int] = (signal.SIGUSR1, signal.SIGTERM),
-                 exit: Callable[[int], Any] = sys.exit):
+                 exit: Callable[[int], Any] = sys.exit, profiling: ProfilingMode | None | object = FROM_ENV,
+                 clock: Clock = time.perf_counter, wall: Clock = time.time):
         if every_steps < 1:
             raise ValueError("every_steps must be at least 1")
         self.store = CheckpointStore(checkpoint_dir, keep=keep)
         self.every_steps = every_steps
         self.stop_requested: int | None = None
         self._exit = exit
+        mode = ProfilingMode.from_env() if profiling is FROM_ENV else profiling
+        if mode is not None and not isinstance(mode, ProfilingMode):
+            raise TypeError(f"profiling: expected a ProfilingMode or None, got {type(mode).__name__}")
+        self.profile: ProfileSession | None = ProfileSession(mode, clock, wall) if mode else None
+        self.timer = self.profile.timer if self.profile else IterationTimer(clock, keep=TIMER_KEEP)
+        if self.profile is not None:
+            log.info("profiling mode: dry run, stop after %s iterations / %s s", mode.max_iterations, mode.max_seconds)
+            atexit.register(self.finish_profile)
         for sig in signals:
             signal.signal(sig, self._on_signal)
+
+    @property
+    def profiling(self) -> bool:
+        return self.profile is not None
+
+    def iteration(self) -> AbstractContextManager[None]:
+        """``with rt.iteration(): step()`` times exactly the step (else the time between ``step_done`` calls)."""
+        return self.timer.iteration()
 
     def _on_signal(self, signum: int, _frame: object) -> None:
         # Only a flag: the iteration in progress finishes before anything is saved.
         self.stop_requested = signum
 
     def resume(self) -> tuple[int, Any]:
+        if self.profile is not None:
+            return 0, None  # a dry run: never starts from (nor leaves) a checkpoint
         found = self.store.latest()
         if found is None:
             return 0, None
@@ -58,6 +96,10 @@ class Runtime:
 
     def step_done(self, step: int, state: Callable[[], Any]) -> None:
         """Call after each finished iteration; saves on the interval, and saves and exits when signalled."""
+        if self.profile is not None:
+            self._profile_step(step)
+            return
+        self.timer.mark()
         if self.stop_requested is not None:
             self.store.save(step, state())
             log.info("signal %d: checkpointed step %d, exiting for requeue", self.stop_requested, step)
@@ -66,3 +108,25 @@ class Runtime:
             return
         if step % self.every_steps == 0:
             self.store.save(step, state())
+
+    def _profile_step(self, step: int) -> None:
+        assert self.profile is not None
+        if self.profile.stopped_by is not None:
+            return  # already reported (an exit that returned, as in tests)
+        reason = self.profile.iteration_done(step)
+        if self.stop_requested is not None:
+            reason = STOP_SIGNAL
+        if reason is None:
+            self.profile.maybe_progress()
+            return
+        rep = self.profile.finish(reason)
+        atexit.unregister(self.finish_profile)
+        log.info("profiling done (%s): %d iterations, mean %.4fs", reason, rep["iterations"], rep["mean_s"] or 0.0)
+        self._exit(EXIT_PROFILED)
+
+    def finish_profile(self) -> dict[str, Any] | None:
+        """Write the final report if the job ends before a limit (called at exit too); idempotent."""
+        if self.profile is None or self.profile.stopped_by is not None:
+            return None
+        atexit.unregister(self.finish_profile)
+        return self.profile.finish(STOP_SIGNAL if self.stop_requested is not None else STOP_FINISHED)
