@@ -32,7 +32,10 @@ from scheduler_core.domain import (
     RoundResult,
 )
 from scheduler_core.dynamic_sm import SmPolicy
+from scheduler_core.first_fit import first_fit
 from scheduler_core.pair_weights import build_graph, keeps_share, mem_quota_bytes
+
+MATCHERS = ("km", "first_fit")
 
 __all__ = ["RoundConfig", "plan_round", "mem_quota_bytes", "diff_plan", "snapshot", "from_snapshot"]
 
@@ -50,8 +53,13 @@ class RoundConfig:
     # restarted in place with the planned share.
     resize_threshold_pct: int = 15
     solver: SolverConfig = field(default_factory=SolverConfig)
+    # "km": maximum-weight matching (paper §5). "first_fit": the MuxFlow-M
+    # ablation (paper §7.4) — same feasibility, no optimisation.
+    matcher: str = "km"
 
     def __post_init__(self) -> None:
+        if self.matcher not in MATCHERS:
+            raise ValueError(f"matcher must be one of {', '.join(MATCHERS)}, got {self.matcher!r}")
         # Stored rounds keep their config as JSON (dataclasses.asdict): nested settings come back as dicts.
         if isinstance(self.sm, dict):
             object.__setattr__(self, "sm", SmPolicy(**self.sm))
@@ -70,15 +78,20 @@ def plan_round(
     t0 = time.perf_counter()
     graph = build_graph(gpus, jobs, predictors, cfg)
     t_graph = time.perf_counter()
-    sol = solve(graph.weights, cfg.solver)
-    t_match = time.perf_counter()
-    placements, actions = diff_plan(graph.gpus, jobs, sol.pairs, graph.sm_pct, graph.quota,
-                                    *graph.predicted(*_as_arrays(sol.pairs)), cfg)
-    t_end = time.perf_counter()
     gt = graph.stats.get("timings_s", {})
     stats = {k: v for k, v in graph.stats.items() if k != "timings_s"}
-    stats["solver"] = {k: v for k, v in sol.stats.items() if k != "history"}
-    stats["certificate"] = sol.certificate.as_dict()
+    if cfg.matcher == "first_fit":
+        pairs, total, stats["solver"] = first_fit(graph.weights)
+        certified, gap = False, None
+    else:
+        sol = solve(graph.weights, cfg.solver)
+        pairs, total, certified, gap = sol.pairs, sol.total, sol.certificate.ok, sol.certificate.gap_bound
+        stats["solver"] = {k: v for k, v in sol.stats.items() if k != "history"}
+        stats["certificate"] = sol.certificate.as_dict()
+    t_match = time.perf_counter()
+    placements, actions = diff_plan(graph.gpus, jobs, pairs, graph.sm_pct, graph.quota,
+                                    *graph.predicted(*_as_arrays(pairs)), cfg)
+    t_end = time.perf_counter()
     return RoundResult(
         placements=placements,
         actions=actions,
@@ -94,9 +107,9 @@ def plan_round(
             "plan": t_end - t_match,
             "total": t_end - t0,
         },
-        certified_optimal=sol.certificate.ok,
-        optimality_gap_bound=sol.certificate.gap_bound,
-        matching_objective=sol.total,
+        certified_optimal=certified,
+        optimality_gap_bound=gap,
+        matching_objective=total,
         stats=stats,
     )
 

@@ -30,8 +30,10 @@ from executors.cluster import (
     RunningJob,
 )
 from scheduler_core.domain import Action, GpuHealth, GpuTypeSpec, PlanAction
+from scheduler_core.gpu_model import clock_frac, shared_metrics
 from scheduler_core.gpu_specs import get_spec
 from scheduler_core.interference import InterferenceParams, colocate
+from scheduler_core.rng import rng_stream  # noqa: F401  (re-exported: executors use it from here)
 from scheduler_core.online_load import (
     diurnal_qps,
     load_of,
@@ -46,11 +48,6 @@ SOURCE = "simulated"
 
 
 STATE_VERSION = 1
-
-
-def rng_stream(seed: int, purpose: str) -> np.random.Generator:
-    """An independent, reproducible random stream per purpose (Gavel's practice)."""
-    return np.random.default_rng([seed, *purpose.encode()])
 
 
 @dataclass(frozen=True)
@@ -345,10 +342,8 @@ class SimulatedCluster:
             job.warmup_left_s = max(0.0, job.warmup_left_s - 60.0)
             duty = active_s / 60.0
             e_off = min(job.sm_pct / 100.0, wl.traits.sm_need)
-            util = 100.0 * (1.0 - (1.0 - on_util / 100.0) * (1.0 - 0.95 * duty * min(1.0, tput / 0.6)))
-            sm_act = min(100.0, on_sm + 100.0 * e_off * duty * (0.6 + 0.4 * tput))
-            mem = on_mem + job.spec.mem_bytes
-            bw = min(100.0, on_bw + 100.0 * wl.traits.mem_bw * duty * tput)
+            util, sm_act, mem, bw = (float(v) for v in shared_metrics(
+                on_util, on_sm, on_mem, on_bw, job.spec.mem_bytes, e_off, wl.traits.mem_bw, duty, tput))
             steps = tput * self.solo_steps_per_s(job.spec.job_type, gt.name) * active_s
             steps = min(steps, job.spec.total_steps - job.steps_done)
             job.steps_done += steps
@@ -357,13 +352,13 @@ class SimulatedCluster:
             job.last_checkpoint_s += 60.0
             if job.last_checkpoint_s >= self.settings.checkpoint_interval_s:
                 job.checkpoint_step, job.last_checkpoint_s = job.steps_done, 0.0
-        clock_frac = 1.0 - gt.clock_drop_frac * max(0.0, (sm_act / 100.0 - 0.4) / 0.6)
-        sample = GpuSample(util, sm_act, clock_frac, mem / gt.memory_bytes)
+        clock = float(clock_frac(sm_act, gt.clock_drop_frac))
+        sample = GpuSample(util, sm_act, clock, mem / gt.memory_bytes)
         g.monitor.step(now.timestamp() + 60.0, sample)
         row = MetricRow(
             gpu_id=gid, minute_utc=now, gpu_util_pct=util, sm_activity_pct=sm_act,
             sm_occupancy_pct=sm_act * 0.55, mem_used_bytes=mem, mem_total_bytes=float(gt.memory_bytes),
-            mem_bw_util_pct=bw, sm_clock_mhz=clock_frac * gt.max_sm_clock_mhz, power_w=None, temperature_c=None,
+            mem_bw_util_pct=bw, sm_clock_mhz=clock * gt.max_sm_clock_mhz, power_w=None, temperature_c=None,
             online_gpu_util_pct=on_util, online_sm_activity_pct=on_sm, online_mem_used_bytes=on_mem,
             online_mem_bw_util_pct=on_bw,
             online_qps=qps, online_latency_ms=solo_lat * slowdown, online_solo_latency_ms=solo_lat,
