@@ -1,0 +1,238 @@
+"""`muxflow simulate`: the trace-driven simulator from the command line (docs/EVALUATION.md).
+
+    muxflow simulate --trace T [--gpus 1000] [--hours 24] [--policy muxflow] [--seed 0] [--json]
+    muxflow simulate compare --trace T [...] [--policies a,b,...] [--out DIR] [--json]
+
+Every figure is SIMULATED. Progress goes to stderr; ``--json`` output to stdout.
+"""
+
+from __future__ import annotations
+
+import functools
+import json
+import sys
+import time
+from pathlib import Path
+
+import click
+
+HELP = {"help_option_names": ["-h", "--help"]}
+CACHE_DIR = Path(".muxflow") / "cache"
+DEFAULT_OUT = Path(".muxflow") / "simulate"
+
+
+def _sim_options(fn):
+    """Options shared by `simulate` and `simulate compare`."""
+    opts = [
+        click.option("--trace", "trace_path", type=click.Path(dir_okay=False, path_type=Path),
+                     help="Philly-format offline trace (tab-separated, 7 columns)."),
+        click.option("--gpus", type=click.IntRange(min=1), default=1000, show_default=True),
+        click.option("--types", "types_text", default=None,
+                     help="GPU types and counts adding up to --gpus, e.g. t4:500,a10:500 (default: all T4)."),
+        click.option("--hours", type=click.FloatRange(min=0.25), default=24.0, show_default=True),
+        click.option("--jobs", type=click.IntRange(min=1), default=None,
+                     help="Repeat/cut the trace to this many single-GPU jobs (paper: 1,410–7,287)."),
+        click.option("--arrival-hours", type=click.FloatRange(min=0.25), default=None,
+                     help="Compress trace arrivals into this many hours [default: 2/3 of --hours, at most 16]."),
+        click.option("--mean-job-hours", type=click.FloatRange(min=0.01), default=1.0, show_default=True,
+                     help="Mean solo job duration after scaling."),
+        click.option("--seed", type=int, default=0, show_default=True),
+        click.option("--json", "as_json", is_flag=True, help="Print the metrics as JSON."),
+        click.option("--quiet", is_flag=True, help="No progress lines on stderr."),
+    ]
+    for opt in reversed(opts):
+        fn = opt(fn)
+    return fn
+
+
+def _config(gpus, types_text, hours, jobs, arrival_hours, mean_job_hours, seed):
+    from pipelines.cli import CliError, _parse_types
+    from scheduler_core.simulator import SimConfig
+
+    types = tuple(_parse_types(types_text).items()) if types_text else None
+    if arrival_hours is None:
+        arrival_hours = min(16.0, hours * 2.0 / 3.0)
+    try:
+        return SimConfig(gpus=gpus, gpu_types=types, hours=hours, jobs=jobs, arrival_hours=arrival_hours,
+                         mean_job_hours=mean_job_hours, max_job_hours=max(8.0, mean_job_hours), seed=seed)
+    except ValueError as exc:
+        raise CliError(str(exc)) from exc
+
+
+def _guarded(fn):
+    @functools.wraps(fn)
+    def wrapper(*args, **kwargs):
+        from pipelines.cli import CliError
+        from scheduler_core.trace import TraceError
+
+        try:
+            return fn(*args, **kwargs)
+        except TraceError as exc:
+            raise CliError(f"{kwargs.get('trace_path')}: {exc}") from exc
+        except (OSError, UnicodeDecodeError) as exc:
+            raise CliError(f"trace: cannot read {kwargs.get('trace_path')}: {exc}") from exc
+        except ValueError as exc:
+            raise CliError(str(exc)) from exc
+
+    return wrapper
+
+
+def _progress(policy: str, quiet: bool):
+    started = time.perf_counter()
+
+    def report(done: int, total: int, stats: dict) -> None:
+        if quiet or (done % 8 and done != total):
+            return
+        click.echo(f"[{policy}] round {done}/{total} ({done * 100 // total}%): running {stats.get('running', 0)}, "
+                   f"queued {stats.get('queued', 0)}, {time.perf_counter() - started:.1f}s", err=True)
+
+    return report
+
+
+def _prepare(trace_path, cfg, quiet):
+    from pipelines.cli import CliError
+    from executors.simulated.evaluation import load_trace, simulation_inputs
+
+    if trace_path is None:
+        raise CliError("--trace is required (a Philly-format trace, e.g. ../shared/data/gavel/philly_vc_0e4a51.trace)")
+    trace = load_trace(trace_path)
+    if not quiet:
+        click.echo(f"trace {trace_path}: {len(trace)} jobs; preparing predictors (SIMULATED samples, cached in "
+                   f"{CACHE_DIR})", err=True)
+    inputs, info = simulation_inputs(cfg, CACHE_DIR)
+    return trace, inputs, info
+
+
+def run_policies(trace, inputs, cfg, names: list[str], quiet: bool) -> dict:
+    from scheduler_core.simulator import get_policy, run_simulation
+
+    out = {}
+    for name in names:
+        res = run_simulation(trace, inputs, cfg, get_policy(name), _progress(name, quiet))
+        bad = _violations(res)
+        if bad:
+            raise click.ClickException(f"{name}: simulator invariant broken: {'; '.join(bad)}")
+        out[name] = res
+    return out
+
+
+def _violations(res) -> list[str]:
+    inv, bad = res.invariants, []
+    if res.policy != "salus" and inv["max_offline_jobs_per_gpu"] > 1:
+        bad.append(f"{inv['max_offline_jobs_per_gpu']} offline jobs on one GPU")
+    if inv["max_active_jobs_per_gpu"] > 1:
+        bad.append("two offline jobs progressed on one GPU in one minute")
+    if inv["sm_pct_out_of_bounds"]:
+        bad.append(f"{inv['sm_pct_out_of_bounds']} SM percentages out of bounds")
+    if not inv["all_accounted"]:
+        bad.append(f"jobs not accounted for: {inv['accounted']} of {inv['jobs']}")
+    return bad
+
+
+def _summary(name: str, m: dict) -> str:
+    on, off, cl = m["online"], m["offline"], m["cluster"]
+    jct = "-" if off["avg_jct_s"] is None else f"{off['avg_jct_s'] / 3600:.2f} h"
+    return (f"{name} (SIMULATED, {m['timing']['wall_s']:.1f}s): online latency avg x{on['avg_latency_norm']:.3f} "
+            f"p99 x{on['p99_latency_norm']:.3f} of Online-only; offline {off['finished']}/{off['jobs']} finished, "
+            f"avg JCT {jct}, oversold GPU {off['oversold_gpu']:.3f}, evictions {off['evictions']}/"
+            f"{off['executions']} executions; GPU util {cl['online_only_gpu_util_pct']:.1f}% -> "
+            f"{cl['gpu_util_pct']:.1f}%, SM activity {cl['online_only_sm_activity_pct']:.1f}% -> "
+            f"{cl['sm_activity_pct']:.1f}%, memory {cl['online_only_memory_pct']:.1f}% -> {cl['memory_pct']:.1f}%")
+
+
+def _config_json(cfg) -> dict:
+    return {"gpus": cfg.gpus, "gpu_types": dict(cfg.types()), "hours": cfg.hours, "jobs": cfg.jobs,
+            "arrival_hours": cfg.arrival_hours, "mean_job_hours": cfg.mean_job_hours, "seed": cfg.seed,
+            "round_minutes": cfg.round_minutes, "migration_penalty": cfg.round_migration_penalty(),
+            "fixed_sm_pct": cfg.fixed_sm_pct}
+
+
+@click.group("simulate", invoke_without_command=True, context_settings=HELP)
+@_sim_options
+@click.option("--policy", default="muxflow", show_default=True, help="Policy name (see `simulate policies`).")
+@click.pass_context
+@_guarded
+def simulate(ctx, trace_path, gpus, types_text, hours, jobs, arrival_hours, mean_job_hours, seed, as_json, quiet,
+             policy) -> None:
+    """Simulate one policy on a trace and print the paper's metrics (SIMULATED)."""
+    if ctx.invoked_subcommand is not None:
+        return
+    from scheduler_core.simulator import get_policy
+
+    get_policy(policy)
+    cfg = _config(gpus, types_text, hours, jobs, arrival_hours, mean_job_hours, seed)
+    trace, inputs, info = _prepare(trace_path, cfg, quiet)
+    res = run_policies(trace, inputs, cfg, [policy.lower()], quiet)[policy.lower()]
+    m = {**res.metrics, "trace": str(trace_path), "config": _config_json(cfg), "predictors": info,
+         "invariants": res.invariants}
+    click.echo(json.dumps(m, indent=2, default=str) if as_json else _summary(res.policy, res.metrics))
+
+
+@simulate.command("policies", context_settings=HELP)
+def list_policies() -> None:
+    """List the policies."""
+    from scheduler_core.simulator import POLICIES
+
+    for p in POLICIES.values():
+        click.echo(f"{p.name:16s} {p.description}")
+
+
+@simulate.command("compare", context_settings=HELP)
+@_sim_options
+@click.option("--policies", "policy_text", default=None, help="Comma-separated policies [default: all].")
+@click.option("--out", "out_dir", type=click.Path(file_okay=False, path_type=Path), default=None,
+              help=f"Where the plots and results.json go [default: {DEFAULT_OUT}/<trace name>].")
+@_guarded
+def compare(trace_path, gpus, types_text, hours, jobs, arrival_hours, mean_job_hours, seed, as_json, quiet,
+            policy_text, out_dir) -> None:
+    """Run every policy on the same trace; print the table normalized like the paper's Figures 11 and 13."""
+    from pipelines.cli import CliError
+    from executors.simulated.evaluation import plot_comparison, plot_utilization
+    from scheduler_core.simulator import POLICIES, get_policy
+    from scheduler_core.simulator.metrics import compare_table
+
+    names = [get_policy(n).name for n in policy_text.split(",")] if policy_text else list(POLICIES)
+    if "online-only" not in names:
+        names.insert(0, "online-only")
+    if "muxflow" not in names:
+        raise CliError("policies: the comparison is normalized to muxflow; include it")
+    cfg = _config(gpus, types_text, hours, jobs, arrival_hours, mean_job_hours, seed)
+    trace, inputs, info = _prepare(trace_path, cfg, quiet)
+    results = run_policies(trace, inputs, cfg, names, quiet)
+    metrics = {n: r.metrics for n, r in results.items()}
+    rows = compare_table(metrics)
+    out = out_dir or DEFAULT_OUT / Path(trace_path).stem
+    title = f"{Path(trace_path).name}, {cfg.gpus} GPUs, {cfg.hours:g} h, {results['muxflow'].invariants['jobs']} jobs"
+    plots = {
+        "utilization": str(plot_utilization({n: r.series for n, r in results.items()}, out / "utilization.png",
+                                            title)),
+        "comparison": str(plot_comparison(rows, out / "comparison.png", title)),
+    }
+    doc = {"simulated": True, "trace": str(trace_path), "config": _config_json(cfg), "predictors": info,
+           "table": rows, "metrics": metrics, "invariants": {n: r.invariants for n, r in results.items()},
+           "plots": plots}
+    (out / "results.json").write_text(json.dumps(doc, indent=2, default=str))
+    if as_json:
+        click.echo(json.dumps(doc, indent=2, default=str))
+        return
+    click.echo(format_table(rows))
+    click.echo(f"plots: {plots['utilization']}, {plots['comparison']}; results: {out / 'results.json'}")
+
+
+def format_table(rows: list[dict]) -> str:
+    cols = [("policy", "policy", "{}"), ("avg_latency_vs_online_only", "avg lat", "{:.3f}"),
+            ("p99_latency_vs_online_only", "p99 lat", "{:.3f}"), ("avg_jct_h", "JCT h", "{:.2f}"),
+            ("jct_vs_muxflow", "JCT/MuxFlow", "{:.3f}"), ("oversold_gpu", "oversold", "{:.3f}"),
+            ("oversold_vs_muxflow", "oversold/MuxFlow", "{:.3f}"), ("gpu_util_pct", "GPU util %", "{:.1f}"),
+            ("sm_activity_pct", "SM act %", "{:.1f}"), ("eviction_rate", "evict rate", "{:.4f}")]
+    cells = [[h for _, h, _ in cols]]
+    for r in rows:
+        cells.append(["-" if r.get(k) is None else f.format(r[k]) for k, _, f in cols])
+    widths = [max(len(row[i]) for row in cells) for i in range(len(cols))]
+    lines = ["  ".join(c.ljust(w) for c, w in zip(row, widths)) for row in cells]
+    lines.insert(1, "  ".join("-" * w for w in widths))
+    return "SIMULATED — latency normalized to Online-only, JCT and oversold GPU to MuxFlow\n" + "\n".join(lines)
+
+
+if __name__ == "__main__":  # pragma: no cover
+    sys.exit(simulate())

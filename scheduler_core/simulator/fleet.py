@@ -1,0 +1,396 @@
+"""The simulator's cluster executor: a fleet of simulated GPUs, advanced one minute at a time, vectorized.
+
+Every GPU hosts one online service replica whose request rate follows its
+daily cycle with AR(1) noise and bursts (:mod:`scheduler_core.online_load`);
+offline jobs placed by a policy share it under one of four sharing
+mechanisms:
+
+- ``mps``: space-sharing under an MPS share (MuxFlow and its ablations): the
+  calibrated interference model :func:`scheduler_core.interference.colocate`.
+- ``time``: GPU-driver time slices (Time-sharing, as in Gandiva).
+- ``priority``: priority time slices (PB-time-sharing, as in AntMan/PAI).
+- ``salus``: iteration-level switching between several resident jobs, shortest
+  remaining time first (Salus).
+- ``none``: no offline work (Online-only).
+
+Device metrics follow :mod:`scheduler_core.gpu_model` (the same model as the
+per-GPU simulated cluster behind the pipeline); protected policies run one
+:class:`scheduler_core.sysmonitor.SysMonitor` per GPU — the production state
+machine, stepped only where a sample could change its state.
+
+Actions are those of a production plan (:class:`scheduler_core.domain.PlanAction`);
+a migration checkpoints (nothing lost) and pays ``restart_s``, an eviction by
+SysMonitor loses the work since the last periodic checkpoint.
+"""
+
+from __future__ import annotations
+
+import math
+from dataclasses import dataclass
+
+import numpy as np
+
+from scheduler_core.domain import Action, GpuHealth, PlanAction
+from scheduler_core.gpu_model import clock_frac, shared_metrics
+from scheduler_core.gpu_specs import get_spec
+from scheduler_core.interference import WorkloadTraits, colocate
+from scheduler_core.online_load import diurnal_qps
+from scheduler_core.rng import rng_stream
+from scheduler_core.simulator.config import SimConfig
+from scheduler_core.simulator.workload import JobTable
+from scheduler_core.sysmonitor import SysMonitor, Thresholds
+from scheduler_core.workloads import ONLINE_FAMILIES, WorkloadCatalog
+
+SHARING_MODES = ("none", "mps", "time", "priority", "salus")
+
+# Job states.
+FUTURE, QUEUED, RUNNING, DONE = 0, 1, 2, 3
+
+_HEALTH = list(GpuHealth)
+_HEALTH_CODE = {h: i for i, h in enumerate(_HEALTH)}
+HEALTHY = _HEALTH_CODE[GpuHealth.HEALTHY]
+
+
+def _reached(th: Thresholds, util, sm, clock, mem_frac) -> np.ndarray:
+    return (util >= th.gpu_util_pct) | (sm >= th.sm_activity_pct) | (clock <= th.sm_clock_frac) | (
+        mem_frac >= th.mem_used_frac)
+
+
+@dataclass
+class Minute:
+    """What one simulated minute produced, per GPU (arrays of length n) and in sum."""
+
+    qps: np.ndarray
+    latency_ms: np.ndarray
+    solo_latency_ms: np.ndarray
+    util_pct: np.ndarray
+    sm_pct: np.ndarray
+    mem_frac: np.ndarray
+    solo_util_pct: np.ndarray
+    solo_sm_pct: np.ndarray
+    solo_mem_frac: np.ndarray
+    offline_gpu_equiv: float  # Σ normalized throughput of the offline jobs that ran
+    running: int
+    active_per_gpu_max: int  # most offline jobs that progressed on one GPU in this minute
+    evicted: int
+
+
+class Fleet:
+    def __init__(self, cfg: SimConfig, catalog: WorkloadCatalog, jobs: JobTable, sharing: str, protection: bool):
+        if sharing not in SHARING_MODES:
+            raise ValueError(f"sharing must be one of {SHARING_MODES}, got {sharing!r}")
+        self.cfg, self.catalog, self.jobs, self.sharing, self.protection = cfg, catalog, jobs, sharing, protection
+        n = cfg.gpus
+        self.n = n
+        names: list[str] = []
+        for name, count in cfg.types():
+            names.extend([name] * count)
+        self.type_names = sorted({t for t, _ in cfg.types()})
+        self.gpu_type_name = names
+        self.gpu_type = np.array([self.type_names.index(t) for t in names], dtype=np.int64)
+        specs = [get_spec(t) for t in names]
+        self.mem_total = np.array([s.memory_bytes for s in specs], dtype=float)
+        self.rel_speed = np.array([s.relative_speed for s in specs])
+        self.clock_drop = np.array([s.clock_drop_frac for s in specs])
+        self.max_clock = np.array([s.max_sm_clock_mhz for s in specs], dtype=float)
+        # Services round-robin over the GPUs.
+        svc = [cfg.services[i % len(cfg.services)] for i in range(n)]
+        self.service_index = np.arange(n) % len(cfg.services)
+        fam = [ONLINE_FAMILIES[s.family] for s in svc]
+        self.qps_min = np.array([s.qps_min for s in svc])
+        self.qps_max = np.array([s.qps_max for s in svc])
+        self.peak_hour = np.array([s.peak_hour_utc for s in svc])
+        self.allowance = np.array([s.slowdown_allowance for s in svc])
+        self.cap_qps = np.array([f.peak_qps_capacity_p100 for f in fam]) * self.rel_speed
+        self.util_peak = np.array([f.gpu_util_at_peak_pct for f in fam])
+        self.base_lat = np.array([f.base_latency_ms_p100 for f in fam]) / np.sqrt(self.rel_speed)
+        self.svc_mem = np.array([f.mem_bytes for f in fam], dtype=float)
+        on = [catalog.online[f.name] for f in fam]
+        self.on_traits = WorkloadTraits(
+            np.array([t.sensitivity for t in on]), np.array([t.pressure for t in on]),
+            np.array([f.sm_need_at_peak for f in fam]), np.array([t.mem_bw for t in on]))
+        # Offline job-type traits, by the job table's type index.
+        wl = [catalog.offline[t] for t in jobs.types]
+        self.off_sens = np.array([w.traits.sensitivity for w in wl])
+        self.off_pres = np.array([w.traits.pressure for w in wl])
+        self.off_sm_need = np.array([w.traits.sm_need for w in wl])
+        self.off_mem_bw = np.array([w.traits.mem_bw for w in wl])
+        self.sps_ref = np.array([w.solo_steps_per_s_p100 for w in wl])
+        # Online load state and its streams (independent of the policy: every
+        # policy sees the same online load).
+        self.noise = np.zeros(n)
+        self.burst_left = np.zeros(n, dtype=np.int64)
+        self._noise_rng = rng_stream(cfg.seed, "sim-online-load")
+        self._burst_rng = rng_stream(cfg.seed, "sim-bursts")
+        # SysMonitor per GPU (protected policies only); health codes mirror their states.
+        self.monitors = [SysMonitor(cfg.sysmonitor) for _ in range(n)] if protection else None
+        self.health = np.full(n, _HEALTH_CODE[GpuHealth.INIT] if protection else HEALTHY, dtype=np.int64)
+        self._first_step = True
+        # Jobs.
+        m = jobs.size
+        self.state = np.zeros(m, dtype=np.int8)
+        self.gpu = np.full(m, -1, dtype=np.int64)
+        self.sm_pct = np.zeros(m, dtype=np.int64)
+        self.steps_done = np.zeros(m)
+        self.ckpt_step = np.zeros(m)
+        self.warmup_s = np.zeros(m)
+        self.since_ckpt_s = np.zeros(m)
+        self.finish_s = np.full(m, np.nan)
+        self.first_start_s = np.full(m, np.nan)
+        self.real_s = np.zeros(m)  # wall time placed on a GPU
+        self.sep_s = np.zeros(m)  # the same work's time on a dedicated GPU
+        self.executions = np.zeros(m, dtype=np.int64)
+        self.evictions = np.zeros(m, dtype=np.int64)
+        self.migrations = np.zeros(m, dtype=np.int64)
+        self.lost_steps = np.zeros(m)
+        self._next_arrival = 0
+        # Recent online-only metrics for the rounds' candidates (ring of the last 15 minutes)
+        # and the SM-activity history the forecaster reads.
+        self.recent_n = 15
+        self._recent = np.full((7, self.recent_n, n), np.nan)
+        self.history_minutes = 25 * 60
+        self._hist = np.full((self.history_minutes, n), np.nan)
+        self._hist_len = 0
+        self._hist_pos = 0
+
+    # -- per-job helpers ----------------------------------------------------------
+    def solo_sps(self, jobs: np.ndarray, gpus: np.ndarray) -> np.ndarray:
+        return self.sps_ref[self.jobs.job_type[jobs]] * self.rel_speed[gpus]
+
+    def admit(self, now_s: float) -> int:
+        """Jobs that have arrived by ``now_s`` join the queue."""
+        arr = self.jobs.arrival_s
+        end = int(np.searchsorted(arr, now_s, side="right"))
+        new = end - self._next_arrival
+        if new > 0:
+            self.state[self._next_arrival:end] = QUEUED
+            self._next_arrival = end
+        return max(0, new)
+
+    def queued(self) -> np.ndarray:
+        return np.flatnonzero(self.state == QUEUED)
+
+    def running(self) -> np.ndarray:
+        return np.flatnonzero(self.state == RUNNING)
+
+    # -- rounds: observations and plans ----------------------------------------------
+    def recent_online(self) -> dict[str, np.ndarray]:
+        """Per GPU, the mean of its online service's metrics over the last 15 minutes (what the monitor reports)."""
+        with np.errstate(invalid="ignore"):
+            mean = np.nanmean(self._recent, axis=1)
+        keys = ("gpu_util", "sm", "mem", "bw", "latency", "qps", "clock")
+        return {k: mean[i] for i, k in enumerate(keys)}
+
+    def sm_history(self) -> np.ndarray:
+        """(GPUs × minutes) online SM activity, oldest first, up to 25 hours."""
+        if self._hist_len < self.history_minutes:
+            return self._hist[: self._hist_len].T
+        return np.vstack([self._hist[self._hist_pos:], self._hist[: self._hist_pos]]).T
+
+    def apply(self, actions: list[PlanAction], now_s: float) -> dict[str, int]:
+        """Carry out a plan: evictions and the checkpoint half of migrations first, then restarts and starts."""
+        counts = {"start": 0, "keep": 0, "migrate": 0, "evict": 0, "refused": 0}
+        multi = self.sharing == "salus"
+        # Phase 1: evictions and the checkpoint half of every migration free their GPUs.
+        for act in actions:
+            if act.action in (Action.EVICT, Action.MIGRATE) and self.state[act.job_id] == RUNNING:
+                self._stop(act.job_id, checkpoint=True)
+            if act.action == Action.EVICT:
+                counts["evict"] += 1
+            elif act.action == Action.KEEP:
+                counts["keep"] += 1
+        # Phase 2: restarts and starts claim them.
+        occupied = np.zeros(self.n, dtype=bool)
+        occupied[self.gpu[self.running()]] = True
+        for act in actions:
+            if act.action not in (Action.MIGRATE, Action.START):
+                continue
+            j, g = act.job_id, int(act.gpu_id)
+            if not multi and occupied[g]:
+                # Never two offline jobs on one GPU: the action is refused, the job waits in the queue.
+                counts["refused"] += 1
+                continue
+            if act.action == Action.MIGRATE:
+                self.migrations[j] += 1
+                warm = self.cfg.restart_s
+                counts["migrate"] += 1
+            else:
+                if self.state[j] != QUEUED:
+                    counts["refused"] += 1
+                    continue
+                warm = self.cfg.restart_s if self.executions[j] > 0 else self.cfg.startup_s
+                counts["start"] += 1
+            self.state[j] = RUNNING
+            self.gpu[j] = g
+            occupied[g] = True
+            self.sm_pct[j] = int(act.sm_pct) if act.sm_pct is not None else 100
+            self.warmup_s[j] = warm
+            self.since_ckpt_s[j] = 0.0
+            self.executions[j] += 1
+            if np.isnan(self.first_start_s[j]):
+                self.first_start_s[j] = now_s
+        return counts
+
+    def _stop(self, j: int, checkpoint: bool) -> None:
+        if checkpoint:
+            self.ckpt_step[j] = self.steps_done[j]
+        else:
+            lost = self.steps_done[j] - self.ckpt_step[j]
+            self.lost_steps[j] += lost
+            self.sep_s[j] -= lost / float(self.solo_sps(np.array([j]), np.array([self.gpu[j]]))[0])
+            self.steps_done[j] = self.ckpt_step[j]
+        self.state[j] = QUEUED
+        self.gpu[j] = -1
+
+    # -- one minute ---------------------------------------------------------------------
+    def _online_qps(self, hour: float) -> np.ndarray:
+        c = self.cfg
+        self.noise = 0.8 * self.noise + self._noise_rng.normal(0.0, c.qps_noise_frac, self.n)
+        bursting = self.burst_left > 0
+        self.burst_left[bursting] -= 1
+        start = (~bursting) & (self._burst_rng.random(self.n) < c.burst_prob_per_min)
+        if start.any():
+            self.burst_left[start] = self._burst_rng.integers(c.burst_minutes[0], c.burst_minutes[1] + 1,
+                                                               int(start.sum()))
+        qps = diurnal_qps(hour, self.qps_min, self.qps_max, self.peak_hour) * (1.0 + self.noise)
+        qps = np.where(self.burst_left > 0, qps * c.burst_factor, qps)
+        return np.maximum(0.0, qps)
+
+    def _active(self) -> np.ndarray:
+        run = self.running()
+        if self.sharing != "salus" or run.size == 0:
+            return run
+        # Salus: the resident job with the shortest remaining time runs (SRTF), one per GPU.
+        remaining = (self.jobs.total_steps[run] - self.steps_done[run]) / self.solo_sps(run, self.gpu[run])
+        order = np.lexsort((run, remaining, self.gpu[run]))
+        g_sorted = self.gpu[run][order]
+        first = np.ones(order.size, dtype=bool)
+        first[1:] = g_sorted[1:] != g_sorted[:-1]
+        return run[order[first]]
+
+    def step(self, minute: int, hour: float, now_s: float) -> Minute:
+        c, sh = self.cfg, self.cfg.sharing
+        qps = self._online_qps(hour)
+        load = np.clip(qps / self.cap_qps, 0.0, 1.0)
+        on_util = self.util_peak * load ** 0.7
+        on_sm = 100.0 * self.on_traits.sm_need * load
+        rho = np.minimum(load, 0.95)
+        lat_solo = self.base_lat * (1.0 + 0.5 * rho ** 2 / (1.0 - rho))
+        on_bw = 100.0 * self.on_traits.mem_bw * load
+        on_mem = self.svc_mem
+        solo_clock = clock_frac(on_sm, self.clock_drop)
+        util, sm, bw = on_util.copy(), on_sm.copy(), on_bw.copy()
+        mem = on_mem.copy()
+        slow = np.ones(self.n)
+        run = self.running()
+        if run.size:
+            np.add.at(mem, self.gpu[run], self.jobs.mem_bytes[run].astype(float))
+            self.real_s[run] += 60.0
+        act = self._active() if self.sharing != "none" else np.zeros(0, dtype=np.int64)
+        gpu_equiv, per_gpu_max = 0.0, 0
+        if act.size:
+            g = self.gpu[act]
+            per_gpu_max = int(np.bincount(g).max())
+            t = self.jobs.job_type[act]
+            active_s = np.maximum(0.0, 60.0 - self.warmup_s[act])
+            self.warmup_s[act] = np.maximum(0.0, self.warmup_s[act] - 60.0)
+            duty = active_s / 60.0
+            u = on_util[g] / 100.0
+            sm_used = np.minimum(self.sm_pct[act] / 100.0, self.off_sm_need[t])
+            if self.sharing == "mps":
+                on_tr = WorkloadTraits(self.on_traits.sensitivity[g], self.on_traits.pressure[g],
+                                       self.on_traits.sm_need[g], self.on_traits.mem_bw[g])
+                off_tr = WorkloadTraits(self.off_sens[t], self.off_pres[t], self.off_sm_need[t], self.off_mem_bw[t])
+                tput, s = colocate(on_tr, load[g], off_tr, self.sm_pct[act], c.interference)
+                u_g, sm_g, _, bw_g = shared_metrics(on_util[g], on_sm[g], 0.0, on_bw[g], 0.0, sm_used,
+                                                    self.off_mem_bw[t], duty, tput)
+            else:
+                if self.sharing == "time":
+                    busy_on = np.minimum(0.95, u * (1.0 + sh.ts_online_wait))
+                    tput = (1.0 - busy_on) * (1.0 - sh.ts_switch_overhead)
+                    s = np.full(act.size, 1.0 + sh.ts_online_wait)
+                elif self.sharing == "priority":
+                    tput = (1.0 - np.minimum(0.95, u)) * sh.pb_offline_efficiency
+                    s = np.full(act.size, 1.0 + sh.pb_online_wait)
+                else:  # salus
+                    tput = (1.0 - np.minimum(0.95, u)) * sh.salus_offline_efficiency
+                    iter_ms = 1000.0 / self.solo_sps(act, g)
+                    s = 1.0 + (tput / sh.salus_offline_efficiency) * 0.5 * iter_ms / lat_solo[g]
+                u_g = 100.0 * np.minimum(1.0, u + duty * tput)
+                sm_g = np.minimum(100.0, on_sm[g] + 100.0 * self.off_sm_need[t] * duty * tput)
+                bw_g = np.minimum(100.0, on_bw[g] + 100.0 * self.off_mem_bw[t] * duty * tput)
+            util[g], sm[g], bw[g] = u_g, sm_g, bw_g
+            slow[g] = 1.0 + (s - 1.0) * duty
+            # Progress, with completions inside the minute.
+            sps = self.solo_sps(act, g)
+            rate = tput * sps
+            remaining = self.jobs.total_steps[act] - self.steps_done[act]
+            inc = rate * active_s
+            done = inc >= remaining - 1e-9
+            steps = np.where(done, remaining, inc)
+            self.steps_done[act] += steps
+            self.sep_s[act] += steps / sps
+            gpu_equiv = float(np.sum(tput * duty))
+            self.since_ckpt_s[act] += 60.0
+            ck = self.since_ckpt_s[act] >= c.checkpoint_interval_s
+            if ck.any():
+                self.ckpt_step[act[ck]] = self.steps_done[act[ck]]
+                self.since_ckpt_s[act[ck]] = 0.0
+            if done.any():
+                fin = act[done]
+                with np.errstate(divide="ignore", invalid="ignore"):
+                    used = (60.0 - active_s[done]) + np.where(rate[done] > 0, remaining[done] / rate[done], 0.0)
+                used = np.clip(used, 0.0, 60.0)
+                self.finish_s[fin] = now_s + used
+                self.real_s[fin] -= 60.0 - used
+                self.state[fin] = DONE
+                self.gpu[fin] = -1
+        clock = clock_frac(sm, self.clock_drop)
+        mem_frac = mem / self.mem_total
+        evicted = self._monitor(now_s + 60.0, util, sm, clock, mem_frac) if self.protection else 0
+        # Observations for the next round: the online service's own metrics.
+        self._recent[:, minute % self.recent_n, :] = (on_util, on_sm, on_mem, on_bw, lat_solo, qps,
+                                                      solo_clock * self.max_clock)
+        self._hist[self._hist_pos] = on_sm
+        self._hist_pos = (self._hist_pos + 1) % self.history_minutes
+        self._hist_len = min(self._hist_len + 1, self.history_minutes)
+        return Minute(
+            qps=qps, latency_ms=lat_solo * slow, solo_latency_ms=lat_solo, util_pct=util, sm_pct=sm,
+            mem_frac=mem_frac, solo_util_pct=on_util, solo_sm_pct=on_sm, solo_mem_frac=on_mem / self.mem_total,
+            offline_gpu_equiv=gpu_equiv, running=int(run.size), active_per_gpu_max=per_gpu_max, evicted=evicted,
+        )
+
+    def _monitor(self, now_s: float, util, sm, clock, mem_frac) -> int:
+        cfg = self.cfg.sysmonitor
+        if self._first_step:
+            idx = np.arange(self.n)
+            self._first_step = False
+        else:
+            idx = np.flatnonzero((self.health != HEALTHY) | _reached(cfg.unhealthy, util, sm, clock, mem_frac)
+                                 | _reached(cfg.overlimit, util, sm, clock, mem_frac))
+        if idx.size == 0:
+            return 0
+        from scheduler_core.sysmonitor import GpuSample
+
+        evict_gpus = []
+        for i in idx:
+            mon = self.monitors[i]
+            if mon.step(now_s, GpuSample(float(util[i]), float(sm[i]), float(clock[i]), float(mem_frac[i]))):
+                evict_gpus.append(i)
+            self.health[i] = _HEALTH_CODE[mon.state]
+        evicted = 0
+        if evict_gpus:
+            run = self.running()
+            hit = run[np.isin(self.gpu[run], evict_gpus)]
+            for j in hit:
+                self._stop(int(j), checkpoint=False)
+                self.evictions[j] += 1
+                evicted += 1
+        return evicted
+
+    def health_of(self, i: int) -> GpuHealth:
+        return _HEALTH[int(self.health[i])]
+
+
+def hour_of_day(now_s: float, start_hour_utc: float = 0.0) -> float:
+    return math.fmod(start_hour_utc + now_s / 3600.0, 24.0) % 24.0

@@ -1,0 +1,139 @@
+"""The paper's metrics (§7.1, DESIGN §9) from one simulation run, and the normalized comparison table.
+
+Online latency. Each GPU-minute has a mean request latency (solo latency from
+the service's load, times the sharing mechanism's slowdown) and a request rate.
+Per-request latency inside a minute is taken as exponential around that mean
+(an M/M/1 sojourn time), so the p99 over all requests is the 0.99 quantile of
+the QPS-weighted mixture of exponentials. Online-only latency is the solo
+latency under the *same* load (the online load does not depend on the policy),
+so every run is normalized to Online-only within itself.
+
+Offline. JCT = completion − arrival (queueing included) over finished jobs;
+``jct_censored_s`` also counts unfinished jobs up to the end of the run (a lower
+bound on their JCT). Oversold GPU = Σ T_sep / Σ T_real (DESIGN §9): solo time
+of the useful work done over the wall time jobs held a GPU. Offline normalized
+throughput = dedicated-GPU equivalents of the offline work per GPU, averaged
+over the run.
+"""
+
+from __future__ import annotations
+
+import numpy as np
+
+from scheduler_core.simulator.config import SimConfig
+from scheduler_core.simulator.fleet import DONE, FUTURE
+
+
+def mixture_p99(mean_ms: np.ndarray, weight: np.ndarray, q: float = 0.99, iters: int = 48) -> float:
+    """Quantile ``q`` of a weighted mixture of exponentials with the given means (bisection on the survival)."""
+    mean = np.asarray(mean_ms, dtype=np.float64).reshape(-1)
+    w = np.asarray(weight, dtype=np.float64).reshape(-1)
+    keep = (w > 0) & (mean > 0)
+    mean, w = mean[keep], w[keep]
+    if mean.size == 0:
+        return float("nan")
+    w = w / w.sum()
+    target = 1.0 - q
+    lo, hi = 0.0, float(mean.max()) * -np.log(target) * 1.01
+    inv = 1.0 / mean
+    for _ in range(iters):
+        mid = 0.5 * (lo + hi)
+        if float(np.dot(w, np.exp(-mid * inv))) > target:
+            lo = mid
+        else:
+            hi = mid
+    return 0.5 * (lo + hi)
+
+
+def compute_metrics(cfg: SimConfig, fleet, rec, rounds: list[dict]) -> dict:
+    lat, solo, qps = rec.lat, rec.solo, rec.qps
+    wsum = float(qps.sum(dtype=np.float64))
+    avg = float((lat.astype(np.float64) * qps).sum() / wsum)
+    avg_solo = float((solo.astype(np.float64) * qps).sum() / wsum)
+    p99 = mixture_p99(lat, qps)
+    p99_solo = mixture_p99(solo, qps)
+    jobs = fleet.jobs
+    end_s = cfg.minutes * 60.0
+    arrived = fleet.state != FUTURE
+    done = fleet.state == DONE
+    jct = fleet.finish_s[done] - jobs.arrival_s[done]
+    censored = np.where(done, fleet.finish_s, end_s)[arrived] - jobs.arrival_s[arrived]
+    real = float(fleet.real_s.sum())
+    sep = float(fleet.sep_s.sum())
+    executions = int(fleet.executions.sum())
+    evictions = int(fleet.evictions.sum())
+    c = rec.cols
+    planned = [r for r in rounds if "plan_s" in r]
+    return {
+        "simulated": True,
+        "online": {
+            "avg_latency_ms": round(avg, 4),
+            "p99_latency_ms": round(p99, 4),
+            "online_only_avg_latency_ms": round(avg_solo, 4),
+            "online_only_p99_latency_ms": round(p99_solo, 4),
+            "avg_latency_norm": round(avg / avg_solo, 4),
+            "p99_latency_norm": round(p99 / p99_solo, 4),
+        },
+        "offline": {
+            "jobs": int(jobs.size),
+            "arrived": int(arrived.sum()),
+            "finished": int(done.sum()),
+            "unfinished": int(arrived.sum() - done.sum()),
+            "avg_jct_s": round(float(jct.mean()), 2) if jct.size else None,
+            "jct_censored_s": round(float(censored.mean()), 2) if censored.size and executions else None,
+            "makespan_s": round(float(fleet.finish_s[done].max() - jobs.arrival_s.min()), 2)
+            if done.size and done.all() else None,
+            "last_finish_s": round(float(np.nanmax(fleet.finish_s)), 2) if done.any() else None,
+            "oversold_gpu": round(sep / real, 4) if real > 0 else 0.0,
+            "norm_tput": round(float(c["offline_gpu_equiv"].mean()) / cfg.gpus, 4),
+            "gpu_equivalents": round(float(c["offline_gpu_equiv"].mean()), 2),
+            "executions": executions,
+            "evictions": evictions,
+            "eviction_rate": round(evictions / executions, 4) if executions else 0.0,
+            "migrations": int(fleet.migrations.sum()),
+            "lost_steps_frac": round(float(fleet.lost_steps.sum() / jobs.total_steps.sum()), 6),
+        },
+        "cluster": {
+            "gpu_util_pct": round(float(c["util"].mean()), 3),
+            "sm_activity_pct": round(float(c["sm"].mean()), 3),
+            "memory_pct": round(100.0 * float(c["mem"].mean()), 3),
+            "online_only_gpu_util_pct": round(float(c["solo_util"].mean()), 3),
+            "online_only_sm_activity_pct": round(float(c["solo_sm"].mean()), 3),
+            "online_only_memory_pct": round(100.0 * float(c["solo_mem"].mean()), 3),
+        },
+        "rounds": {
+            "count": len(rounds),
+            "placements_mean": round(float(np.mean([r.get("placements", 0) for r in rounds])), 2) if rounds else 0,
+            "plan_s_mean": round(float(np.mean([r["plan_s"] for r in planned])), 4) if planned else None,
+            "plan_s_max": round(float(np.max([r["plan_s"] for r in planned])), 4) if planned else None,
+            "certified_optimal": all(r.get("certified_optimal", True) for r in planned) if planned else None,
+        },
+    }
+
+
+# Columns of the comparison table: Figures 11 and 13 normalize latency to Online-only and
+# the offline metrics to MuxFlow.
+def compare_table(results: dict[str, dict], reference: str = "muxflow") -> list[dict]:
+    ref = results.get(reference)
+    rows = []
+    for name, m in results.items():
+        on, off = m["online"], m["offline"]
+        row = {
+            "policy": name,
+            "avg_latency_vs_online_only": on["avg_latency_norm"],
+            "p99_latency_vs_online_only": on["p99_latency_norm"],
+            "avg_jct_h": None if off["avg_jct_s"] is None else round(off["avg_jct_s"] / 3600.0, 3),
+            "finished": off["finished"],
+            "oversold_gpu": off["oversold_gpu"],
+            "gpu_util_pct": m["cluster"]["gpu_util_pct"],
+            "sm_activity_pct": m["cluster"]["sm_activity_pct"],
+            "memory_pct": m["cluster"]["memory_pct"],
+            "eviction_rate": off["eviction_rate"],
+        }
+        if ref is not None and name != "online-only":
+            rj, rc = ref["offline"]["jct_censored_s"], off["jct_censored_s"]
+            row["jct_vs_muxflow"] = round(rc / rj, 3) if rj and rc else None
+            ro = ref["offline"]["oversold_gpu"]
+            row["oversold_vs_muxflow"] = round(off["oversold_gpu"] / ro, 3) if ro else None
+        rows.append(row)
+    return rows

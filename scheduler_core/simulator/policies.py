@@ -1,0 +1,212 @@
+"""Scheduling policies of the evaluation (paper §7.3, §7.4), one signature and a registry.
+
+A policy is a sharing mechanism (how a placed offline job shares its GPU, see
+:mod:`scheduler_core.simulator.fleet`), whether SysMonitor protects the online
+service, and a planner called once per round::
+
+    planner(view: RoundView) -> (list[PlanAction], dict of round stats)
+
+The MuxFlow family plans with the production round,
+:func:`scheduler_core.round.plan_round` — speed predictor, dynamic SM,
+maximum-weight matching — configured as the ablation says:
+
+- MuxFlow: dynamic SM + matching.
+- MuxFlow-S: fixed SM percentage (``SmPolicy.fixed_pct``) + matching.
+- MuxFlow-M: dynamic SM + first fit (``RoundConfig.matcher="first_fit"``).
+- MuxFlow-S-M: fixed SM + first fit: only the protection mechanisms.
+
+The baselines place first come, first served on the first GPU without an
+offline job (Time-sharing, PB-time-sharing), or spread jobs over GPUs and let
+each GPU run its residents shortest-remaining-time first (Salus).
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable
+from dataclasses import dataclass, replace
+
+import numpy as np
+
+from scheduler_core.domain import (
+    Action,
+    GpuCandidate,
+    JobCandidate,
+    OfflineFeatures,
+    OnlineFeatures,
+    PlanAction,
+)
+from scheduler_core.dynamic_sm import SmPolicy
+from scheduler_core.forecast import ForecastPolicy, forecast_many
+from scheduler_core.round import RoundConfig, plan_round
+from scheduler_core.simulator.config import SimConfig
+
+
+@dataclass
+class RoundView:
+    """What a planner may see at a round: the fleet (read-only by convention) and the time."""
+
+    fleet: object  # scheduler_core.simulator.fleet.Fleet
+    now_s: float
+
+
+Planner = Callable[[RoundView], tuple[list[PlanAction], dict]]
+
+
+@dataclass(frozen=True)
+class Policy:
+    name: str
+    sharing: str  # none | mps | time | priority | salus
+    protection: bool  # SysMonitor evicts offline work on Overlimit
+    description: str
+    make_planner: Callable[[SimConfig, object], Planner]
+
+
+def _no_offline(cfg: SimConfig, inputs) -> Planner:
+    return lambda view: ([], {})
+
+
+def _muxflow(fixed_sm: bool, matcher: str) -> Callable[[SimConfig, object], Planner]:
+    def make(cfg: SimConfig, inputs) -> Planner:
+        sm = SmPolicy(fixed_pct=cfg.fixed_sm_pct) if fixed_sm else SmPolicy()
+        round_cfg = replace(inputs.round_config, sm=sm, matcher=matcher,
+                            migration_penalty=cfg.round_migration_penalty())
+        return _MuxFlowPlanner(cfg, inputs, round_cfg)
+
+    return make
+
+
+class _MuxFlowPlanner:
+    """Candidates from what the simulated monitors observed → the production round."""
+
+    def __init__(self, cfg: SimConfig, inputs, round_cfg: RoundConfig):
+        self.cfg, self.inputs, self.round_cfg = cfg, inputs, round_cfg
+        self.forecast = ForecastPolicy(horizon_minutes=cfg.round_minutes)
+        self._profiles: dict[int, dict[str, OfflineFeatures]] = {}
+
+    def profiles(self, fleet, type_index: int) -> dict[str, OfflineFeatures]:
+        got = self._profiles.get(type_index)
+        if got is None:
+            name = fleet.jobs.types[type_index]
+            got = {g: self.inputs.profiles[(name, g)] for g in fleet.type_names}
+            self._profiles[type_index] = got
+        return got
+
+    def __call__(self, view: RoundView) -> tuple[list[PlanAction], dict]:
+        f = view.fleet
+        recent = f.recent_online()
+        fc = forecast_many(f.sm_history(), self.forecast)
+        fc = np.where(np.isfinite(fc), fc, recent["sm"])
+        run = f.running()
+        on_gpu = {int(f.gpu[j]): int(j) for j in run}
+        gpus = []
+        for i in range(f.n):
+            cur = on_gpu.get(i)
+            gpus.append(GpuCandidate(
+                gpu_id=i, gpu_type=f.gpu_type_name[i], memory_bytes=int(f.mem_total[i]),
+                max_sm_clock_mhz=int(f.max_clock[i]), health=f.health_of(i),
+                service_name=self.cfg.services[int(f.service_index[i])].name,
+                online=OnlineFeatures(
+                    gpu_util_pct=float(recent["gpu_util"][i]), sm_activity_pct=float(fc[i]),
+                    sm_occupancy_pct=0.55 * float(fc[i]), mem_used_bytes=float(recent["mem"][i]),
+                    mem_bw_util_pct=float(recent["bw"][i]), latency_ms=float(recent["latency"][i]),
+                    qps=float(recent["qps"][i]), sm_clock_mhz=float(recent["clock"][i]),
+                ),
+                forecast_sm_pct=float(fc[i]), forecast_mem_bytes=float(f.svc_mem[i]),
+                slowdown_allowance=float(f.allowance[i]),
+                current_job_id=cur, current_sm_pct=int(f.sm_pct[cur]) if cur is not None else None,
+            ))
+        all_types = frozenset(f.type_names)
+        jobs = []
+        # Queue order: running jobs, then waiting ones by arrival (the job table is in arrival order).
+        for j in np.concatenate([run, f.queued()]):
+            j = int(j)
+            running = f.state[j] == 2
+            jobs.append(JobCandidate(
+                job_id=j, mem_bytes=int(f.jobs.mem_bytes[j]), allowed_gpu_types=all_types,
+                profiles=self.profiles(f, int(f.jobs.job_type[j])),
+                current_gpu_id=int(f.gpu[j]) if running else None,
+                current_sm_pct=int(f.sm_pct[j]) if running else None,
+            ))
+        result = plan_round(gpus, jobs, self.inputs.predictors, self.round_cfg)
+        return result.actions, {
+            "placements": len(result.placements), "objective": result.objective,
+            "certified_optimal": result.certified_optimal, "plan_s": result.timings_s.get("total", 0.0),
+            "sm_pcts": [p.sm_pct for p in result.placements],
+        }
+
+
+def _first_come_first_fit(cfg: SimConfig, inputs) -> Planner:
+    """Gandiva/AntMan-style packing: each waiting job, in arrival order, on the first GPU with no offline job."""
+
+    def plan(view: RoundView) -> tuple[list[PlanAction], dict]:
+        f = view.fleet
+        busy = np.zeros(f.n, dtype=bool)
+        busy[f.gpu[f.running()]] = True
+        free = list(np.flatnonzero(~busy))
+        actions = []
+        room = f.mem_total - f.svc_mem
+        k = 0
+        for j in f.queued():
+            while k < len(free) and room[free[k]] < f.jobs.mem_bytes[j]:
+                k += 1
+            if k >= len(free):
+                break
+            actions.append(PlanAction(Action.START, int(j), int(free[k]), None, None))
+            k += 1
+        return actions, {"placements": len(actions)}
+
+    return plan
+
+
+def _salus(cfg: SimConfig, inputs) -> Planner:
+    """Salus: several resident jobs per GPU (memory permitting), each waiting job to the least-loaded GPU."""
+    sh = cfg.sharing
+
+    def plan(view: RoundView) -> tuple[list[PlanAction], dict]:
+        f = view.fleet
+        run = f.running()
+        residents = np.bincount(f.gpu[run], minlength=f.n)
+        mem_used = f.svc_mem.copy()
+        np.add.at(mem_used, f.gpu[run], f.jobs.mem_bytes[run].astype(float))
+        work = np.zeros(f.n)
+        if run.size:
+            np.add.at(work, f.gpu[run], (f.jobs.total_steps[run] - f.steps_done[run]) / f.solo_sps(run, f.gpu[run]))
+        cap = f.mem_total * sh.salus_mem_frac
+        actions = []
+        for j in f.queued():
+            ok = (residents < sh.salus_max_resident) & (mem_used + f.jobs.mem_bytes[j] <= cap)
+            if not ok.any():
+                break
+            score = np.where(ok, residents * 1e12 + work, np.inf)
+            g = int(np.argmin(score))
+            actions.append(PlanAction(Action.START, int(j), g, None, None))
+            residents[g] += 1
+            mem_used[g] += f.jobs.mem_bytes[j]
+            work[g] += f.jobs.total_steps[j] / float(f.solo_sps(np.array([j]), np.array([g]))[0])
+        return actions, {"placements": len(actions)}
+
+    return plan
+
+
+POLICIES: dict[str, Policy] = {
+    p.name: p
+    for p in (
+        Policy("online-only", "none", False, "Online services alone: the latency reference (paper §7.3)", _no_offline),
+        Policy("time-sharing", "time", False, "GPU-driver time slices, first come first fit (Gandiva)",
+               _first_come_first_fit),
+        Policy("pb-time-sharing", "priority", False,
+               "Priority time slices for online work, first come first fit (AntMan, PAI)", _first_come_first_fit),
+        Policy("muxflow", "mps", True, "Dynamic SM + matching + protection (paper)", _muxflow(False, "km")),
+        Policy("muxflow-s", "mps", True, "Fixed SM percentage + matching + protection", _muxflow(True, "km")),
+        Policy("muxflow-m", "mps", True, "Dynamic SM + first fit + protection", _muxflow(False, "first_fit")),
+        Policy("muxflow-s-m", "mps", True, "Fixed SM + first fit: protection only", _muxflow(True, "first_fit")),
+        Policy("salus", "salus", False, "Iteration-level time sharing, SRTF among resident jobs (Salus)", _salus),
+    )
+}
+
+
+def get_policy(name: str) -> Policy:
+    try:
+        return POLICIES[name.lower()]
+    except KeyError:
+        raise ValueError(f"unknown policy {name!r}; known: {', '.join(POLICIES)}") from None
