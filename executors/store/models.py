@@ -40,6 +40,16 @@ NAMING = {
 JOB_STATES_SQL = ", ".join(f"'{s.value}'" for s in JobState)
 GPU_HEALTH_SQL = ", ".join(f"'{s.value}'" for s in GpuHealth)
 SOURCES_SQL = "'simulated', 'measured'"
+# job_profiles.method: 'model' (the simulated GPU model, no run), 'nvml' (a profiling run on a GPU,
+# NVML metrics), 'simulated-metrics' (a real profiling run on a node without a GPU: iterations
+# measured, GPU metrics from the simulated model), 'reused' (copied from a job of the same type).
+PROFILE_METHODS = ("model", "nvml", "simulated-metrics", "reused")
+# colocation_samples.method: 'simulated', 'mps' / 'no-mps' (measured on a GPU with / without MPS),
+# 'cpu' (the harness ran both workloads on a CPU: a test of the harness, never training data).
+SAMPLE_METHODS = ("simulated", "mps", "no-mps", "cpu")
+NOT_TRAINING_METHODS = ("cpu",)
+RUN_STATES = ("submitted", "running", "done", "failed")
+RUN_STATES_SQL = ", ".join(f"'{x}'" for x in RUN_STATES)
 
 
 def utcnow() -> dt.datetime:
@@ -180,6 +190,16 @@ class JobProfile(Base):
     sm_clock_mhz: Mapped[float] = mapped_column(Float)
     source: Mapped[str] = mapped_column(String(16))
     profiled_utc: Mapped[dt.datetime] = mapped_column(UtcDateTime, default=utcnow)
+    # How the profile was made (PROFILE_METHODS) and what the profiling run measured (issue 8).
+    method: Mapped[str] = mapped_column(String(32), default="model", server_default="model")
+    iterations: Mapped[int | None] = mapped_column(Integer, nullable=True)
+    measured_iter_time_s: Mapped[float | None] = mapped_column(Float, nullable=True)  # mean, on `device`
+    iter_time_p50_s: Mapped[float | None] = mapped_column(Float, nullable=True)
+    iter_time_p95_s: Mapped[float | None] = mapped_column(Float, nullable=True)
+    profiling_s: Mapped[float | None] = mapped_column(Float, nullable=True)  # wall time of the profiling run
+    device: Mapped[str | None] = mapped_column(String(128), nullable=True)
+    slurm_job_id: Mapped[int | None] = mapped_column(BigInteger, nullable=True)  # the profiling copy
+    reused_from_job_id: Mapped[int | None] = mapped_column(Integer, nullable=True)
     __table_args__ = (
         UniqueConstraint("job_id", "gpu_type", name="uq_job_profiles_job_gpu_type"),
         CheckConstraint(f"source IN ({SOURCES_SQL})", name="source_valid"),
@@ -234,12 +254,80 @@ class ColocationSample(Base):
     sm_pct: Mapped[float] = mapped_column(Float)
     offline_norm_tput: Mapped[float] = mapped_column(Float)
     online_slowdown: Mapped[float] = mapped_column(Float)
-    method: Mapped[str] = mapped_column(String(16))  # simulated | mps | no-mps
+    method: Mapped[str] = mapped_column(String(16))  # SAMPLE_METHODS
     collected_utc: Mapped[dt.datetime] = mapped_column(UtcDateTime, default=utcnow)
+    # Measured samples (issue 8): p99 slowdown next to the average one, the device, the load.
+    online_slowdown_p99: Mapped[float | None] = mapped_column(Float, nullable=True)
+    device: Mapped[str | None] = mapped_column(String(128), nullable=True)
+    qps: Mapped[float | None] = mapped_column(Float, nullable=True)
+    sampling_run_id: Mapped[int | None] = mapped_column(
+        ForeignKey("sampling_runs.id", ondelete="SET NULL"), nullable=True, index=True
+    )
     __table_args__ = (
         CheckConstraint("sm_pct > 0 AND sm_pct <= 100", name="sm_pct_range"),
         CheckConstraint("offline_norm_tput >= 0", name="tput_nonneg"),
         CheckConstraint("online_slowdown >= 0", name="slowdown_nonneg"),
+    )
+
+
+class ProfilingRun(Base):
+    """One solo-profiling run of an offline job on one GPU type (paper §6; issue 8).
+
+    Written before the run is submitted and updated as it goes, so a profiler that
+    restarts finds runs in flight instead of submitting them twice.
+    """
+
+    __tablename__ = "profiling_runs"
+    id: Mapped[int] = mapped_column(Integer, primary_key=True)
+    job_id: Mapped[int] = mapped_column(ForeignKey("offline_jobs.id", ondelete="CASCADE"), index=True)
+    gpu_type: Mapped[str] = mapped_column(ForeignKey("gpu_types.name"))
+    state: Mapped[str] = mapped_column(String(16), default="submitted")
+    reason: Mapped[str | None] = mapped_column(Text, nullable=True)
+    slurm_job_id: Mapped[int | None] = mapped_column(BigInteger, nullable=True)
+    node: Mapped[str | None] = mapped_column(String(64), nullable=True)
+    run_dir: Mapped[str] = mapped_column(Text)
+    bound_s: Mapped[float] = mapped_column(Float)
+    submitted_utc: Mapped[dt.datetime] = mapped_column(UtcDateTime, default=utcnow)
+    started_utc: Mapped[dt.datetime | None] = mapped_column(UtcDateTime, nullable=True)
+    finished_utc: Mapped[dt.datetime | None] = mapped_column(UtcDateTime, nullable=True)
+    report: Mapped[dict | None] = mapped_column(JSON, nullable=True)
+    __table_args__ = (
+        CheckConstraint(f"state IN ({RUN_STATES_SQL})", name="state_valid"),
+        CheckConstraint("bound_s > 0", name="bound_positive"),
+        Index("ix_profiling_runs_state", "state"),
+    )
+
+
+class SamplingRun(Base):
+    """One co-location measurement session: a service at a QPS and a job over a list of SM % (issue 8)."""
+
+    __tablename__ = "sampling_runs"
+    id: Mapped[int] = mapped_column(Integer, primary_key=True)
+    gpu_type: Mapped[str] = mapped_column(ForeignKey("gpu_types.name"))
+    service_name: Mapped[str] = mapped_column(String(64))
+    service_family: Mapped[str] = mapped_column(String(32))
+    job_type: Mapped[str] = mapped_column(String(64))
+    job_family: Mapped[str] = mapped_column(String(32))
+    qps: Mapped[float] = mapped_column(Float)
+    sm_pcts: Mapped[list] = mapped_column(JSON)
+    planned_gpu_s: Mapped[float] = mapped_column(Float)
+    used_gpu_s: Mapped[float | None] = mapped_column(Float, nullable=True)
+    state: Mapped[str] = mapped_column(String(16), default="submitted")
+    reason: Mapped[str | None] = mapped_column(Text, nullable=True)
+    slurm_job_id: Mapped[int | None] = mapped_column(BigInteger, nullable=True)
+    node: Mapped[str | None] = mapped_column(String(64), nullable=True)
+    run_dir: Mapped[str] = mapped_column(Text)
+    method: Mapped[str | None] = mapped_column(String(16), nullable=True)
+    samples: Mapped[int] = mapped_column(Integer, default=0)
+    submitted_utc: Mapped[dt.datetime] = mapped_column(UtcDateTime, default=utcnow)
+    started_utc: Mapped[dt.datetime | None] = mapped_column(UtcDateTime, nullable=True)
+    finished_utc: Mapped[dt.datetime | None] = mapped_column(UtcDateTime, nullable=True)
+    report: Mapped[dict | None] = mapped_column(JSON, nullable=True)
+    __table_args__ = (
+        CheckConstraint(f"state IN ({RUN_STATES_SQL})", name="state_valid"),
+        CheckConstraint("qps > 0", name="qps_positive"),
+        CheckConstraint("planned_gpu_s >= 0", name="planned_nonneg"),
+        Index("ix_sampling_runs_state", "state"),
     )
 
 

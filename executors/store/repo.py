@@ -56,9 +56,14 @@ def jobs_in_states(s: Session, states: Iterable[JobState]) -> list[m.OfflineJob]
     )
 
 
-def save_profile(s: Session, job_id: int, gpu_type: str, f: OfflineFeatures, source: str) -> None:
+def save_profile(s: Session, job_id: int, gpu_type: str, f: OfflineFeatures, source: str, method: str = "model",
+                 **measured: object) -> None:
+    """Store a job's solo profile on a GPU type (replacing an older one); ``measured``: the profiling
+    run's figures (``iterations``, ``measured_iter_time_s``, ``device``, ... columns of ``job_profiles``)."""
+    if method not in m.PROFILE_METHODS:
+        raise ValueError(f"profile method {method!r} (known: {', '.join(m.PROFILE_METHODS)})")
     s.execute(delete(m.JobProfile).where(m.JobProfile.job_id == job_id, m.JobProfile.gpu_type == gpu_type))
-    s.add(m.JobProfile(job_id=job_id, gpu_type=gpu_type, source=source, **asdict(f)))
+    s.add(m.JobProfile(job_id=job_id, gpu_type=gpu_type, source=source, method=method, **asdict(f), **measured))
 
 
 def profiles_by_job(s: Session, job_ids: list[int]) -> dict[int, dict[str, OfflineFeatures]]:
@@ -77,14 +82,28 @@ def add_samples(s: Session, samples: Iterable[object]) -> int:
     return len(rows)
 
 
+def _training_samples(gpu_type: str):
+    # Samples the harness took on a CPU test its plumbing; they are never a GPU type's training data.
+    return (m.ColocationSample.gpu_type == gpu_type,
+            m.ColocationSample.method.not_in(m.NOT_TRAINING_METHODS))
+
+
 def samples_for(s: Session, gpu_type: str) -> list[m.ColocationSample]:
+    """A GPU type's training samples (simulated and GPU-measured), oldest first."""
     return list(s.scalars(
-        select(m.ColocationSample).where(m.ColocationSample.gpu_type == gpu_type).order_by(m.ColocationSample.id)
+        select(m.ColocationSample).where(*_training_samples(gpu_type)).order_by(m.ColocationSample.id)
     ))
 
 
 def sample_count(s: Session, gpu_type: str) -> int:
-    return s.scalar(select(func.count()).select_from(m.ColocationSample).where(m.ColocationSample.gpu_type == gpu_type))
+    return s.scalar(select(func.count()).select_from(m.ColocationSample).where(*_training_samples(gpu_type)))
+
+
+def sample_counts_by_method(s: Session) -> dict[tuple[str, str], int]:
+    """(GPU type, method) → number of co-location samples, every method included."""
+    q = select(m.ColocationSample.gpu_type, m.ColocationSample.method, func.count()).group_by(
+        m.ColocationSample.gpu_type, m.ColocationSample.method)
+    return {(g, meth): n for g, meth, n in s.execute(q)}
 
 
 def model_row(s: Session, gpu_type: str, version: int) -> m.PredictorModel:
