@@ -15,7 +15,7 @@ import logging
 import os
 from pathlib import Path
 
-from executors.simulated.calibration import default_catalog
+from executors.simulated.calibration import default_catalog, holdout_reports
 from executors.simulated.profiling import colocation_samples, offline_profile
 from scheduler_core.predictor import PredictorConfig, SpeedPredictor, train
 from scheduler_core.rng import rng_stream
@@ -85,6 +85,8 @@ def simulation_inputs(cfg: SimConfig, cache_dir: Path | None = None) -> tuple[Si
     types = sorted({t for t, _ in cfg.types()})
     profiles = {(job, g): offline_profile(catalog, job, g) for job in catalog.offline for g in types}
     predictors, info = simulation_predictors(cfg, cache_dir)
+    # How well the interference model reproduces measured pairs it was not fitted on (Gavel K80/P100).
+    info = {"predictors": info, "interference_calibration_holdout": [r.as_dict() for r in holdout_reports()]}
     return SimInputs(catalog=catalog, profiles=profiles, predictors=predictors), info
 
 

@@ -293,7 +293,6 @@ class Fleet:
             per_gpu_max = int(np.bincount(g).max())
             t = self.jobs.job_type[act]
             active_s = np.maximum(0.0, 60.0 - self.warmup_s[act])
-            self.warmup_s[act] = np.maximum(0.0, self.warmup_s[act] - 60.0)
             duty = active_s / 60.0
             u = on_util[g] / 100.0
             sm_used = np.minimum(self.sm_pct[act] / 100.0, self.off_sm_need[t])
@@ -345,6 +344,8 @@ class Fleet:
                 self.real_s[fin] -= 60.0 - used
                 self.state[fin] = DONE
                 self.gpu[fin] = -1
+        if run.size:  # start-up and restarts proceed on every placed job (Salus residents too)
+            self.warmup_s[run] = np.maximum(0.0, self.warmup_s[run] - 60.0)
         clock = clock_frac(sm, self.clock_drop)
         mem_frac = mem / self.mem_total
         evicted = self._monitor(now_s + 60.0, util, sm, clock, mem_frac) if self.protection else 0
