@@ -493,6 +493,9 @@ def _register_siblings() -> None:
 
     bench_xcuda.context_settings.setdefault("help_option_names", HELP["help_option_names"])
     bench.add_command(bench_xcuda)
+    from pipelines.bench_simulate import bench_simulate
+
+    bench.add_command(bench_simulate)
 
 
 _register_siblings()

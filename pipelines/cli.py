@@ -355,6 +355,8 @@ from pipelines.cli_slurm import slurm as _slurm  # noqa: E402
 main.add_command(_slurm)
 from pipelines.cli_node import node_agent as _node_agent  # noqa: E402
 main.add_command(_node_agent)
+from pipelines.cli_simulate import simulate as _simulate  # noqa: E402
+main.add_command(_simulate)
 
 
 if __name__ == "__main__":  # pragma: no cover
