@@ -70,19 +70,45 @@ class RoundGraph:
     gpus: list[GpuCandidate]  # eligible GPUs, the graph's rows
     jobs: list[JobCandidate]
     weights: GroupedWeights  # penalised weights used by the matching
-    sm_pct: np.ndarray  # (n,) offline SM % per GPU
+    sm_levels: np.ndarray  # (levels, n) MPS share per GPU at each level; level 0 = the dynamic share
+    class_level: np.ndarray  # (classes, n) the level a class's weight on a GPU was predicted at
+    home_level: np.ndarray  # (m,) the level of a running job's weight at its home
     quota: np.ndarray  # (n,) offline memory quota per GPU
     gpu_type_idx: np.ndarray  # (n,) index into types
-    gpu_row: np.ndarray  # (n,) row in its type's table
+    gpu_rows: list[np.ndarray]  # per level, (n,) row in its type's table
     class_profile: np.ndarray  # (classes, types) column in the type's table, −1 = none
     types: list[str]
-    tables: list[_TypeTable]
+    level_tables: list[list[_TypeTable]]  # per level, per type
     stats: dict = field(default_factory=dict)
 
+    @property
+    def sm_pct(self) -> np.ndarray:
+        """(n,) the dynamic share of each GPU (level 0)."""
+        return self.sm_levels[0]
+
+    def pair_levels(self, gpu_idx: np.ndarray, job_idx: np.ndarray) -> np.ndarray:
+        gi = np.asarray(gpu_idx, dtype=np.int64)
+        ji = np.asarray(job_idx, dtype=np.int64)
+        at_home = gi == self.weights.home[ji]
+        return np.where(at_home, self.home_level[ji], self.class_level[self.weights.job_class[ji], gi])
+
+    def pair_pct(self, gpu_idx: np.ndarray, job_idx: np.ndarray) -> np.ndarray:
+        """MPS share of aligned (GPU, job) pairs: the level their weight was predicted at."""
+        gi = np.asarray(gpu_idx, dtype=np.int64)
+        return self.sm_levels[self.pair_levels(gi, job_idx), gi]
+
     def predicted(self, gpu_idx: np.ndarray, job_idx: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
-        """(normalized throughput, online slowdown) of aligned pairs, as predicted (no penalty)."""
-        return _lookup(self.tables, self.gpu_type_idx, self.gpu_row, self.class_profile,
-                       self.weights.job_class[np.asarray(job_idx, dtype=np.int64)], gpu_idx)
+        """(normalized throughput, online slowdown) of aligned pairs at their share, as predicted (no penalty)."""
+        gi = np.asarray(gpu_idx, dtype=np.int64)
+        ji = np.asarray(job_idx, dtype=np.int64)
+        lv = self.pair_levels(gi, ji)
+        tput = np.full(gi.shape, np.nan)
+        slow = np.full(gi.shape, np.nan)
+        for li in np.unique(lv):
+            sel = lv == li
+            tput[sel], slow[sel] = _lookup(self.level_tables[li], self.gpu_type_idx, self.gpu_rows[li],
+                                           self.class_profile, self.weights.job_class[ji[sel]], gi[sel])
+        return tput, slow
 
 
 def _lookup(tables, gpu_type_idx, gpu_row, class_profile, classes, gpu_idx) -> tuple[np.ndarray, np.ndarray]:
@@ -152,16 +178,111 @@ def build_graph(gpus: list[GpuCandidate], jobs: list[JobCandidate], predictors: 
             ti = type_pos[t]
             class_profile[k, ti] = profiles[ti].setdefault(prof, len(profiles[ti]))
 
-    gpu_row = np.zeros(n, dtype=np.int64)
-    tables: list[_TypeTable] = []
     stats = {"gpus_out_of_range": 0, "profiles_out_of_range": 0, "predicted_pairs": 0, "distinct_gpu_rows": 0}
+    levels = share_levels(sm, cfg.sm) if n else np.zeros((1, 0), dtype=np.int64)
+    # One table per GPU type over the distinct (input row, share) of every level: one predict call per type.
+    tables, rows_by_level, t_predict = _type_tables(types, gpu_type_idx, gpu_spec, specs, on, levels, profiles,
+                                                    predictors, stats)
+    level_tables = [tables] * levels.shape[0]
+    level_rows = list(rows_by_level)
+
+    t_tables = time.perf_counter()
+    # Class rows: base[k, i] = the best predicted throughput over the GPU's share levels
+    # where the pair is feasible at that level; level[k, i] says which level.
+    base = np.full((n_cls, n), -np.inf)
+    level = np.zeros((n_cls, n), dtype=np.int8)
+    for li in range(levels.shape[0]):
+        tables, gpu_row = level_tables[li], level_rows[li]
+        for ti in range(len(types)):
+            idx = np.flatnonzero(gpu_type_idx == ti)
+            ks = np.flatnonzero(class_profile[:, ti] >= 0)
+            if not idx.size or not ks.size:
+                continue
+            rows, cols = gpu_row[idx], class_profile[ks, ti]
+            tp = tables[ti].tput[np.ix_(rows, cols)]  # (gpus of type, classes)
+            sl = tables[ti].slowdown[np.ix_(rows, cols)]
+            with np.errstate(invalid="ignore"):
+                feasible_pred = (sl - 1.0 <= allowance[idx, None]) & (tp > 0)
+            ok = (
+                feasible_pred
+                & (class_mem[ks][None, :] <= quota[idx, None])
+                & healthy[idx, None]
+            )
+            cand = np.where(ok, tp, -np.inf).T  # (classes, gpus of type)
+            cur = base[np.ix_(ks, idx)]
+            better = cand > cur
+            base[np.ix_(ks, idx)] = np.where(better, cand, cur)
+            level[np.ix_(ks, idx)] = np.where(better, li, level[np.ix_(ks, idx)])
+
+    # Running jobs: where they are (their home) and the migration penalty.
+    pos = {g.gpu_id: i for i, g in enumerate(elig)}
+    home = np.full(m, -1, dtype=np.int64)
+    home_w = np.full(m, -np.inf)
+    home_level = np.zeros(m, dtype=np.int8)
+    penalty = np.zeros(m)
+    for j, job in enumerate(jobs):
+        if job.current_gpu_id is None:
+            continue
+        penalty[j] = cfg.migration_penalty
+        i = pos.get(job.current_gpu_id)
+        if i is None:
+            continue
+        home[j] = i
+    has = np.flatnonzero(home >= 0)
+    if has.size:
+        hi_ = home[has]
+        for li in range(levels.shape[0]):
+            tp, sl = _lookup(level_tables[li], gpu_type_idx, level_rows[li], class_profile, job_class[has], hi_)
+            with np.errstate(invalid="ignore"):  # NaN: no profile for the type, or not accepted
+                ok = (sl - 1.0 <= allowance[hi_]) & (tp > 0) & (class_mem[job_class[has]] <= quota[hi_])
+            # On a GPU that is not Healthy a job may only stay as it runs: a restart with a
+            # smaller share (see round.diff_plan) would be new work there.
+            ok &= healthy[hi_] | np.array([keeps_share(jobs[j], int(levels[li, i]), cfg) for j, i in zip(has, hi_)],
+                                          dtype=bool)
+            cand = np.where(ok, tp, -np.inf)
+            better = cand > home_w[has]
+            home_w[has] = np.where(better, cand, home_w[has])
+            home_level[has] = np.where(better, li, home_level[has])
+    weights = GroupedWeights(base, job_class, home, home_w, penalty)
+    stats.update({"gpus": n, "jobs": m, "classes": n_cls, "types": len(types), "share_levels": int(levels.shape[0]),
+                  "distinct_profiles": int(sum(len(p) for p in profiles)),
+                  "timings_s": {"features": t_tables - t0 - t_predict, "prediction": t_predict,
+                                "feasibility": time.perf_counter() - t_tables}})
+    return RoundGraph(elig, jobs, weights, levels, level, home_level, quota, gpu_type_idx, level_rows, class_profile,
+                      types, level_tables, stats)
+
+
+def share_levels(sm: np.ndarray, policy) -> np.ndarray:
+    """(levels × GPUs) MPS shares a round may give: the dynamic share, then ``fallback_levels`` smaller ones.
+
+    Level 0 is the dynamic share (paper §4.3). Each further level is
+    ``fallback_step_pct`` lower, never below ``min_pct``: a job whose predicted
+    online slowdown is over the allowance at the dynamic share may still fit
+    at a smaller one (a fixed share has no levels).
+    """
+    sm = np.asarray(sm, dtype=np.int64)
+    n_levels = 1 if policy.fixed_pct is not None else 1 + policy.fallback_levels
+    steps = np.arange(n_levels, dtype=np.int64)[:, None] * policy.fallback_step_pct
+    return np.maximum(policy.min_pct, sm[None, :] - steps)
+
+
+def _type_tables(types, gpu_type_idx, gpu_spec, specs, on, levels, profiles, predictors, stats):
+    """Per GPU type, predictions for each distinct (GPU input row, share) × profile over all share levels.
+
+    Returns (tables by type, (levels × n) row of each GPU at each level, prediction seconds).
+    """
+    n_levels, n = levels.shape
+    gpu_rows = np.zeros((n_levels, n), dtype=np.int64)
+    tables: list[_TypeTable] = []
+    t_predict = 0.0
     for ti, gtype in enumerate(types):
         model = predictors[gtype]
         lo, hi = _accept_bounds(model)
         idx = np.flatnonzero(gpu_type_idx == ti)
-        key = np.column_stack([gpu_spec[idx].astype(float), on[idx], sm[idx].astype(float)])
+        key = np.vstack([np.column_stack([gpu_spec[idx].astype(float), on[idx], lv[idx].astype(float)])
+                         for lv in levels])
         uniq, inv = np.unique(key, axis=0, return_inverse=True)
-        gpu_row[idx] = inv.reshape(-1)
+        gpu_rows[:, idx] = inv.reshape(n_levels, idx.size)
         row_spec = uniq[:, 0].astype(np.int64)
         row_on, row_sm = uniq[:, 1:9], uniq[:, 9]
         on_ok = _in_bounds(np.column_stack([row_on, row_sm]),
@@ -171,7 +292,8 @@ def build_graph(gpus: list[GpuCandidate], jobs: list[JobCandidate], predictors: 
         tput = np.full((n_rows, n_prof), np.nan)
         slow = np.full((n_rows, n_prof), np.nan)
         stats["distinct_gpu_rows"] += n_rows
-        stats["gpus_out_of_range"] += int((~on_ok[inv.reshape(-1)]).sum())
+        # A GPU is out of range when its input at the dynamic share (level 0) is.
+        stats["gpus_out_of_range"] += int((~on_ok[gpu_rows[0, idx]]).sum())
         if n_rows and n_prof:
             # Offline vectors depend on the GPU spec (memory and clock normalise them).
             off = {}
@@ -187,56 +309,7 @@ def build_graph(gpus: list[GpuCandidate], jobs: list[JobCandidate], predictors: 
             t_predict += time.perf_counter() - t_start
             stats["predicted_pairs"] += good_rows.size * good_prof.size
         tables.append(_TypeTable(tput, slow))
-
-    t_tables = time.perf_counter()
-    # Class rows: base[k, i] = predicted throughput where the pair is feasible.
-    base = np.full((n_cls, n), -np.inf)
-    for ti in range(len(types)):
-        idx = np.flatnonzero(gpu_type_idx == ti)
-        ks = np.flatnonzero(class_profile[:, ti] >= 0)
-        if not idx.size or not ks.size:
-            continue
-        rows, cols = gpu_row[idx], class_profile[ks, ti]
-        tp = tables[ti].tput[np.ix_(rows, cols)]  # (gpus of type, classes)
-        sl = tables[ti].slowdown[np.ix_(rows, cols)]
-        with np.errstate(invalid="ignore"):
-            feasible_pred = (sl - 1.0 <= allowance[idx, None]) & (tp > 0)
-        ok = (
-            feasible_pred
-            & (class_mem[ks][None, :] <= quota[idx, None])
-            & healthy[idx, None]
-        )
-        base[np.ix_(ks, idx)] = np.where(ok, tp, -np.inf).T
-
-    # Running jobs: where they are (their home) and the migration penalty.
-    pos = {g.gpu_id: i for i, g in enumerate(elig)}
-    home = np.full(m, -1, dtype=np.int64)
-    home_w = np.full(m, -np.inf)
-    penalty = np.zeros(m)
-    for j, job in enumerate(jobs):
-        if job.current_gpu_id is None:
-            continue
-        penalty[j] = cfg.migration_penalty
-        i = pos.get(job.current_gpu_id)
-        if i is None:
-            continue
-        home[j] = i
-    has = np.flatnonzero(home >= 0)
-    if has.size:
-        hi_ = home[has]
-        tp, sl = _lookup(tables, gpu_type_idx, gpu_row, class_profile, job_class[has], hi_)
-        with np.errstate(invalid="ignore"):  # NaN: no profile for the type, or not accepted
-            ok = (sl - 1.0 <= allowance[hi_]) & (tp > 0) & (class_mem[job_class[has]] <= quota[hi_])
-        # On a GPU that is not Healthy a job may only stay as it runs: a restart with a
-        # smaller share (see round.diff_plan) would be new work there.
-        ok &= healthy[hi_] | np.array([keeps_share(jobs[j], int(sm[i]), cfg) for j, i in zip(has, hi_)], dtype=bool)
-        home_w[has] = np.where(ok, tp, -np.inf)
-    weights = GroupedWeights(base, job_class, home, home_w, penalty)
-    stats.update({"gpus": n, "jobs": m, "classes": n_cls, "types": len(types),
-                  "distinct_profiles": int(sum(len(p) for p in profiles)),
-                  "timings_s": {"features": t_tables - t0 - t_predict, "prediction": t_predict,
-                                "feasibility": time.perf_counter() - t_tables}})
-    return RoundGraph(elig, jobs, weights, sm, quota, gpu_type_idx, gpu_row, class_profile, types, tables, stats)
+    return tables, gpu_rows, t_predict
 
 
 def _predict_table(model, row_on, row_sm, row_spec, off, good_rows, good_prof, tput, slow) -> None:

@@ -89,8 +89,9 @@ def plan_round(
         stats["solver"] = {k: v for k, v in sol.stats.items() if k != "history"}
         stats["certificate"] = sol.certificate.as_dict()
     t_match = time.perf_counter()
-    placements, actions = diff_plan(graph.gpus, jobs, pairs, graph.sm_pct, graph.quota,
-                                    *graph.predicted(*_as_arrays(pairs)), cfg)
+    gi, ji = _as_arrays(pairs)
+    placements, actions = diff_plan(graph.gpus, jobs, pairs, graph.pair_pct(gi, ji), graph.quota,
+                                    *graph.predicted(gi, ji), cfg)
     t_end = time.perf_counter()
     return RoundResult(
         placements=placements,
@@ -123,20 +124,20 @@ def diff_plan(
     gpus: list[GpuCandidate],
     jobs: list[JobCandidate],
     pairs: list[tuple[int, int]],
-    sm_pct: np.ndarray,
+    pair_pct: np.ndarray,
     quota: np.ndarray,
     tput: np.ndarray,
     slowdown: np.ndarray,
     cfg: RoundConfig,
 ) -> tuple[list[PlannedPlacement], list[PlanAction]]:
-    """Matched (GPU index, job index) pairs → placements and start / keep / migrate / evict actions."""
+    """Matched (GPU index, job index) pairs, with each pair's planned MPS share, → placements and actions."""
     placements: list[PlannedPlacement] = []
     actions: list[PlanAction] = []
     matched_jobs = set()
-    for (i, j), t_hat, s_hat in zip(pairs, tput, slowdown):
+    for (i, j), pct, t_hat, s_hat in zip(pairs, pair_pct, tput, slowdown):
         g, job = gpus[i], jobs[j]
         matched_jobs.add(job.job_id)
-        pct = int(sm_pct[i])
+        pct = int(pct)
         if job.current_gpu_id is None:
             action = Action.START
         elif job.current_gpu_id != g.gpu_id:

@@ -18,17 +18,53 @@ from scheduler_core.domain import GpuHealth, RoundResult
 from scheduler_core.dynamic_sm import offline_sm_pct
 from scheduler_core.features import N_FEATURES, OFFLINE_SLICE, ONLINE_SLICE, SM_COLUMN, offline_vector, online_vector
 from scheduler_core.matching import max_weight_matching
-from scheduler_core.pair_weights import eligible_gpus, keeps_share, mem_quota_bytes
+from scheduler_core.pair_weights import eligible_gpus, keeps_share, mem_quota_bytes, share_levels
 
 PAIRS_PER_BATCH = 1_000_000
 
 
 def dense_weights(gpus, jobs, predictors, cfg):
-    """(eligible GPUs, n×m predicted tput, n×m slowdown, n×m feasible, n×m penalised weights, sm, quota)."""
+    """(eligible GPUs, n×m tput, n×m slowdown, n×m feasible, n×m penalised weights, n×m share, quota).
+
+    With share fallback levels (``cfg.sm.fallback_levels``) each pair takes the
+    level with the best feasible predicted throughput (the first on ties).
+    """
     elig = eligible_gpus(gpus, predictors)
     n, m = len(elig), len(jobs)
     sm = offline_sm_pct(np.array([g.forecast_sm_pct for g in elig], dtype=float), cfg.sm) if n else np.zeros(0, int)
+    levels = share_levels(sm, cfg.sm) if n else np.zeros((1, 0), dtype=np.int64)
     quota = np.array([mem_quota_bytes(g, cfg) for g in elig], dtype=np.int64)
+    best_w = np.full((n, m), -np.inf)
+    tput = np.zeros((n, m))
+    slow = np.ones((n, m))
+    pct = np.broadcast_to(sm[:, None], (n, m)).copy()
+    for sm_l in levels:
+        t_l, s_l, f_l = _dense_level(elig, jobs, predictors, cfg, sm_l, quota)
+        cand = np.where(f_l, t_l, -np.inf)
+        better = cand > best_w
+        best_w = np.where(better, cand, best_w)
+        tput = np.where(better, t_l, tput)
+        slow = np.where(better, s_l, slow)
+        pct = np.where(better, sm_l[:, None], pct)
+    feasible = np.isfinite(best_w)
+    if levels.shape[0] == 1:  # one level: the predictions of every pair, feasible or not
+        tput, slow = t_l, s_l
+    adjusted = tput.copy()
+    if cfg.migration_penalty > 0:
+        pos = {g.gpu_id: i for i, g in enumerate(elig)}
+        for j, job in enumerate(jobs):
+            if job.current_gpu_id is not None:
+                mask = np.ones(n, dtype=bool)
+                here = pos.get(job.current_gpu_id)
+                if here is not None:
+                    mask[here] = False
+                adjusted[mask, j] -= cfg.migration_penalty
+    return elig, tput, slow, feasible, adjusted, pct, quota
+
+
+def _dense_level(elig, jobs, predictors, cfg, sm, quota):
+    """Every pair's prediction and feasibility with each GPU at share ``sm``."""
+    n, m = len(elig), len(jobs)
     tput = np.zeros((n, m))
     slow = np.ones((n, m))
     feasible = np.zeros((n, m), dtype=bool)
@@ -74,17 +110,7 @@ def dense_weights(gpus, jobs, predictors, cfg):
             allowed &= job_cur == g.gpu_id
             allowed &= np.array([keeps_share(job, int(sm[i]), cfg) for job in jobs], dtype=bool)
         feasible[i] = allowed & (slow[i] - 1.0 <= g.slowdown_allowance) & (tput[i] > 0)
-    adjusted = tput.copy()
-    if cfg.migration_penalty > 0:
-        pos = {g.gpu_id: i for i, g in enumerate(elig)}
-        for j, job in enumerate(jobs):
-            if job.current_gpu_id is not None:
-                mask = np.ones(n, dtype=bool)
-                here = pos.get(job.current_gpu_id)
-                if here is not None:
-                    mask[here] = False
-                adjusted[mask, j] -= cfg.migration_penalty
-    return elig, tput, slow, feasible, adjusted, sm, quota
+    return tput, slow, feasible
 
 
 def plan_round_dense(gpus, jobs, predictors, cfg=None) -> RoundResult:
@@ -93,14 +119,14 @@ def plan_round_dense(gpus, jobs, predictors, cfg=None) -> RoundResult:
 
     cfg = cfg if cfg is not None else RoundConfig()
     t0 = time.perf_counter()
-    elig, tput, slow, feasible, adjusted, sm, quota = dense_weights(gpus, jobs, predictors, cfg)
+    elig, tput, slow, feasible, adjusted, pct, quota = dense_weights(gpus, jobs, predictors, cfg)
     t_pred = time.perf_counter()
     match = max_weight_matching(adjusted, feasible)
     t_match = time.perf_counter()
     pairs = sorted(match.pairs)
     i = np.array([p[0] for p in pairs], dtype=np.int64)
     j = np.array([p[1] for p in pairs], dtype=np.int64)
-    placements, actions = diff_plan(elig, jobs, pairs, sm, quota, tput[i, j], slow[i, j], cfg)
+    placements, actions = diff_plan(elig, jobs, pairs, pct[i, j], quota, tput[i, j], slow[i, j], cfg)
     t_end = time.perf_counter()
     return RoundResult(
         placements=placements,

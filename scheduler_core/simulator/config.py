@@ -93,6 +93,8 @@ class SimConfig:
     sysmonitor: SysMonitorConfig = field(default_factory=SysMonitorConfig)
     sharing: SharingParams = field(default_factory=SharingParams)
     fixed_sm_pct: int = 50  # MuxFlow-S / -S-M: one SM percentage for every pair
+    # Smaller MPS shares a MuxFlow round may fall back to (None: SmPolicy's default; 0 = the paper).
+    sm_fallback_levels: int | None = None
     # Weight a MuxFlow round subtracts for moving a running job (RoundConfig.migration_penalty).
     # None: the throughput a restart costs over one interval, restart_s / interval (0.1 by default);
     # 0 reproduces the paper, whose matching ignores restart costs (docs/EVALUATION.md).

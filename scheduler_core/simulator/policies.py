@@ -67,7 +67,12 @@ def _no_offline(cfg: SimConfig, inputs) -> Planner:
 
 def _muxflow(fixed_sm: bool, matcher: str) -> Callable[[SimConfig, object], Planner]:
     def make(cfg: SimConfig, inputs) -> Planner:
-        sm = SmPolicy(fixed_pct=cfg.fixed_sm_pct) if fixed_sm else SmPolicy()
+        if fixed_sm:
+            sm = SmPolicy(fixed_pct=cfg.fixed_sm_pct)
+        elif cfg.sm_fallback_levels is not None:
+            sm = SmPolicy(fallback_levels=cfg.sm_fallback_levels)
+        else:
+            sm = SmPolicy()
         round_cfg = replace(inputs.round_config, sm=sm, matcher=matcher,
                             migration_penalty=cfg.round_migration_penalty())
         return _MuxFlowPlanner(cfg, inputs, round_cfg)

@@ -15,6 +15,7 @@ from scheduler_core.domain import (
     OfflineFeatures,
     OnlineFeatures,
 )
+from scheduler_core.dynamic_sm import SmPolicy
 from scheduler_core.round import RoundConfig, from_snapshot, mem_quota_bytes, plan_round, snapshot
 
 GIB = 1024**3
@@ -151,17 +152,33 @@ def test_gpu_type_without_predictor_is_skipped() -> None:
     assert result.gpus_considered == 0 and result.placements == []
 
 
+PAPER_SM = RoundConfig(sm=SmPolicy(fallback_levels=0))  # the dynamic share only (paper §4.3)
+
+
 def test_slowdown_over_allowance_is_infeasible() -> None:
     preds = {"t4": StubPredictor(a=1.0, b=0.5)}
     # GPU 1: sm 70 → slowdown 1.35 > 1.2 (infeasible). GPU 2: sm 10 → slowdown 1.05 (feasible).
     gpus = [gpu(1, forecast_sm_pct=20.0, allowance=0.2), gpu(2, forecast_sm_pct=80.0, allowance=0.2)]
-    result = plan_round(gpus, [job(10, types=("t4",))], preds)
+    result = plan_round(gpus, [job(10, types=("t4",))], preds, PAPER_SM)
     assert placed(result) == {10: 2}
     assert result.feasible_pairs == 1
     assert result.placements[0].predicted_online_slowdown == pytest.approx(1.05)
     # With a generous allowance the better GPU is feasible and chosen.
     gpus = [gpu(1, forecast_sm_pct=20.0, allowance=0.4), gpu(2, forecast_sm_pct=80.0, allowance=0.4)]
-    assert placed(plan_round(gpus, [job(10, types=("t4",))], preds)) == {10: 1}
+    assert placed(plan_round(gpus, [job(10, types=("t4",))], preds, PAPER_SM)) == {10: 1}
+
+
+def test_a_pair_over_the_allowance_falls_back_to_a_smaller_share() -> None:
+    preds = {"t4": StubPredictor(a=1.0, b=0.5)}
+    gpus = [gpu(1, forecast_sm_pct=20.0, allowance=0.2), gpu(2, forecast_sm_pct=80.0, allowance=0.2)]
+    result = plan_round(gpus, [job(10, types=("t4",))], preds)  # levels 70, 55, 40, 25 on GPU 1
+    # 70 % and 55 % are over the allowance; 40 % is the largest share within it (slowdown 1.2),
+    # worth 0.4 — more than GPU 2's 0.1 at its dynamic 10 %.
+    assert placed(result) == {10: 1}
+    (p,) = result.placements
+    assert p.sm_pct == 40 and p.predicted_norm_tput == pytest.approx(0.4)
+    assert p.predicted_online_slowdown == pytest.approx(1.2)
+    assert result.feasible_pairs == 2
 
 
 def test_zero_throughput_is_infeasible() -> None:

@@ -19,6 +19,7 @@ from scheduler_core.domain import Action, GpuCandidate, GpuHealth, JobCandidate,
 from scheduler_core.features import N_FEATURES
 from scheduler_core.predictor import PredictorConfig, train
 from scheduler_core.round import RoundConfig, plan_round
+from scheduler_core.dynamic_sm import SmPolicy
 from scheduler_core.round_dense import dense_weights, plan_round_dense
 
 GIB = 1024**3
@@ -93,11 +94,12 @@ def check_plan(result, gpus, jobs, predictors, cfg) -> None:
 
 
 @settings(max_examples=30, deadline=None, suppress_health_check=[HealthCheck.too_slow])
-@given(st.integers(0, 2**31 - 1), st.integers(0, 30), st.integers(0, 25), st.sampled_from([0.0, 0.05, 0.3]))
-def test_fast_round_equals_dense_reference(seed, n, m, penalty) -> None:
+@given(st.integers(0, 2**31 - 1), st.integers(0, 30), st.integers(0, 25), st.sampled_from([0.0, 0.05, 0.3]),
+       st.sampled_from([0, 2]))
+def test_fast_round_equals_dense_reference(seed, n, m, penalty, fallback_levels) -> None:
     gpus, jobs = random_cluster(seed, n, m)
     preds = {"t4": SmoothStub(seed), "a10": SmoothStub(seed + 1)}
-    cfg = RoundConfig(migration_penalty=penalty)
+    cfg = RoundConfig(migration_penalty=penalty, sm=SmPolicy(fallback_levels=fallback_levels))
     fast = plan_round(gpus, jobs, preds, cfg)
     dense = plan_round_dense(gpus, jobs, preds, cfg)
     assert fast.certified_optimal and fast.optimality_gap_bound <= 1e-6
@@ -107,6 +109,14 @@ def test_fast_round_equals_dense_reference(seed, n, m, penalty) -> None:
     if penalty == 0.0:
         assert fast.objective == pytest.approx(dense.objective, abs=1e-9)
     check_plan(fast, gpus, jobs, preds, cfg)
+    # Every pair runs at the share its weight was predicted at: the dense reference's.
+    _e, _t, _s, _f, _a, pct, _q = dense_weights(gpus, jobs, preds, cfg)
+    epos = {g.gpu_id: i for i, g in enumerate(_e)}
+    jpos = {job.job_id: j for j, job in enumerate(jobs)}
+    kept = {a.job_id for a in fast.actions if a.action == Action.KEEP}
+    for p in fast.placements:
+        if p.job_id not in kept:
+            assert p.sm_pct == pct[epos[p.gpu_id], jpos[p.job_id]]
 
 
 def test_fast_round_with_a_real_mlp_matches_dense_bit_for_bit() -> None:
