@@ -37,6 +37,12 @@ def _sim_options(fn):
         click.option("--mean-job-hours", type=click.FloatRange(min=0.01), default=1.0, show_default=True,
                      help="Mean solo job duration after scaling."),
         click.option("--seed", type=int, default=0, show_default=True),
+        click.option("--sm-fallback-levels", type=click.IntRange(min=0, max=8), default=None,
+                     help="Smaller MPS shares a MuxFlow round may fall back to [default: the scheduler's, 3]; "
+                          "0 = the paper."),
+        click.option("--migration-penalty", type=click.FloatRange(min=0.0), default=None,
+                     help="Weight a MuxFlow round subtracts for moving a running job [default: restart cost "
+                          "over one interval, 0.1]; 0 = the paper."),
         click.option("--json", "as_json", is_flag=True, help="Print the metrics as JSON."),
         click.option("--quiet", is_flag=True, help="No progress lines on stderr."),
     ]
@@ -45,7 +51,8 @@ def _sim_options(fn):
     return fn
 
 
-def _config(gpus, types_text, hours, jobs, arrival_hours, mean_job_hours, seed):
+def _config(gpus, types_text, hours, jobs, arrival_hours, mean_job_hours, seed, sm_fallback_levels=None,
+            migration_penalty=None):
     from pipelines.cli import CliError, _parse_types
     from scheduler_core.simulator import SimConfig
 
@@ -54,7 +61,8 @@ def _config(gpus, types_text, hours, jobs, arrival_hours, mean_job_hours, seed):
         arrival_hours = min(16.0, hours * 2.0 / 3.0)
     try:
         return SimConfig(gpus=gpus, gpu_types=types, hours=hours, jobs=jobs, arrival_hours=arrival_hours,
-                         mean_job_hours=mean_job_hours, max_job_hours=max(8.0, mean_job_hours), seed=seed)
+                         mean_job_hours=mean_job_hours, max_job_hours=max(8.0, mean_job_hours), seed=seed,
+                         sm_fallback_levels=sm_fallback_levels, migration_penalty=migration_penalty)
     except ValueError as exc:
         raise CliError(str(exc)) from exc
 
@@ -141,9 +149,13 @@ def _summary(name: str, m: dict) -> str:
 
 
 def _config_json(cfg) -> dict:
+    from scheduler_core.dynamic_sm import SmPolicy
+
     return {"gpus": cfg.gpus, "gpu_types": dict(cfg.types()), "hours": cfg.hours, "jobs": cfg.jobs,
             "arrival_hours": cfg.arrival_hours, "mean_job_hours": cfg.mean_job_hours, "seed": cfg.seed,
             "round_minutes": cfg.round_minutes, "migration_penalty": cfg.round_migration_penalty(),
+            "sm_fallback_levels": cfg.sm_fallback_levels if cfg.sm_fallback_levels is not None
+            else SmPolicy().fallback_levels,
             "fixed_sm_pct": cfg.fixed_sm_pct}
 
 
@@ -152,15 +164,16 @@ def _config_json(cfg) -> dict:
 @click.option("--policy", default="muxflow", show_default=True, help="Policy name (see `simulate policies`).")
 @click.pass_context
 @_guarded
-def simulate(ctx, trace_path, gpus, types_text, hours, jobs, arrival_hours, mean_job_hours, seed, as_json, quiet,
-             policy) -> None:
+def simulate(ctx, trace_path, gpus, types_text, hours, jobs, arrival_hours, mean_job_hours, seed, sm_fallback_levels,
+             migration_penalty, as_json, quiet, policy) -> None:
     """Simulate one policy on a trace and print the paper's metrics (SIMULATED)."""
     if ctx.invoked_subcommand is not None:
         return
     from scheduler_core.simulator import get_policy
 
     get_policy(policy)
-    cfg = _config(gpus, types_text, hours, jobs, arrival_hours, mean_job_hours, seed)
+    cfg = _config(gpus, types_text, hours, jobs, arrival_hours, mean_job_hours, seed, sm_fallback_levels,
+                  migration_penalty)
     trace, inputs, info = _prepare(trace_path, cfg, quiet)
     res = run_policies(trace, inputs, cfg, [policy.lower()], quiet)[policy.lower()]
     m = {**res.metrics, "trace": str(trace_path), "config": _config_json(cfg), "predictors": info,
@@ -183,8 +196,8 @@ def list_policies() -> None:
 @click.option("--out", "out_dir", type=click.Path(file_okay=False, path_type=Path), default=None,
               help=f"Where the plots and results.json go [default: {DEFAULT_OUT}/<trace name>].")
 @_guarded
-def compare(trace_path, gpus, types_text, hours, jobs, arrival_hours, mean_job_hours, seed, as_json, quiet,
-            policy_text, out_dir) -> None:
+def compare(trace_path, gpus, types_text, hours, jobs, arrival_hours, mean_job_hours, seed, sm_fallback_levels,
+            migration_penalty, as_json, quiet, policy_text, out_dir) -> None:
     """Run every policy on the same trace; print the table normalized like the paper's Figures 11 and 13."""
     from pipelines.cli import CliError
     from executors.simulated.evaluation import plot_comparison, plot_utilization
@@ -196,7 +209,8 @@ def compare(trace_path, gpus, types_text, hours, jobs, arrival_hours, mean_job_h
         names.insert(0, "online-only")
     if "muxflow" not in names:
         raise CliError("policies: the comparison is normalized to muxflow; include it")
-    cfg = _config(gpus, types_text, hours, jobs, arrival_hours, mean_job_hours, seed)
+    cfg = _config(gpus, types_text, hours, jobs, arrival_hours, mean_job_hours, seed, sm_fallback_levels,
+                  migration_penalty)
     trace, inputs, info = _prepare(trace_path, cfg, quiet)
     results = run_policies(trace, inputs, cfg, names, quiet)
     metrics = {n: r.metrics for n, r in results.items()}
