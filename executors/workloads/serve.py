@@ -6,9 +6,11 @@ Requests arrive open-loop (``executors.workloads.latency``) for ``--duration``
 seconds; every request is served (latency = finish − arrival, queueing
 included) and the report (avg/p50/p95/p99 ms, achieved QPS, the server's busy
 fraction, the wall-clock window) is written as JSON to ``--report`` and printed
-on stdout after ``MUXFLOW-LATENCY-REPORT``. Usable as a Slurm job script
-(``-p online``). SIGTERM/SIGINT end it after the batch in progress, reporting
-what was served.
+on stdout after ``MUXFLOW-LATENCY-REPORT``. ``--requests`` also writes every
+request's wall-clock arrival and latency (for measuring a sub-window, as the
+co-location harness does); ``--ready`` names a file created once the model is
+warm and arrivals begin. Usable as a Slurm job script (``-p online``).
+SIGTERM/SIGINT end it after the batch in progress, reporting what was served.
 """
 
 from __future__ import annotations
@@ -37,7 +39,9 @@ POOL = 8  # distinct request payloads cycled through
 def serve(family: str, size: str, qps: float, duration_s: float, *, seed: int = 0, device: str = "auto",
           max_batch: int = 1, threads: int | None = 1, warmup_requests: int = 5, arrivals: str = "poisson",
           clock: Callable[[], float] = time.perf_counter, sleep: Callable[[float], None] = time.sleep,
-          should_stop: Callable[[], bool] = lambda: False) -> dict[str, Any]:
+          should_stop: Callable[[], bool] = lambda: False, on_ready: Callable[[], None] = lambda: None,
+          requests_out: list | None = None) -> dict[str, Any]:
+    """Serve for ``duration_s`` of arrivals; the report. ``requests_out`` receives (arrival_unix, latency_s)."""
     w = workload_size(family, size)
     dev = resolve_device(device)
     set_threads(dev, threads)
@@ -57,9 +61,12 @@ def serve(family: str, size: str, qps: float, duration_s: float, *, seed: int = 
     for _ in range(warmup_requests):  # lazy initialisation, kernel selection: not part of the measurement
         handle(1)
     served[0] = 0
+    on_ready()
     start_wall = time.time()
     rec = run_open_loop(schedule, handle, clock, sleep, max_batch, should_stop)
     end_wall = time.time()
+    if requests_out is not None:
+        requests_out.extend((start_wall + a, f - a) for a, f in zip(rec.arrival_s, rec.finish_s))
     return {
         "format": REPORT_FORMAT, "family": family, "size": size, "job_type": w.job_type,
         "qps_target": qps, "duration_s": duration_s, "arrivals": arrivals, "max_batch": max_batch,
@@ -81,17 +88,24 @@ def main(argv: list[str] | None = None) -> int:
     ap.add_argument("--threads", type=int, default=1, help="CPU threads for torch")
     ap.add_argument("--arrivals", choices=("poisson", "uniform"), default="poisson")
     ap.add_argument("--report", help="write the JSON report here")
+    ap.add_argument("--requests", help="write every request's [arrival_unix, latency_s] here (JSON)")
+    ap.add_argument("--ready", help="create this file once warm, when arrivals begin")
     a = ap.parse_args(argv)
     logging.basicConfig(level=logging.INFO, format="%(levelname)s %(name)s: %(message)s")
     stop: list[int] = []
     for sig in (signal.SIGTERM, signal.SIGINT):
         signal.signal(sig, lambda signum, _f: stop.append(signum))
+    requests: list = []
+    ready = (lambda: write_json_atomic(a.ready, {"ready_unix": time.time()})) if a.ready else (lambda: None)
     try:
         rep = serve(a.family, a.size, a.qps, a.duration, seed=a.seed, device=a.device, max_batch=a.max_batch,
-                    threads=a.threads, arrivals=a.arrivals, should_stop=lambda: bool(stop))
+                    threads=a.threads, arrivals=a.arrivals, should_stop=lambda: bool(stop), on_ready=ready,
+                    requests_out=requests if a.requests else None)
     except ValueError as exc:
         print(f"error: {exc}", file=sys.stderr)
         return 2
+    if a.requests:
+        write_json_atomic(a.requests, requests)
     if a.report:
         write_json_atomic(a.report, rep)
     print(STDOUT_MARKER + json.dumps(rep, sort_keys=True), flush=True)

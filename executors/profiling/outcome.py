@@ -1,0 +1,103 @@
+"""From a profiling run's probe report to the job's solo profile, or to why profiling failed.
+
+The profile holds the solo features of DESIGN §5. Where the GPU metrics are
+real (NVML) every feature is measured, the iteration time included. Where they
+come from the simulated model (a node without a GPU), the features are the
+model's — *including its iteration time*, because the predictor's features
+describe a GPU run — and what the run really measured (iterations, mean/p50/p95
+iteration time on the node's device) is kept next to them; the profile is then
+``source='simulated'``, ``method='simulated-metrics'``.
+"""
+
+from __future__ import annotations
+
+import math
+from dataclasses import dataclass, field
+from typing import Any
+
+from scheduler_core.domain import OfflineFeatures
+
+
+@dataclass(frozen=True)
+class ProfileOutcome:
+    ok: bool
+    reason: str                              # why it failed, or a one-line summary when ok
+    features: OfflineFeatures | None = None
+    source: str = "simulated"                # job_profiles.source
+    method: str = "simulated-metrics"        # job_profiles.method
+    measured: dict[str, Any] = field(default_factory=dict)  # job_profiles measurement columns
+
+
+def _last_line(text: str | None) -> str:
+    lines = [ln.strip() for ln in (text or "").splitlines() if ln.strip()]
+    return lines[-1][:300] if lines else ""
+
+
+def _iterations(rep: dict[str, Any] | None) -> int:
+    it = (rep or {}).get("iteration_report") or {}
+    n = it.get("total_iterations") or it.get("iterations") or 0
+    return int(n) if isinstance(n, int | float) else 0
+
+
+def classify(probe: dict[str, Any] | None, *, bound_s: float, slurm_state: str | None = None,
+             slurm_exit: int | None = None, device: str | None = None, log_tail: str = "") -> ProfileOutcome:
+    """Decide a finished run. ``probe`` is the probe report (None if the run left none; ``log_tail``
+    is then the last line of the job's log)."""
+    if probe is None:
+        if slurm_state == "TIMEOUT":
+            return ProfileOutcome(False, f"exceeded the profiling bound of {bound_s:.0f} s (Slurm time limit)")
+        what = f"ended {slurm_state}" if slurm_state else "ended"
+        code = f" (exit code {slurm_exit})" if slurm_exit not in (None, 0) else ""
+        return ProfileOutcome(False, f"the profiling job {what}{code} without a report"
+                              + (f": {log_tail}" if log_tail else ""))
+    if probe.get("start_error"):
+        return ProfileOutcome(False, f"could not start the job: {probe['start_error']}")
+    it = probe.get("iteration_report") or {}
+    n = _iterations(probe)
+    rc = probe.get("exit_code")
+    elapsed = float(probe.get("elapsed_s") or 0.0)
+    if probe.get("killed_at_deadline"):
+        if n == 0:
+            return ProfileOutcome(False, f"reported no iterations within {elapsed:.0f} s (stopped at the "
+                                         f"profiling deadline; bound {bound_s:.0f} s)")
+        return ProfileOutcome(False, f"exceeded the profiling bound: still running after {elapsed:.0f} s with "
+                                     f"{n} iteration(s) reported (bound {bound_s:.0f} s)")
+    if probe.get("terminated"):
+        return ProfileOutcome(False, f"stopped by Slurm (time limit or cancel) after {elapsed:.0f} s and "
+                                     f"{n} iteration(s)")
+    if rc != 0:
+        how = f"exit code {rc}" if isinstance(rc, int) and rc >= 0 else f"killed by signal {-rc}" if isinstance(
+            rc, int) else "no exit status"
+        tail = _last_line(probe.get("stderr_tail"))
+        return ProfileOutcome(False, f"crashed ({how}) after {n} iteration(s)" + (f": {tail}" if tail else ""))
+    if n == 0 or not it.get("iterations") or not it.get("final") or not it.get("mean_s"):
+        return ProfileOutcome(False, "reported no iterations: the job exited 0 without a profiling report "
+                                     "(does it use executors.runtime.Runtime?)")
+    if probe.get("metrics_error") or not probe.get("metrics"):
+        return ProfileOutcome(False, f"no GPU metrics for the window: {probe.get('metrics_error') or 'none taken'}")
+    return features_from(probe, device)
+
+
+def features_from(probe: dict[str, Any], device: str | None = None) -> ProfileOutcome:
+    it = probe["iteration_report"]
+    mt = probe["metrics"]
+    measured_gpu = probe.get("metrics_source") == "measured"
+    iter_time = float(it["mean_s"]) if measured_gpu else float(probe.get("model_iter_time_s") or math.nan)
+    if not (math.isfinite(iter_time) and iter_time > 0):
+        return ProfileOutcome(False, "no usable iteration time in the report")
+    f = OfflineFeatures(
+        gpu_util_pct=float(mt["gpu_util_pct"]), sm_activity_pct=float(mt["sm_activity_pct"]),
+        sm_occupancy_pct=float(mt["sm_occupancy_pct"]), mem_used_bytes=float(mt["mem_used_bytes"]),
+        mem_bw_util_pct=float(mt["mem_bw_util_pct"]), iter_time_s=iter_time, sm_clock_mhz=float(mt["sm_clock_mhz"]),
+    )
+    measured = {
+        "iterations": int(it["iterations"]), "measured_iter_time_s": float(it["mean_s"]),
+        "iter_time_p50_s": it.get("p50_s"), "iter_time_p95_s": it.get("p95_s"),
+        "profiling_s": float(probe.get("elapsed_s") or 0.0), "device": (device or probe.get("device") or
+                                                                         probe.get("metrics_note") or "")[:128],
+    }
+    label = "NVML" if measured_gpu else "simulated GPU metrics"
+    summary = (f"{it['iterations']} iterations, mean {1000 * float(it['mean_s']):.2f} ms "
+               f"(p95 {1000 * float(it.get('p95_s') or 0):.2f} ms), {label}")
+    return ProfileOutcome(True, summary, f, "measured" if measured_gpu else "simulated",
+                          "nvml" if measured_gpu else "simulated-metrics", measured)

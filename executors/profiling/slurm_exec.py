@@ -1,0 +1,141 @@
+"""Profiling and sampling jobs on the Slurm ``profile`` partition, through slurmrestd.
+
+Each run is one batch job with a whole GPU of the run's type (``--gres=gpu:<type>:1``:
+profiling is solo, sampling controls the GPU's sharing itself), a time limit a
+minute above the run's bound, output into the run directory, and the run's key
+in its comment (``muxflow-profile-run=<id>``), by which a run submitted just
+before a crash is found again instead of being submitted twice.
+
+The profiling copy of a job runs the job's own batch script, read with
+``scontrol write batch_script`` (slurmrestd 22.05 does not serve scripts), in
+the job's working directory. It runs as the identity MuxFlow talks to
+slurmrestd with, not as the job's owner: the script and its working directory
+must be readable by that account, and the variables a user passed with
+``sbatch --export`` are not there (slurmrestd does not return a job's
+environment; docs/PROFILING.md).
+"""
+
+from __future__ import annotations
+
+import logging
+import math
+import os
+import subprocess
+from collections.abc import Mapping
+
+from executors.profiling.runs import (
+    PHASE_FINISHED,
+    PHASE_PENDING,
+    PHASE_RUNNING,
+    ExecStatus,
+    ExecutorError,
+    ExecutorUnavailable,
+    JobScript,
+    RunSpec,
+    command_script,
+)
+from executors.slurm.backend import Retry, SlurmUnavailable
+from executors.slurm.client import SlurmNotFound
+from executors.slurm.errors import SlurmError
+from executors.slurm.models import PENDING
+from executors.slurm.spec import JobSpec
+
+log = logging.getLogger(__name__)
+_RUNNING_STATES = frozenset({"RUNNING", "CONFIGURING", "COMPLETING", "SUSPENDED", "STOPPED"})
+
+
+class ScontrolScripts:
+    """``scontrol write batch_script <id> -``: a job's batch script, as submitted."""
+
+    def __init__(self, slurm_conf: str | None = None, scontrol: str = "scontrol", timeout_s: float = 30.0,
+                 env: Mapping[str, str] | None = None):
+        self.scontrol = scontrol
+        self.timeout_s = timeout_s
+        self.env = dict(os.environ if env is None else env)
+        if slurm_conf:
+            self.env["SLURM_CONF"] = slurm_conf
+
+    def __call__(self, slurm_job_id: int) -> str:
+        argv = [self.scontrol, "write", "batch_script", str(int(slurm_job_id)), "-"]
+        try:
+            out = subprocess.run(argv, env=self.env, capture_output=True, text=True, timeout=self.timeout_s)
+        except (OSError, subprocess.TimeoutExpired) as exc:
+            raise ExecutorUnavailable(f"{' '.join(argv)}: {exc}") from exc
+        if out.returncode != 0:
+            msg = (out.stderr or out.stdout).strip() or f"exit status {out.returncode}"
+            if any(w in msg.lower() for w in ("contact", "connect", "timed out", "refused")):
+                raise ExecutorUnavailable(f"{' '.join(argv)}: {msg}")
+            raise ExecutorError(f"cannot read the batch script of Slurm job {slurm_job_id}: {msg}")
+        if not out.stdout.startswith("#!"):
+            raise ExecutorError(f"Slurm job {slurm_job_id} has no batch script to profile")
+        return out.stdout
+
+
+class SlurmProfileExecutor:
+    kind = "slurm"
+    persistent = True
+
+    def __init__(self, client, scripts=None, partition: str = "profile", retry_deadline_s: float = 30.0,
+                 environment: Mapping[str, str] | None = None):
+        self.client = client
+        self.scripts = scripts or ScontrolScripts()
+        self.partition = partition
+        self.retry = Retry(retry_deadline_s)
+        self.environment = dict(environment or {"PATH": "/usr/local/bin:/usr/bin:/bin"})
+
+    def _call(self, what: str, fn):
+        try:
+            return self.retry.call(what, fn)
+        except SlurmUnavailable as exc:
+            raise ExecutorUnavailable(str(exc)) from exc
+        except SlurmNotFound:
+            raise
+        except SlurmError as exc:
+            raise ExecutorError(f"{what}: {exc}") from exc
+
+    def submit(self, spec: RunSpec) -> int:
+        job = JobSpec(
+            name=spec.name, script=spec.script, partition=self.partition, environment=self.environment,
+            working_dir=str(spec.run_dir), gres_per_node=f"gpu:{spec.gpu_type}:1", requeue=False,
+            stdout_path=str(spec.run_dir / "slurm-%j.out"), stderr_path=str(spec.run_dir / "slurm-%j.out"),
+            time_limit_min=max(1, math.ceil(spec.time_limit_s / 60.0)), comment=spec.key,
+        )
+        res = self._call(f"submit {spec.name} to {self.partition}", lambda: self.client.submit(job))
+        log.info("submitted %s as Slurm job %s", spec.name, res.job_id)
+        return int(res.job_id)
+
+    def find(self, spec: RunSpec) -> int | None:
+        jobs = self._call("list Slurm jobs", self.client.list_jobs)
+        for j in jobs:
+            if j.name == spec.name and (j.comment or "").strip() == spec.key:
+                return int(j.job_id)
+        return None
+
+    def status(self, handle: int) -> ExecStatus:
+        try:
+            j = self._call(f"read Slurm job {handle}", lambda: self.client.get_job(handle))
+        except SlurmNotFound:  # purged from slurmctld's memory (MinJobAge): it has ended
+            return ExecStatus(PHASE_FINISHED, state="UNKNOWN (purged)")
+        node = j.nodes[0] if j.nodes else None
+        if j.state == PENDING:
+            return ExecStatus(PHASE_PENDING, None, None, j.state)
+        if j.state in _RUNNING_STATES:
+            return ExecStatus(PHASE_RUNNING, j.start_time_utc, node, j.state)
+        return ExecStatus(PHASE_FINISHED, j.start_time_utc, node, j.state, j.exit_code)
+
+    def cancel(self, handle: int) -> None:
+        try:
+            self._call(f"cancel Slurm job {handle}", lambda: self.client.cancel(handle))
+        except SlurmNotFound:
+            pass
+
+    def job_script(self, slurm_job_id: int | None, command: str) -> JobScript:
+        if slurm_job_id is None:
+            if not command.strip():
+                raise ExecutorError("the job has neither a Slurm job nor a command to profile")
+            return JobScript(command_script(command), None)
+        try:
+            j = self._call(f"read Slurm job {slurm_job_id}", lambda: self.client.get_job(slurm_job_id))
+        except SlurmNotFound:
+            raise ExecutorError(f"Slurm job {slurm_job_id} no longer exists") from None
+        return JobScript(self.scripts(slurm_job_id), j.working_dir or None)

@@ -1,0 +1,332 @@
+"""Solo profiling of new offline jobs (paper §6, DESIGN §3 step 2): a dry run on the profile partition.
+
+For every SUBMITTED job and each GPU type it may run on, one *profiling run*: a
+copy of the job's script (its Slurm batch script, or its command) runs under the
+probe (:mod:`executors.profiling.probe`) on a dedicated GPU of that type, in the
+runtime's profiling mode, and the probe's report becomes the job's profile on
+that type (:mod:`executors.profiling.outcome`). The job goes SUBMITTED →
+PROFILING → PENDING, or FAILED with the reason (``muxflow jobs list`` shows it)
+when a run crashes, reports no iterations or exceeds the bound.
+
+Every run is a ``profiling_runs`` row written *before* it is submitted, its
+handle recorded as soon as the executor has it, and its end after. A profiler
+that stops (a Dagster run that ends, a crash) leaves the jobs PROFILING and the
+runs in the table; the next call picks them up (a run submitted but not yet
+recorded is found again by its key), so nothing is submitted twice and nothing
+is lost. With ``reuse_profiles`` a job type already profiled on a GPU type
+takes that profile instead of a new run.
+"""
+
+from __future__ import annotations
+
+import datetime as dt
+import logging
+import math
+import time
+from collections.abc import Callable
+from dataclasses import dataclass, field
+from pathlib import Path
+
+from sqlalchemy import select
+
+from executors.profiling.outcome import classify
+from executors.profiling.probe import PROBE_FILE, read_json
+from executors.profiling.runs import (
+    PHASE_FINISHED,
+    PHASE_PENDING,
+    ExecutorError,
+    ExecutorUnavailable,
+    ProfileExecutor,
+    RunSpec,
+    prepare_run_dir,
+    probe_script,
+    run_log_tail,
+    write_executable,
+)
+from executors.profiling.settings import ProfilingSettings
+from executors.store import models as m
+from executors.store import repo
+from executors.store.db import Store
+from executors.store.jobs import transition
+from scheduler_core.domain import JobState, OfflineFeatures
+
+log = logging.getLogger(__name__)
+OPEN = ("submitted", "running")
+REUSABLE_METHODS = ("nvml", "simulated-metrics")
+
+
+@dataclass
+class ProfilingSummary:
+    submitted: int = 0
+    profiled: list[int] = field(default_factory=list)        # jobs now PENDING
+    reused: list[int] = field(default_factory=list)          # of which all profiles were reused
+    failed: dict[int, str] = field(default_factory=dict)     # job → reason
+    in_progress: list[int] = field(default_factory=list)     # jobs still PROFILING when the call returned
+    runs: list[dict] = field(default_factory=list)           # finished runs: job, gpu type, ok, reason, seconds
+
+
+def _utc(t: dt.datetime | None) -> dt.datetime | None:
+    return t if t is None or t.tzinfo else t.replace(tzinfo=dt.UTC)
+
+
+class SoloProfiler:
+    def __init__(self, store: Store, executor: ProfileExecutor, settings: ProfilingSettings = ProfilingSettings(),
+                 seed: int = 0, now: Callable[[], dt.datetime] = lambda: dt.datetime.now(dt.UTC),
+                 sleep: Callable[[float], None] = time.sleep, monotonic: Callable[[], float] = time.monotonic):
+        self.store = store
+        self.executor = executor
+        self.settings = settings
+        self.seed = seed
+        self.now = now
+        self.sleep = sleep
+        self.monotonic = monotonic
+        self._handles: dict[int, int] = {}  # run id → handle, for executors whose handles are not persistent
+
+    # -- the whole step ---------------------------------------------------------------------------
+    def run(self) -> ProfilingSummary:
+        """Start runs for new jobs, then follow every open run until all ended or the wait is over."""
+        summary = ProfilingSummary()
+        self.start_new(summary)
+        wait = self.settings.wait_s if self.settings.wait_s is not None else self.settings.bound_s + 60.0
+        end = self.monotonic() + wait
+        while self.poll_once(summary) and self.monotonic() < end:
+            self.sleep(self.settings.poll_s)  # polling the runs' state with a deadline
+        with self.store.session() as s:
+            summary.in_progress = [j.id for j in repo.jobs_in_states(s, [JobState.PROFILING])]
+        return summary
+
+    # -- starting ---------------------------------------------------------------------------------
+    def start_new(self, summary: ProfilingSummary) -> None:
+        """Runs for SUBMITTED jobs, and for PROFILING jobs that lack one (a profiler stopped in between)."""
+        with self.store.session() as s:
+            jobs = [(j.id, j.state, j.job_type, list(j.allowed_gpu_types), j.slurm_job_id, j.command)
+                    for j in repo.jobs_in_states(s, [JobState.SUBMITTED, JobState.PROFILING])]
+        for job_id, state, job_type, gpu_types, slurm_id, command in jobs:
+            if state == JobState.SUBMITTED.value:
+                with self.store.session() as s:
+                    transition(s, job_id, JobState.PROFILING, f"solo profiling on the {self.settings.partition} "
+                                                              f"partition ({', '.join(gpu_types)})")
+            missing = self._missing(job_id, gpu_types)
+            reused = self._reuse(job_id, job_type, missing) if self.settings.reuse_profiles and missing else set()
+            todo = [g for g in missing if g not in reused]
+            if not todo:
+                self._finish_job(job_id, summary)
+                if reused and job_id in summary.profiled:
+                    summary.reused.append(job_id)
+                continue
+            try:
+                script = self.executor.job_script(slurm_id, command)
+            except ExecutorUnavailable as exc:
+                log.warning("job %s: cannot read its script now (%s); it stays PROFILING", job_id, exc)
+                continue
+            except ExecutorError as exc:
+                self._fail_job(job_id, f"profiling failed: {exc}", summary)
+                continue
+            for gtype in todo:
+                self._submit(job_id, job_type, gtype, script.text, script.working_dir, summary)
+
+    def _missing(self, job_id: int, gpu_types: list[str]) -> list[str]:
+        """Allowed GPU types with neither a profile nor an open run."""
+        with self.store.session() as s:
+            have = set(s.scalars(select(m.JobProfile.gpu_type).where(m.JobProfile.job_id == job_id)))
+            have |= set(s.scalars(select(m.ProfilingRun.gpu_type).where(m.ProfilingRun.job_id == job_id,
+                                                                        m.ProfilingRun.state.in_(OPEN))))
+        return [g for g in gpu_types if g not in have]
+
+    def _reuse(self, job_id: int, job_type: str, gpu_types: list[str]) -> set[str]:
+        done = set()
+        with self.store.session() as s:
+            for gtype in gpu_types:
+                src = s.scalars(
+                    select(m.JobProfile).join(m.OfflineJob, m.OfflineJob.id == m.JobProfile.job_id)
+                    .where(m.OfflineJob.job_type == job_type, m.JobProfile.gpu_type == gtype,
+                           m.JobProfile.method.in_(REUSABLE_METHODS), m.JobProfile.job_id != job_id)
+                    .order_by(m.JobProfile.profiled_utc.desc(), m.JobProfile.id.desc()).limit(1)).first()
+                if src is None:
+                    continue
+                f = OfflineFeatures(**{k: getattr(src, k) for k in OfflineFeatures.__dataclass_fields__})
+                repo.save_profile(s, job_id, gtype, f, src.source, "reused", reused_from_job_id=src.job_id,
+                                  iterations=src.iterations, measured_iter_time_s=src.measured_iter_time_s,
+                                  iter_time_p50_s=src.iter_time_p50_s, iter_time_p95_s=src.iter_time_p95_s,
+                                  device=src.device)
+                done.add(gtype)
+                log.info("job %s reuses job %s's profile on %s (%s)", job_id, src.job_id, gtype, job_type)
+        return done
+
+    def _spec(self, run: m.ProfilingRun, job_type: str, script_text: str, working_dir: str | None) -> RunSpec:
+        st = self.settings
+        run_dir = Path(run.run_dir)
+        job_script = write_executable(run_dir / "job.sh", script_text)
+        header = (f"MuxFlow solo profiling run {run.id}: job {run.job_id} ({job_type}) on {run.gpu_type}, "
+                  f"a dry run bounded to {st.bound_s:.0f} s (docs/PROFILING.md)")
+        text = probe_script(python=st.node_python, run_dir=run_dir, job_script=job_script, job_type=job_type,
+                            gpu_type=run.gpu_type, metrics=st.metrics, iterations=st.iterations,
+                            seconds=st.profile_seconds, warmup=st.warmup_iterations, deadline_s=st.deadline_s,
+                            seed=self.seed * 1_000_003 + run.job_id, interval_ms=st.interval_ms,
+                            working_dir=working_dir, header=header)
+        return RunSpec(key=f"muxflow-profile-run={run.id}", name=f"mxprof-j{run.job_id}-{run.gpu_type}",
+                       gpu_type=run.gpu_type, run_dir=run_dir, script=text, time_limit_s=st.bound_s + 60.0)
+
+    def _submit(self, job_id: int, job_type: str, gtype: str, script_text: str, working_dir: str | None,
+                summary: ProfilingSummary) -> None:
+        with self.store.session() as s:
+            run = m.ProfilingRun(job_id=job_id, gpu_type=gtype, state="submitted", run_dir="",
+                                 bound_s=self.settings.bound_s, submitted_utc=self.now())
+            s.add(run)
+            s.flush()
+            run.run_dir = str(prepare_run_dir(self.settings.profile_dir, f"solo-run{run.id}-job{job_id}-{gtype}"))
+            spec = self._spec(run, job_type, script_text, working_dir)
+            run_id = run.id
+        # the intent (the row) is committed before anything is sent
+        self._send(run_id, spec, summary)
+
+    def _send(self, run_id: int, spec: RunSpec, summary: ProfilingSummary) -> None:
+        try:
+            handle = self.executor.find(spec) if self.executor.persistent else None
+            if handle is None:
+                handle = self.executor.submit(spec)
+                summary.submitted += 1
+        except ExecutorUnavailable as exc:
+            log.warning("profiling run %s: executor unavailable (%s); submitted on a later call", run_id, exc)
+            return
+        except ExecutorError as exc:
+            self._end_run(run_id, False, f"could not submit the profiling job: {exc}", summary)
+            return
+        with self.store.session() as s:
+            run = s.get(m.ProfilingRun, run_id)
+            if self.executor.persistent:
+                run.slurm_job_id = handle
+            else:
+                run.node = self.executor.kind
+        self._handles[run_id] = handle
+
+    # -- following --------------------------------------------------------------------------------
+    def poll_once(self, summary: ProfilingSummary) -> int:
+        """Check every open run once; the number still open."""
+        with self.store.session() as s:
+            runs = [(r.id, r.job_id, r.gpu_type, r.slurm_job_id, r.state, _utc(r.submitted_utc), _utc(r.started_utc),
+                     r.bound_s, r.run_dir, r.node) for r in
+                    s.scalars(select(m.ProfilingRun).where(m.ProfilingRun.state.in_(OPEN)).order_by(m.ProfilingRun.id))]
+        left = 0
+        for run_id, job_id, gtype, sid, state, submitted, started, bound_s, run_dir, node in runs:
+            handle = sid if self.executor.persistent else self._handles.get(run_id)
+            if handle is None:
+                if not self.executor.persistent and node == self.executor.kind:
+                    self._end_run(run_id, False, "the local profiling process was lost (the profiler restarted)",
+                                  summary)
+                    continue
+                if not self._resubmit(run_id, summary):
+                    left += 1
+                continue
+            try:
+                st = self.executor.status(handle)
+            except ExecutorUnavailable as exc:
+                log.warning("profiling run %s: status unavailable: %s", run_id, exc)
+                left += 1
+                continue
+            now = self.now()
+            if st.phase == PHASE_FINISHED:
+                probe = read_json(Path(run_dir) / PROBE_FILE)
+                out = classify(probe, bound_s=bound_s, slurm_state=st.state, slurm_exit=st.exit_code,
+                               log_tail="" if probe else run_log_tail(Path(run_dir)))
+                self._record_finished(run_id, out, probe, st, summary)
+                continue
+            if st.phase == PHASE_PENDING:
+                if (now - submitted).total_seconds() > self.settings.max_queue_s:
+                    self._cancel(handle)
+                    self._end_run(run_id, False, f"not started on the {self.settings.partition} partition within "
+                                                 f"{self.settings.max_queue_s:.0f} s", summary)
+                    continue
+            else:
+                started = started or st.started_utc or now
+                if state != "running":
+                    with self.store.session() as s:
+                        run = s.get(m.ProfilingRun, run_id)
+                        run.state, run.started_utc, run.node = "running", started, st.node or run.node
+                # the probe stops the job at its deadline; this is the bound if the probe itself hangs
+                if (now - started).total_seconds() > bound_s + 30.0:
+                    self._cancel(handle)
+                    self._end_run(run_id, False, f"exceeded the profiling bound of {bound_s:.0f} s (cancelled)",
+                                  summary)
+                    continue
+            left += 1
+        return left
+
+    def _resubmit(self, run_id: int, summary: ProfilingSummary) -> bool:
+        """A run whose submission did not get through (executor down): find it or send it again."""
+        with self.store.session() as s:
+            run = s.get(m.ProfilingRun, run_id)
+            job = s.get(m.OfflineJob, run.job_id)
+            job_type, slurm_id, command = job.job_type, job.slurm_job_id, job.command
+        try:
+            script = self.executor.job_script(slurm_id, command)
+        except ExecutorUnavailable:
+            return False
+        except ExecutorError as exc:
+            self._end_run(run_id, False, f"profiling failed: {exc}", summary)
+            return True
+        with self.store.session() as s:
+            spec = self._spec(s.get(m.ProfilingRun, run_id), job_type, script.text, script.working_dir)
+        self._send(run_id, spec, summary)
+        return False
+
+    def _cancel(self, handle: int) -> None:
+        try:
+            self.executor.cancel(handle)
+        except (ExecutorUnavailable, ExecutorError) as exc:
+            log.warning("cancel of profiling job %s failed: %s", handle, exc)
+
+    def _record_finished(self, run_id: int, out, probe: dict | None, st, summary: ProfilingSummary) -> None:
+        with self.store.session() as s:
+            run = s.get(m.ProfilingRun, run_id)
+            run.report = probe
+            run.node = run.node if run.node and run.node != "local" else (st.node or run.node)
+            run.started_utc = run.started_utc or st.started_utc
+            if out.ok:
+                repo.save_profile(s, run.job_id, run.gpu_type, out.features, out.source, out.method,
+                                  slurm_job_id=run.slurm_job_id, **out.measured)
+        self._end_run(run_id, out.ok, out.reason, summary,
+                      seconds=float((probe or {}).get("elapsed_s") or 0.0))
+
+    def _end_run(self, run_id: int, ok: bool, reason: str, summary: ProfilingSummary, seconds: float = math.nan) -> None:
+        with self.store.session() as s:
+            run = s.get(m.ProfilingRun, run_id)
+            run.state, run.reason, run.finished_utc = ("done" if ok else "failed"), reason[:4000], self.now()
+            job_id, gtype = run.job_id, run.gpu_type
+        summary.runs.append({"run": run_id, "job": job_id, "gpu_type": gtype, "ok": ok, "reason": reason,
+                             "seconds": seconds})
+        log.info("profiling run %s (job %s on %s): %s%s", run_id, job_id, gtype, "ok: " if ok else "FAILED: ", reason)
+        if ok:
+            self._finish_job(job_id, summary)
+        else:
+            self._fail_job(job_id, f"profiling failed on {gtype}: {reason}", summary)
+
+    def _finish_job(self, job_id: int, summary: ProfilingSummary) -> None:
+        """PENDING once every allowed GPU type has a profile and no run is open."""
+        with self.store.session() as s:
+            job = s.get(m.OfflineJob, job_id)
+            if job.state != JobState.PROFILING.value:
+                return
+            have = {p.gpu_type for p in s.scalars(select(m.JobProfile).where(m.JobProfile.job_id == job_id))}
+            open_runs = s.scalars(select(m.ProfilingRun.id).where(m.ProfilingRun.job_id == job_id,
+                                                                  m.ProfilingRun.state.in_(OPEN))).first()
+            if open_runs is not None or not set(job.allowed_gpu_types) <= have:
+                return
+            transition(s, job_id, JobState.PENDING, "profiled on " + ", ".join(sorted(job.allowed_gpu_types)))
+        summary.profiled.append(job_id)
+
+    def _fail_job(self, job_id: int, reason: str, summary: ProfilingSummary) -> None:
+        with self.store.session() as s:
+            others = [(r.id, r.slurm_job_id) for r in s.scalars(select(m.ProfilingRun).where(
+                m.ProfilingRun.job_id == job_id, m.ProfilingRun.state.in_(OPEN)))]
+            for rid, _ in others:
+                run = s.get(m.ProfilingRun, rid)
+                run.state, run.reason, run.finished_utc = "failed", "cancelled: another profiling run failed", self.now()
+            job = s.get(m.OfflineJob, job_id)
+            if job.state == JobState.PROFILING.value:
+                transition(s, job_id, JobState.FAILED, reason[:2000])
+                summary.failed[job_id] = reason
+        for rid, sid in others:
+            handle = sid if self.executor.persistent else self._handles.get(rid)
+            if handle is not None:
+                self._cancel(handle)
