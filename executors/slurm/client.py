@@ -10,6 +10,7 @@ from __future__ import annotations
 
 import json
 import logging
+from collections import Counter
 from collections.abc import Callable
 from typing import Any, Protocol
 
@@ -66,6 +67,8 @@ class SlurmRestClient:
         base_url = settings.url or "http://slurmrestd"
         self._http = httpx.Client(transport=transport, base_url=base_url, timeout=settings.timeout_s,
                                   headers={"Accept": "application/json"})
+        # Requests sent, by HTTP method (failed ones included): what `muxflow bench dispatch` reports.
+        self.requests: Counter[str] = Counter()
 
     # -- plumbing ------------------------------------------------------------
     def close(self) -> None:
@@ -81,6 +84,7 @@ class SlurmRestClient:
                 params: dict[str, str] | None = None) -> dict[str, Any]:
         """One call; the parsed body, or :class:`SlurmRestError` with Slurm's messages."""
         headers = self.settings.auth_headers()
+        self.requests[method] += 1
         try:
             resp = self._http.request(method, path, json=body, params=params or None, headers=headers)
         except httpx.TransportError as exc:

@@ -21,6 +21,9 @@ SIGNAL_NAMES = ("HUP", "INT", "QUIT", "ABRT", "KILL", "ALRM", "TERM", "USR1", "U
                 "URG", "CONT", "STOP", "TSTP", "TTIN", "TTOU")
 _ENV_NAME = re.compile(r"^[A-Za-z_][A-Za-z0-9_]*$")
 _JOB_NAME_BAD = re.compile(r"[\n\r\t]")
+# ``sbatch --dependency``: one or more ``<type>:<job id>[:<job id>…]`` joined by ``,`` (all) or ``?`` (any).
+_DEPENDENCY = re.compile(r"^(after|afterany|afterok|afternotok|aftercorr|afterburstbuffer)(:\d+)+"
+                         r"([,?](after|afterany|afterok|afternotok|aftercorr|afterburstbuffer)(:\d+)+)*$|^singleton$")
 DEFAULT_ENVIRONMENT = MappingProxyType({"PATH": "/usr/local/bin:/usr/bin:/bin"})
 
 
@@ -89,6 +92,7 @@ class JobSpec:
     stderr_path: str | None = None
     time_limit_min: int | None = None
     comment: str | None = None
+    dependency: str | None = None  # ``afterok:41`` etc.: the job stays pending until it is satisfied
 
     def __post_init__(self) -> None:
         if not self.name or _JOB_NAME_BAD.search(self.name):
@@ -111,6 +115,8 @@ class JobSpec:
             raise PayloadError(f"time_limit_min: must be positive, got {self.time_limit_min}")
         if self.working_dir is not None and not self.working_dir.startswith("/"):
             raise PayloadError(f"working_dir: must be absolute, got {self.working_dir!r}")
+        if self.dependency is not None and not _DEPENDENCY.match(self.dependency):
+            raise PayloadError(f"dependency: expected e.g. 'afterok:41' or 'afterany:41:42', got {self.dependency!r}")
 
 
 @dataclass(frozen=True)

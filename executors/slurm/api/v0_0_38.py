@@ -61,6 +61,8 @@ class V0038(ApiVersion):
             job["time_limit"] = spec.time_limit_min
         if spec.comment is not None:
             job["comment"] = spec.comment
+        if spec.dependency is not None:
+            job["dependency"] = spec.dependency
         return {"script": spec.script, "job": job}
 
     def build_update(self, update: JobUpdate) -> dict[str, Any]:

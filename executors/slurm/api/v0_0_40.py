@@ -84,6 +84,8 @@ class V0040(ApiVersion):
             job["time_limit"] = _no_val(spec.time_limit_min)
         if spec.comment is not None:
             job["comment"] = spec.comment
+        if spec.dependency is not None:
+            job["dependency"] = spec.dependency
         # 23.11 takes the script inside the job description; the top-level
         # "script" is deprecated there.
         job["script"] = spec.script

@@ -43,6 +43,8 @@ FULL = JobSpec(
     comment="muxflow:job=17",
 )
 MINIMAL = JobSpec(name="probe", script="#!/bin/sh\ntrue\n", partition="profile")
+GATED = JobSpec(name="bench-1", script="#!/bin/sh\nsleep 600\n", partition="offline", hold=True,
+                gres_per_node="mps:1", dependency="afterok:41")
 PINNED = JobSpec(name="online-svc", script="#!/bin/sh\nexec serve\n", partition="online", nodelist="mx-t4-1",
                  gres_per_node="mps:100")
 
@@ -50,6 +52,7 @@ REQUESTS: dict[str, Any] = {
     "submit_full": ("submit", FULL),
     "submit_minimal": ("submit", MINIMAL),
     "submit_pinned": ("submit", PINNED),
+    "submit_gated": ("submit", GATED),
     "update_place": ("update", JobUpdate(nodelist="mx-a10-1", gres_per_node="mps:70")),
     "update_release": ("update", JobUpdate(hold=False)),
     "update_hold": ("update", JobUpdate(hold=True)),
@@ -163,6 +166,8 @@ def test_v0038_served_paths_match_the_builders() -> None:
     ({"environment": {"1BAD": "x"}}, "environment"),
     ({"time_limit_min": 0}, "time_limit_min"),
     ({"working_dir": "relative/dir"}, "working_dir"),
+    ({"dependency": "afterok"}, "dependency"),
+    ({"dependency": "afterok:41;rm -rf /"}, "dependency"),
 ])
 def test_job_spec_validation(kwargs: dict[str, Any], match: str) -> None:
     base = {"name": "j", "script": "#!/bin/sh\n", "partition": "offline"}
