@@ -357,6 +357,8 @@ from pipelines.cli_node import node_agent as _node_agent  # noqa: E402
 main.add_command(_node_agent)
 from pipelines.cli_simulate import simulate as _simulate  # noqa: E402
 main.add_command(_simulate)
+from pipelines.cli_profile import register as _register_profile  # noqa: E402
+_register_profile(main, _store, CliError)
 
 
 if __name__ == "__main__":  # pragma: no cover

@@ -259,7 +259,7 @@ class SlurmCluster:
 
 @dataclass
 class SlurmBackend:
-    """Plans carried out on Slurm; profiling and sampling still simulated until issue 8."""
+    """Plans carried out on Slurm; profiling and sampling on its profile partition (executors.profiling)."""
 
     client_factory: Callable[[], object]
     retry_deadline_s: float = 60.0
@@ -274,16 +274,17 @@ class SlurmBackend:
         return SlurmCluster(store, self._client(), Retry(self.retry_deadline_s), partition=self.partition)
 
     def profile_new_jobs(self, store, seed: int) -> int:
-        from executors.simulated.backend import SimulatedBackend
+        """Solo-profile new jobs on the profile partition (executors.profiling; docs/PROFILING.md); jobs profiled."""
+        from executors.profiling.backend import profile_on_slurm
 
-        log.warning("Slurm backend: solo profiles are still SIMULATED (real profiling arrives with issue 8)")
-        return SimulatedBackend().profile_new_jobs(store, seed)
+        return len(profile_on_slurm(self, store, seed).profiled)
 
     def collect_samples(self, store, per_type: int, seed: int) -> dict[str, int]:
-        from executors.simulated.backend import SimulatedBackend
+        """Co-location samples measured on the profile partition within the GPU-time budget, topped up with
+        simulated ones while a GPU type has fewer than ``per_type`` (executors.profiling; docs/PROFILING.md)."""
+        from executors.profiling.backend import sample_on_slurm
 
-        log.warning("Slurm backend: co-location samples are still SIMULATED (real ones arrive with issue 8)")
-        return SimulatedBackend().collect_samples(store, per_type, seed)
+        return sample_on_slurm(self, store, per_type, seed)[0]
 
     def ensure_history(self, store, window_start: dt.datetime) -> int:
         """Online load history comes from the node agents (not yet): nothing is recorded here."""
