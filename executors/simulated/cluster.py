@@ -341,6 +341,7 @@ class SimulatedCluster:
             active_s = max(0.0, 60.0 - job.warmup_left_s)
             job.warmup_left_s = max(0.0, job.warmup_left_s - 60.0)
             duty = active_s / 60.0
+            slowdown = 1.0 + (slowdown - 1.0) * duty  # no kernels of its own during start-up or restart
             e_off = min(job.sm_pct / 100.0, wl.traits.sm_need)
             util, sm_act, mem, bw = (float(v) for v in shared_metrics(
                 on_util, on_sm, on_mem, on_bw, job.spec.mem_bytes, e_off, wl.traits.mem_bw, duty, tput))
