@@ -37,7 +37,8 @@ def build_profiling_assets(seed: int, samples_per_type: int) -> list:
             "profiling_runs_ended_now": len(runs),
             "profiling_runs_failed_now": sum(1 for r in runs if r["state"] == "failed"),
             "profiles_by_method": MetadataValue.json(methods),
-            "profiling_runs": MetadataValue.md(runs_markdown(runs, "Profiling runs that ended in this materialization")),
+            "profiling_runs": MetadataValue.md(runs_markdown(runs, "Profiling runs that ended in this "
+                                                                   "materialization")),
         })
 
     @asset(group_name=GROUP, description="Each online service's own load over the last hour (the predictor's online features).")

@@ -12,6 +12,7 @@ from __future__ import annotations
 
 import datetime as dt
 import os
+import secrets
 import shlex
 import stat
 from dataclasses import dataclass
@@ -86,12 +87,17 @@ def command_script(command: str) -> str:
 
 
 def prepare_run_dir(base: str, name: str) -> Path:
-    """A fresh directory every job user can write into (the job may run as another user)."""
+    """A new directory every job user can write into (the job may run as another user).
+
+    The name gets a random suffix: run ids restart with every feature store, and two stores (or a
+    store rebuilt) sharing one profile directory and one Slurm must never meet in a directory or in
+    a job comment (the run's key is the directory's name).
+    """
     root = Path(base)
     root.mkdir(parents=True, exist_ok=True)
     _world_writable(root)
-    d = root / name
-    d.mkdir(parents=True, exist_ok=True)
+    d = root / f"{name}-{secrets.token_hex(4)}"
+    d.mkdir(parents=True, exist_ok=False)
     _world_writable(d)
     return d
 

@@ -214,9 +214,9 @@ class ColocationSampler:
                 f"cd {q(run.run_dir)} || exit 1\nexec " + " ".join(args) + "\n")
 
     def _spec(self, run: m.SamplingRun, mem_bytes: float) -> RunSpec:
-        return RunSpec(key=f"muxflow-sampling-run={run.id}", name=f"mxsample-{run.id}-{run.gpu_type}",
-                       gpu_type=run.gpu_type, run_dir=Path(run.run_dir), script=self._script(run, mem_bytes),
-                       time_limit_s=self._time_limit_s(len(run.sm_pcts), run.planned_gpu_s))
+        return RunSpec(key=f"muxflow-sampling-run={Path(run.run_dir).name}",
+                       name=f"mxsample-{run.id}-{run.gpu_type}", gpu_type=run.gpu_type, run_dir=Path(run.run_dir),
+                       script=self._script(run, mem_bytes), time_limit_s=self._time_limit_s(len(run.sm_pcts), run.planned_gpu_s))
 
     def _submit(self, planned, service: tuple[str, float], summary: SamplingSummary) -> None:
         family, mem = service

@@ -3,7 +3,7 @@
 Each run is one batch job with a whole GPU of the run's type (``--gres=gpu:<type>:1``:
 profiling is solo, sampling controls the GPU's sharing itself), a time limit a
 minute above the run's bound, output into the run directory, and the run's key
-in its comment (``muxflow-profile-run=<id>``), by which a run submitted just
+in its comment (``muxflow-profile-run=<run directory>``), by which a run submitted just
 before a crash is found again instead of being submitted twice.
 
 The profiling copy of a job runs the job's own batch script, read with

@@ -164,7 +164,7 @@ class SoloProfiler:
                             seconds=st.profile_seconds, warmup=st.warmup_iterations, deadline_s=st.deadline_s,
                             seed=self.seed * 1_000_003 + run.job_id, interval_ms=st.interval_ms,
                             working_dir=working_dir, header=header)
-        return RunSpec(key=f"muxflow-profile-run={run.id}", name=f"mxprof-j{run.job_id}-{run.gpu_type}",
+        return RunSpec(key=f"muxflow-profile-run={run_dir.name}", name=f"mxprof-j{run.job_id}-{run.gpu_type}",
                        gpu_type=run.gpu_type, run_dir=run_dir, script=text, time_limit_s=st.bound_s + 60.0)
 
     def _submit(self, job_id: int, job_type: str, gtype: str, script_text: str, working_dir: str | None,
@@ -288,7 +288,8 @@ class SoloProfiler:
         self._end_run(run_id, out.ok, out.reason, summary,
                       seconds=float((probe or {}).get("elapsed_s") or 0.0))
 
-    def _end_run(self, run_id: int, ok: bool, reason: str, summary: ProfilingSummary, seconds: float = math.nan) -> None:
+    def _end_run(self, run_id: int, ok: bool, reason: str, summary: ProfilingSummary,
+                 seconds: float = math.nan) -> None:
         with self.store.session() as s:
             run = s.get(m.ProfilingRun, run_id)
             run.state, run.reason, run.finished_utc = ("done" if ok else "failed"), reason[:4000], self.now()
@@ -321,7 +322,8 @@ class SoloProfiler:
                 m.ProfilingRun.job_id == job_id, m.ProfilingRun.state.in_(OPEN)))]
             for rid, _ in others:
                 run = s.get(m.ProfilingRun, rid)
-                run.state, run.reason, run.finished_utc = "failed", "cancelled: another profiling run failed", self.now()
+                run.state, run.reason = "failed", "cancelled: another profiling run failed"
+                run.finished_utc = self.now()
             job = s.get(m.OfflineJob, job_id)
             if job.state == JobState.PROFILING.value:
                 transition(s, job_id, JobState.FAILED, reason[:2000])
