@@ -235,7 +235,9 @@ def compare(trace_path, gpus, types_text, hours, jobs, arrival_hours, mean_job_h
 
 def format_table(rows: list[dict]) -> str:
     cols = [("policy", "policy", "{}"), ("avg_latency_vs_online_only", "avg lat", "{:.3f}"),
-            ("p99_latency_vs_online_only", "p99 lat", "{:.3f}"), ("avg_jct_h", "JCT h", "{:.2f}"),
+            ("p99_latency_vs_online_only", "p99 lat", "{:.3f}"),
+            ("shared_avg_latency_vs_online_only", "shared avg", "{:.3f}"),
+            ("shared_p99_latency_vs_online_only", "shared p99", "{:.3f}"), ("avg_jct_h", "JCT h", "{:.2f}"),
             ("jct_vs_muxflow", "JCT/MuxFlow", "{:.3f}"), ("oversold_gpu", "oversold", "{:.3f}"),
             ("oversold_vs_muxflow", "oversold/MuxFlow", "{:.3f}"), ("gpu_util_pct", "GPU util %", "{:.1f}"),
             ("sm_activity_pct", "SM act %", "{:.1f}"), ("eviction_rate", "evict rate", "{:.4f}")]
