@@ -5,7 +5,9 @@ through ``scontrol requeuehold``, which no REST version offers):
 
 - **START**: the held job gets node list = the planned GPU's node, ``--gres=mps:<pct>``,
   a comment carrying the plan (``muxflow-job=… muxflow-gpu=<index> muxflow-pct=…
-  muxflow-mem=…``, read by the node scripts), eligible now and released — one update.
+  muxflow-mem=… muxflow-kp=… muxflow-ki=… muxflow-kd=…``, read by the node scripts:
+  the TaskProlog turns it into CUDA_*/XCUDA_* variables), eligible now and released —
+  one update.
 - **MIGRATE**: signal ``USR1`` (the runtime helper checkpoints), ``requeuehold`` (Slurm
   sends SIGTERM, then SIGKILL after KillWait), wait until it is pending again, then
   the START update for the new GPU and share.
@@ -31,6 +33,7 @@ from __future__ import annotations
 
 import datetime as dt
 import logging
+import math
 import re
 import time
 from collections.abc import Callable
@@ -61,10 +64,42 @@ class ActionFailed(RuntimeError):
     """Slurm refused an action for a reason retrying cannot fix."""
 
 
-def plan_comment(job_id: int, gpu_index: int, pct: int, mem_bytes: int | None) -> str:
+_GAIN_MAX = {"kp": 1000.0, "ki": 1000.0, "kd": 10.0}  # each gain's range is [0, max]
+
+
+@dataclass(frozen=True)
+class XcudaGains:
+    """Gains of xCUDA's launch-rate PID (paper §4.1; ``XCUDA_KP``/``KI``/``KD``, executors/xcuda/README.md).
+
+    The defaults are xCUDA's own; the ranges are the ones its configuration parser
+    accepts (``executors/xcuda/src/config.c``), so a value the node would ignore is
+    refused here, before anything is sent.
+    """
+
+    kp: float = 1.0   # 1, on ln(rate)
+    ki: float = 20.0  # 1/s
+    kd: float = 0.0   # s
+
+    def __post_init__(self) -> None:
+        for name, hi in _GAIN_MAX.items():
+            v = getattr(self, name)
+            if isinstance(v, bool) or not isinstance(v, int | float) or not math.isfinite(v) or not 0 <= v <= hi:
+                raise ValueError(f"xcuda gains: {name} must be a number within [0, {hi:g}], got {v!r}")
+            object.__setattr__(self, name, float(v))
+
+    def comment_fields(self) -> list[str]:
+        # repr: the shortest text that reads back as the same double (xCUDA parses it with strtod)
+        return [f"muxflow-{name}={getattr(self, name)!r}" for name in _GAIN_MAX]
+
+
+def plan_comment(job_id: int, gpu_index: int, pct: int, mem_bytes: int | None,
+                 gains: XcudaGains | None = None) -> str:
+    """The plan in the job's comment, for the node scripts (docs/SLURM.md "Node scripts")."""
     parts = [f"muxflow-job={job_id}", f"muxflow-gpu={gpu_index}", f"muxflow-pct={pct}"]
     if mem_bytes:
         parts.append(f"muxflow-mem={int(mem_bytes)}")
+    if gains is not None:
+        parts += gains.comment_fields()
     return " ".join(parts)
 
 
@@ -117,25 +152,45 @@ class SlurmCluster:
     partition: str = "offline"
     settle_timeout_s: float = 60.0
     simulated: bool = False
+    gains: XcudaGains = field(default_factory=XcudaGains)
 
     # -- store lookups -------------------------------------------------------------------
-    def _gpu(self, gpu_id: int) -> tuple[str, int]:
+    # What a plan's actions need from the store is read once per dispatch (:meth:`_lookups`),
+    # not once per action: node and index of each GPU, Slurm id and memory of each job.
+    _gpus: dict[int, tuple[str, int]] = field(default_factory=dict, init=False, repr=False)
+    _jobs: dict[int, tuple[int | None, int]] = field(default_factory=dict, init=False, repr=False)
+
+    def _lookups(self, job_ids: set[int], gpu_ids: set[int]) -> None:
+        job_ids = sorted(job_ids - self._jobs.keys())
+        gpu_ids = sorted(gpu_ids - self._gpus.keys())
+        if not job_ids and not gpu_ids:
+            return
         with self.store.session() as s:
-            gpu = s.get(m.Gpu, gpu_id)
-            if gpu is None:
-                raise ActionFailed(f"GPU {gpu_id} is not in the store")
-            return gpu.node.name, gpu.gpu_index
+            for chunk in (job_ids[i:i + 500] for i in range(0, len(job_ids), 500)):
+                self._jobs.update((j, (sid, mem)) for j, sid, mem in s.execute(
+                    select(m.OfflineJob.id, m.OfflineJob.slurm_job_id, m.OfflineJob.mem_bytes)
+                    .where(m.OfflineJob.id.in_(chunk))))
+            for chunk in (gpu_ids[i:i + 500] for i in range(0, len(gpu_ids), 500)):
+                self._gpus.update((g, (node, index)) for g, node, index in s.execute(
+                    select(m.Gpu.id, m.Node.name, m.Gpu.gpu_index).join(m.Node, m.Gpu.node_id == m.Node.id)
+                    .where(m.Gpu.id.in_(chunk))))
+
+    def _gpu(self, gpu_id: int) -> tuple[str, int]:
+        self._lookups(set(), {gpu_id})
+        if gpu_id not in self._gpus:
+            raise ActionFailed(f"GPU {gpu_id} is not in the store")
+        return self._gpus[gpu_id]
 
     def _gpu_ids(self) -> dict[tuple[str, int], int]:
         with self.store.session() as s:
             return {(g.node.name, g.gpu_index): g.id for g in s.scalars(select(m.Gpu))}
 
     def _job(self, job_id: int) -> tuple[int, int]:
-        with self.store.session() as s:
-            job = s.get(m.OfflineJob, job_id)
-            if job is None or job.slurm_job_id is None:
-                raise ActionFailed(f"job {job_id} has no Slurm job")
-            return int(job.slurm_job_id), int(job.mem_bytes)
+        self._lookups({job_id}, set())
+        sid, mem = self._jobs.get(job_id, (None, 0))
+        if sid is None:
+            raise ActionFailed(f"job {job_id} has no Slurm job")
+        return int(sid), int(mem)
 
     def _get(self, sid: int) -> Job:
         return self.retry.call(f"read Slurm job {sid}", lambda: self.client.get_job(sid))  # type: ignore[return-value]
@@ -162,6 +217,8 @@ class SlurmCluster:
         return out
 
     def dispatch(self, actions: list[PlanAction], now_utc: dt.datetime) -> list[DispatchResult]:
+        self._lookups({a.job_id for a in actions if a.action != Action.KEEP},
+                      {a.gpu_id for a in actions if a.gpu_id is not None})
         results = []
         for act in actions:
             try:
@@ -200,15 +257,16 @@ class SlurmCluster:
         raise ActionFailed(f"unknown action {act.action}")
 
     @staticmethod
-    def _placed_as_planned(j: Job, node: str, index: int, pct: int) -> bool:
-        plan = parse_plan_comment(j.comment)
+    def _placed_as_planned(j: Job, node: str, pct: int, comment: str) -> bool:
+        """Released on the planned node with the planned share and exactly the planned comment (GPU, gains…)."""
         where = j.nodes if j.state == RUNNING else j.required_nodes
         return (not j.held and not j.finished and tuple(where) == (node,) and j.mps_pct == pct
-                and plan.get("gpu") == str(index) and plan.get("pct") == str(pct))
+                and parse_plan_comment(j.comment) == parse_plan_comment(comment))
 
     def _place(self, job_id: int, sid: int, node: str, index: int, pct: int, mem: int, *, migrate: bool) -> str:
+        comment = plan_comment(job_id, index, pct, mem, self.gains)
         j = self._get(sid)
-        if self._placed_as_planned(j, node, index, pct):
+        if self._placed_as_planned(j, node, pct, comment):
             return f"slurm job {sid} already on {node} GPU {index} at mps:{pct} (reconciled)"
         if j.finished:
             raise ActionFailed(f"slurm job {sid} is {j.state}; nothing to place")
@@ -218,7 +276,7 @@ class SlurmCluster:
             self._checkpoint_and_requeue(sid)
             self._wait_pending(sid)
         update = JobUpdate(nodelist=node, gres_per_node=f"mps:{pct}", hold=False, eligible_now=True,
-                           comment=plan_comment(job_id, index, pct, mem))
+                           comment=comment)
         self.retry.call(f"place Slurm job {sid}", lambda: self.client.update_job(sid, update))
         return f"slurm job {sid} placed on {node} GPU {index} at mps:{pct}"
 
@@ -266,12 +324,14 @@ class SlurmBackend:
     partition: str = "offline"
     simulated: bool = False
     source: str = SOURCE
+    gains: XcudaGains = field(default_factory=XcudaGains)  # xCUDA's PID gains, sent with every placement
 
     def _client(self):
         return self.client_factory()
 
-    def cluster(self, store) -> SlurmCluster:
-        return SlurmCluster(store, self._client(), Retry(self.retry_deadline_s), partition=self.partition)
+    def cluster(self, store, round_id: int | None = None) -> SlurmCluster:
+        return SlurmCluster(store, self._client(), Retry(self.retry_deadline_s), round_id=round_id,
+                            partition=self.partition, gains=self.gains)
 
     def profile_new_jobs(self, store, seed: int) -> int:
         """Solo-profile new jobs on the profile partition (executors.profiling; docs/PROFILING.md); jobs profiled."""
@@ -291,8 +351,7 @@ class SlurmBackend:
         return 0
 
     def dispatch(self, store, round_id: int, result: RoundResult, now: dt.datetime) -> tuple[int, int]:
-        cluster = SlurmCluster(store, self._client(), Retry(self.retry_deadline_s), round_id=round_id,
-                               partition=self.partition)
+        cluster = self.cluster(store, round_id)
         try:
             return round_runner.dispatch_round(store, cluster, round_id, result, now)
         except SlurmUnavailable as exc:

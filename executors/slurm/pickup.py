@@ -24,12 +24,14 @@ from __future__ import annotations
 
 import logging
 import shlex
+from collections.abc import Collection
 from dataclasses import dataclass
 
 from sqlalchemy import select
 
 from executors.slurm.hostlist import gres_count
 from executors.slurm.models import Job
+from executors.slurm.spec import JobSpec as SlurmJobSpec
 from executors.slurm.spec import JobUpdate
 from executors.store import models as m
 from executors.store import repo
@@ -72,6 +74,14 @@ def _fields(comment: str) -> dict[str, str]:
     return out
 
 
+def submission_comment(spec: JobSpec) -> str:
+    """The ``--comment`` that :func:`spec_from_job` reads back as ``spec`` (what ``muxflow submit`` sends)."""
+    q = shlex.quote
+    return (f"{COMMENT_PREFIX} type={q(spec.job_type)} mem={spec.mem_bytes} "
+            f"gpu-types={','.join(spec.allowed_gpu_types)} ckpt={q(spec.checkpoint_dir)} "
+            f"steps={spec.total_steps} priority={spec.priority} name={q(spec.name)}")
+
+
 def spec_from_job(job: Job) -> JobSpec:
     """The submission's spec; :class:`SubmissionError` for missing or contradictory options."""
     f = _fields(job.comment or "")
@@ -109,9 +119,15 @@ def is_candidate(job: Job) -> bool:
     return OFFLINE_PARTITION in job.partition.split(",") and job.held
 
 
-def import_submissions(store, client, known_job_types: set[str] | None = None) -> PickupReport:
-    """Import held offline-partition jobs not yet in the store; reject and cancel bad ones. Idempotent."""
-    jobs = [j for j in client.list_jobs() if is_candidate(j)]
+def import_submissions(store, client, known_job_types: set[str] | None = None, *,
+                       only: Collection[int] | None = None) -> PickupReport:
+    """Import held offline-partition jobs not yet in the store; reject and cancel bad ones. Idempotent.
+
+    ``only`` restricts the pick-up to these Slurm job ids: a benchmark or a test that
+    shares a cluster with other users must not import (or reject and cancel) theirs.
+    """
+    wanted = None if only is None else {int(i) for i in only}
+    jobs = [j for j in client.list_jobs() if is_candidate(j) and (wanted is None or j.job_id in wanted)]
     with store.session() as s:
         seen = set(s.scalars(select(m.OfflineJob.slurm_job_id).where(m.OfflineJob.slurm_job_id.is_not(None))))
         gpu_types = repo.gpu_type_names(s)
@@ -156,6 +172,27 @@ def import_submissions(store, client, known_job_types: set[str] | None = None) -
     for sid in sorted(stale - {r[0] for r in rejected}):
         _cancel_rejected(client, sid, reasons.get(sid) or "rejected")
     return PickupReport(imported, rejected)
+
+
+def submit_held(store, client, spec: JobSpec, script: str, *, mps_pct: int, working_dir: str,
+                environment: dict[str, str], known_job_types: set[str] | None) -> tuple[int, PickupReport]:
+    """``muxflow submit`` on Slurm: what ``sbatch -p offline --gres=mps:N --comment="muxflow: …"`` does.
+
+    The spec is validated first (nothing is sent when it is bad: :class:`SubmissionError`),
+    then the script is submitted held with the spec in its comment and picked up at once,
+    like any other submission. A failure after the submission loses nothing: the job waits
+    held in Slurm and the next pick-up imports it.
+    """
+    with store.session() as s:
+        validate(spec, repo.gpu_type_names(s), known_job_types)
+    if not 1 <= mps_pct <= 100:
+        raise SubmissionError("mps", f"must be within 1..100, got {mps_pct}")
+    if not script.startswith("#!"):
+        raise SubmissionError("script", "must start with an interpreter line such as #!/bin/sh")
+    res = client.submit(SlurmJobSpec(name=spec.name, script=script, partition=OFFLINE_PARTITION, hold=True,
+                                     gres_per_node=f"mps:{mps_pct}", comment=submission_comment(spec),
+                                     working_dir=working_dir, environment=environment))
+    return res.job_id, import_submissions(store, client, known_job_types, only=[res.job_id])
 
 
 def _cancel_rejected(client, slurm_job_id: int, reason: str) -> None:

@@ -38,16 +38,26 @@ XCUDA_LIB = Path(__file__).resolve().parents[2] / "xcuda" / "build" / "libxcuda.
 
 
 def install_node_scripts(layout: DevClusterLayout, slurm_user_uid: int) -> None:
-    """Install ``job_submit.lua`` next to slurm.conf and the Prolog/TaskProlog/Epilog (docs/SLURM.md)."""
+    """Install ``job_submit.lua`` next to slurm.conf and the Prolog/TaskProlog/Epilog (docs/SLURM.md).
+
+    Each file is replaced atomically (temp file + rename): slurmd reads the scripts at
+    every job start and slurmctld reloads the Lua script when it changes, so a running
+    cluster picks up new versions without a restart, and never half a file.
+    """
     layout.node_script_dir.mkdir(parents=True, exist_ok=True)
     os.chmod(layout.node_script_dir, 0o755)
-    for name in ("prolog.sh", "task_prolog.sh", "epilog.sh"):
-        dst = layout.node_script_dir / name
-        dst.write_text((NODE_SRC / name).read_text().replace("@XCUDA_LIB@", str(XCUDA_LIB)))
-        os.chmod(dst, 0o755)
-    layout.job_submit_lua.write_text((NODE_SRC / "job_submit.lua").read_text()
-                                     .replace("@SLURM_USER_UID@", str(int(slurm_user_uid))))
-    os.chmod(layout.job_submit_lua, 0o644)
+    files = {layout.node_script_dir / name: ((NODE_SRC / name).read_text().replace("@XCUDA_LIB@", str(XCUDA_LIB)),
+                                             0o755)
+             for name in ("prolog.sh", "task_prolog.sh", "epilog.sh")}
+    files[layout.job_submit_lua] = ((NODE_SRC / "job_submit.lua").read_text()
+                                    .replace("@SLURM_USER_UID@", str(int(slurm_user_uid))), 0o644)
+    for dst, (text, mode) in files.items():
+        if dst.exists() and dst.read_text() == text:
+            continue
+        tmp = dst.with_name(f".{dst.name}.{os.getpid()}.tmp")
+        tmp.write_text(text)
+        os.chmod(tmp, mode)
+        os.replace(tmp, dst)
 
 
 class DevClusterError(RuntimeError):
@@ -238,11 +248,11 @@ class DevCluster:
             layout = self._new_layout(previous)
             self._check_ports(layout)
             prepare_state(layout, pw.pw_uid, pw.pw_gid)
-            install_node_scripts(layout, pw.pw_uid)
             self._forget_records()
             self.echo(f"starting the dev Slurm cluster in {self.state_dir} (subnet {layout.subnet})")
         else:
             layout = previous
+        install_node_scripts(layout, pw.pw_uid)  # a running cluster gets the current scripts too
         net.network_up(layout)
         deadline = time.monotonic() + timeout_s
         started = 0

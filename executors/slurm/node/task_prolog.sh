@@ -4,7 +4,7 @@
 # MuxFlow are configured: the planned GPU, the MPS share, the MPS pipe, and xCUDA (LD_PRELOAD +
 # XCUDA_* settings). Online jobs (and anything else) get nothing: never a preload.
 # The dispatcher writes the plan into the job comment:
-#   muxflow-job=<id> muxflow-gpu=<index> muxflow-pct=<pct> muxflow-mem=<bytes> [muxflow-kp=.. muxflow-ki=..]
+#   muxflow-job=<id> muxflow-gpu=<index> muxflow-pct=<pct> muxflow-mem=<bytes> muxflow-kp=.. muxflow-ki=.. muxflow-kd=..
 set -u
 part="${SLURM_JOB_PARTITION:-}"
 [[ "$part" == "${MUXFLOW_OFFLINE_PARTITION:-offline}" ]] || exit 0
@@ -25,5 +25,6 @@ echo "export XCUDA_GPU_INDEX=$gpu"
 mem=$(val mem); [[ -n "$mem" ]] && echo "export XCUDA_MEM_QUOTA_BYTES=$mem"
 kp=$(val kp); [[ -n "$kp" ]] && echo "export XCUDA_KP=$kp"
 ki=$(val ki); [[ -n "$ki" ]] && echo "export XCUDA_KI=$ki"
+kd=$(val kd); [[ -n "$kd" ]] && echo "export XCUDA_KD=$kd"
 echo "export MUXFLOW_PLANNED_GPU=$gpu"
 exit 0

@@ -1,0 +1,118 @@
+"""A stateful fake of the slurmrestd client (the :class:`executors.slurm.client.SlurmApi` calls MuxFlow makes).
+
+Jobs live in a dict; submit holds offline jobs the way job_submit.lua does, updates
+apply node list / GRES / comment / hold, cancel finishes a job. Every call is
+recorded in ``calls`` so tests can count what was sent. ``down`` makes every call
+fail as if slurmctld did not answer.
+"""
+
+from __future__ import annotations
+
+from dataclasses import replace
+from pathlib import Path
+
+from executors.slurm.client import SlurmNotFound
+from executors.slurm.errors import SlurmErrorEntry, SlurmTransportError
+from executors.slurm.hostlist import parse_gres
+from executors.slurm.models import Job, Node, SubmitResult
+from executors.slurm.spec import JobSpec, JobUpdate
+from executors.store.db import Store
+from executors.store.migrate import upgrade
+
+
+def make_job(job_id: int, *, comment: str = "", gres: str = "gres:mps:30", partition: str = "offline",
+             held: bool = True, name: str | None = None, state: str = "PENDING") -> Job:
+    return Job(job_id=job_id, name=name or f"job{job_id}", state=state,
+               state_reason="JobHeldUser" if held else "None", partition=partition, user_name="u", nodes=(),
+               required_nodes=(), gres_per_node=gres, priority=0 if held else 100, requeue=True, restart_count=0,
+               exit_code=None, comment=comment, working_dir="/home/u", submit_time_utc=None, start_time_utc=None,
+               end_time_utc=None)
+
+
+class FakeSlurm:
+    def __init__(self, jobs: list[Job] = (), nodes: dict[str, tuple[str, int]] | None = None):
+        self.jobs: dict[int, Job] = {j.job_id: j for j in jobs}
+        self.nodes = nodes if nodes is not None else {"mx-t4-1": ("t4", 4), "mx-a10-1": ("a10", 4)}
+        self.calls: list[tuple] = []
+        self.down = False
+        self.closed = False
+        self._next = max(self.jobs, default=100) + 1
+
+    def _call(self, *what) -> None:
+        self.calls.append(what)
+        if self.down:
+            raise SlurmTransportError("slurmrestd at unix:/fake.sock: connection refused")
+
+    def _job(self, job_id: int) -> Job:
+        if job_id not in self.jobs:
+            raise SlurmNotFound("GET", f"/job/{job_id}", 500, [SlurmErrorEntry(message="Invalid job id specified",
+                                                                                number=2017)])
+        return self.jobs[job_id]
+
+    # -- the client API ---------------------------------------------------------------
+    def submit(self, spec: JobSpec) -> SubmitResult:
+        self._call("submit", spec.name)
+        job_id, self._next = self._next, self._next + 1
+        self.jobs[job_id] = make_job(job_id, comment=spec.comment or "", name=spec.name, partition=spec.partition,
+                                     gres=f"gres:{spec.gres_per_node}" if spec.gres_per_node else "",
+                                     held=spec.hold or spec.partition == "offline")
+        return SubmitResult(job_id)
+
+    def list_jobs(self) -> list[Job]:
+        self._call("list_jobs")
+        return list(self.jobs.values())
+
+    def get_job(self, job_id: int) -> Job:
+        self._call("get_job", job_id)
+        return self._job(job_id)
+
+    def update_job(self, job_id: int, update: JobUpdate) -> None:
+        self._call("update_job", job_id, update)
+        j = self._job(job_id)
+        changes: dict = {}
+        if update.nodelist is not None:
+            changes["required_nodes"] = (update.nodelist,)
+        if update.gres_per_node is not None:
+            changes["gres_per_node"] = f"gres:{update.gres_per_node}"
+        if update.comment is not None:
+            changes["comment"] = update.comment
+        if update.hold is not None:
+            changes["priority"] = 0 if update.hold else 100
+        self.jobs[job_id] = replace(j, **changes)
+
+    def hold(self, job_id: int) -> None:
+        self.update_job(job_id, JobUpdate(hold=True))
+
+    def cancel(self, job_id: int, signal: str | None = None) -> None:
+        self._call("cancel", job_id, signal)
+        j = self._job(job_id)
+        if signal is None:
+            self.jobs[job_id] = replace(j, state="CANCELLED")
+
+    def requeue(self, job_id: int, hold: bool = True) -> None:
+        self._call("requeue", job_id, hold)
+        self.jobs[job_id] = replace(self._job(job_id), state="PENDING", priority=0 if hold else 100, nodes=())
+
+    def list_nodes(self) -> list[Node]:
+        self._call("list_nodes")
+        return [Node(name=n, address="", hostname=n, state="IDLE", state_flags=(), partitions=("offline",),
+                     gres=parse_gres(f"gpu:{t}:{k},mps:{100 * k}"), gres_used=(), cpus=8, alloc_cpus=0, reason="")
+                for n, (t, k) in self.nodes.items()]
+
+    def close(self) -> None:
+        self.closed = True
+
+    # -- for assertions ---------------------------------------------------------------
+    def sent(self, kind: str) -> list[tuple]:
+        return [c for c in self.calls if c[0] == kind]
+
+
+def store_with_fake_nodes(tmp_path: Path) -> Store:
+    """A migrated SQLite store whose nodes and GPUs are the fake cluster's (as ``register-nodes`` records them)."""
+    from executors.slurm.backend import register_slurm_nodes
+
+    url = f"sqlite:///{tmp_path / 'store.db'}"
+    upgrade(url)
+    store = Store(url)
+    register_slurm_nodes(store, FakeSlurm())
+    return store

@@ -1,0 +1,165 @@
+"""The Slurm dispatcher against a stateful fake slurmrestd: what one placement sends, the plan comment with
+xCUDA's gains, reconciliation on a re-run, the pick-up filter and ``muxflow submit``'s path (no Slurm needed)."""
+
+from __future__ import annotations
+
+import datetime as dt
+from pathlib import Path
+
+import pytest
+from sqlalchemy import select
+
+from executors.slurm.backend import (
+    SlurmBackend,
+    XcudaGains,
+    parse_plan_comment,
+    plan_comment,
+)
+from executors.slurm.pickup import import_submissions, spec_from_job, submission_comment, submit_held
+from executors.store import models as m
+from executors.store import repo
+from executors.store.db import Store
+from executors.store.jobs import transition
+from executors.submission import JobSpec, SubmissionError
+from scheduler_core.domain import Action, JobState, PlanAction, PlannedPlacement, RoundResult
+from tests.executors.slurm.fake_slurm import FakeSlurm, make_job, store_with_fake_nodes
+
+GOOD = "muxflow: type='ResNet-50 (batch size 64)' mem=2GiB gpu-types=t4,a10 ckpt=/ckpt/{n} steps=100"
+KNOWN = {"ResNet-50 (batch size 64)"}
+
+
+@pytest.fixture()
+def store(tmp_path: Path) -> Store:
+    return store_with_fake_nodes(tmp_path)
+
+
+def _pending(store: Store, fake: FakeSlurm, sids: list[int]) -> dict[int, int]:
+    rep = import_submissions(store, fake, KNOWN, only=sids)
+    with store.session() as s:
+        for j in rep.imported:
+            transition(s, j, JobState.PROFILING, "test")
+            transition(s, j, JobState.PENDING, "test")
+        return {j.slurm_job_id: j.id for j in s.scalars(select(m.OfflineJob).where(m.OfflineJob.id.in_(rep.imported)))}
+
+
+def _gpu(store: Store, node: str, index: int) -> int:
+    with store.session() as s:
+        return next(g.id for g in s.scalars(select(m.Gpu)) if (g.node.name, g.gpu_index) == (node, index))
+
+
+def _round(store: Store, starts: list[tuple[int, int, int]], minute: int = 0) -> tuple[int, RoundResult]:
+    result = RoundResult([PlannedPlacement(j, g, p, 2 * 1024**3, 0.5, 0.1) for j, g, p in starts],
+                         [PlanAction(Action.START, j, g, None, p) for j, g, p in starts], 0.5, 8, len(starts), 8)
+    with store.session() as s:
+        rnd = repo.record_round(s, dt.datetime(2026, 1, 5, tzinfo=dt.UTC) + dt.timedelta(minutes=minute), result,
+                                {}, False, len(starts), {j: "start" for j, _, _ in starts})
+        return rnd.id, result
+
+
+def test_a_start_is_one_read_and_one_update_carrying_the_plan_and_the_gains(store: Store) -> None:
+    fake = FakeSlurm([make_job(11, comment=GOOD.format(n="a")), make_job(12, comment=GOOD.format(n="b"))])
+    ids = _pending(store, fake, [11, 12])
+    gains = XcudaGains(kp=0.5, ki=12, kd=0.01)
+    rid, result = _round(store, [(ids[11], _gpu(store, "mx-a10-1", 2), 35), (ids[12], _gpu(store, "mx-t4-1", 0), 20)])
+    fake.calls.clear()
+    assert SlurmBackend(lambda: fake, gains=gains).dispatch(store, rid, result, dt.datetime.now(dt.UTC)) == (2, 0)
+    updates = fake.sent("update_job")
+    assert [u[1] for u in updates] == [11, 12] and len(fake.sent("get_job")) == 2
+    up = updates[0][2]
+    assert (up.nodelist, up.gres_per_node, up.hold, up.eligible_now) == ("mx-a10-1", "mps:35", False, True)
+    assert parse_plan_comment(up.comment) == {"job": str(ids[11]), "gpu": "2", "pct": "35",
+                                              "mem": str(2 * 1024**3), "kp": "0.5", "ki": "12.0", "kd": "0.01"}
+    j = fake.jobs[11]
+    assert not j.held and j.required_nodes == ("mx-a10-1",) and j.mps_pct == 35
+    with store.session() as s:
+        assert {r.status for r in s.scalars(select(m.DispatchLog).where(m.DispatchLog.round_id == rid))} == {"done"}
+
+
+def test_a_restarted_dispatch_reconciles_and_sends_nothing_twice(store: Store) -> None:
+    fake = FakeSlurm([make_job(21, comment=GOOD.format(n="a"))])
+    ids = _pending(store, fake, [21])
+    rid, result = _round(store, [(ids[21], _gpu(store, "mx-t4-1", 1), 40)])
+    be = SlurmBackend(lambda: fake)
+    # a dispatcher that died after Slurm took the update but before the result was written
+    cluster = be.cluster(store, rid)
+    cluster.dispatch(list(result.actions), dt.datetime.now(dt.UTC))
+    fake.calls.clear()
+    assert be.dispatch(store, rid, result, dt.datetime.now(dt.UTC)) == (1, 0)
+    assert fake.sent("update_job") == []  # read, found placed as planned: reconciled
+    fake.calls.clear()
+    assert be.dispatch(store, rid, result, dt.datetime.now(dt.UTC)) == (0, 0)  # all done: nothing read or sent
+    assert fake.sent("get_job") == [] and fake.sent("update_job") == []
+
+
+def test_a_job_placed_with_other_gains_is_placed_again(store: Store) -> None:
+    fake = FakeSlurm([make_job(31, comment=GOOD.format(n="a"))])
+    ids = _pending(store, fake, [31])
+    rid, result = _round(store, [(ids[31], _gpu(store, "mx-t4-1", 1), 40)])
+    SlurmBackend(lambda: fake, gains=XcudaGains(kp=2)).cluster(store, rid).dispatch(list(result.actions),
+                                                                                      dt.datetime.now(dt.UTC))
+    fake.calls.clear()
+    assert SlurmBackend(lambda: fake).dispatch(store, rid, result, dt.datetime.now(dt.UTC)) == (1, 0)
+    [(_, _, up)] = fake.sent("update_job")
+    assert parse_plan_comment(fake.jobs[31].comment)["kp"] == "1.0"
+
+
+@pytest.mark.parametrize("kwargs", [{"kp": -1}, {"ki": 1001}, {"kd": 11}, {"kp": float("nan")}, {"ki": "20"},
+                                    {"kd": True}])
+def test_gains_outside_what_xcuda_accepts_are_refused(kwargs) -> None:
+    with pytest.raises(ValueError, match="xcuda gains"):
+        XcudaGains(**kwargs)
+
+
+def test_plan_comment_defaults_are_xcudas_own() -> None:
+    c = plan_comment(7, 2, 35, 1024, XcudaGains())
+    assert c == ("muxflow-job=7 muxflow-gpu=2 muxflow-pct=35 muxflow-mem=1024 "
+                 "muxflow-kp=1.0 muxflow-ki=20.0 muxflow-kd=0.0")
+    assert plan_comment(7, 2, 35, None) == "muxflow-job=7 muxflow-gpu=2 muxflow-pct=35"
+
+
+def test_submission_comment_reads_back_as_the_spec() -> None:
+    spec = JobSpec(name="my job", command="x", job_type="ResNet-50 (batch size 64)", mem_bytes=3 * 1024**3,
+                   allowed_gpu_types=("t4", "a10"), checkpoint_dir="/ckpt/with space", total_steps=500, priority=-3)
+    back = spec_from_job(make_job(5, comment=submission_comment(spec), name="slurm-name"))
+    assert (back.name, back.job_type, back.mem_bytes, back.allowed_gpu_types, back.checkpoint_dir, back.total_steps,
+            back.priority) == ("my job", spec.job_type, spec.mem_bytes, ("t4", "a10"), "/ckpt/with space", 500, -3)
+
+
+def test_pickup_only_touches_the_jobs_it_is_given(store: Store) -> None:
+    fake = FakeSlurm([make_job(41, comment=GOOD.format(n="a")), make_job(42, comment="someone else's, no spec")])
+    rep = import_submissions(store, fake, KNOWN, only=[41])
+    assert len(rep.imported) == 1 and rep.rejected == []
+    assert fake.jobs[42].state == "PENDING" and fake.jobs[42].held  # not rejected, not cancelled
+
+
+def _spec(**over) -> JobSpec:
+    base = dict(name="cli", command="train.sh", job_type="ResNet-50 (batch size 64)", mem_bytes=1024**3,
+                allowed_gpu_types=("t4",), checkpoint_dir="/ckpt/cli", total_steps=10)
+    return JobSpec(**{**base, **over})
+
+
+def test_submit_held_sends_held_with_the_spec_and_picks_it_up(store: Store) -> None:
+    fake = FakeSlurm()
+    sid, rep = submit_held(store, fake, _spec(), "#!/bin/sh\ntrue\n", mps_pct=25, working_dir="/tmp",
+                           environment={"PATH": "/bin"}, known_job_types=KNOWN)
+    assert fake.jobs[sid].held and fake.jobs[sid].mps_pct == 25 and len(rep.imported) == 1
+    with store.session() as s:
+        job = s.get(m.OfflineJob, rep.imported[0])
+        assert (job.slurm_job_id, job.name, job.state, job.mem_bytes) == (sid, "cli", "SUBMITTED", 1024**3)
+
+
+@pytest.mark.parametrize(("over", "mps", "script", "field"), [
+    ({"allowed_gpu_types": ("v100",)}, 25, "#!/bin/sh\n", "gpu_types"),
+    ({"job_type": "Tetris"}, 25, "#!/bin/sh\n", "job_type"),
+    ({}, 0, "#!/bin/sh\n", "mps"),
+    ({}, 101, "#!/bin/sh\n", "mps"),
+    ({}, 25, "echo no interpreter line\n", "script"),
+])
+def test_submit_held_refuses_bad_input_before_sending_anything(store: Store, over, mps, script, field) -> None:
+    fake = FakeSlurm()
+    with pytest.raises(SubmissionError) as exc:
+        submit_held(store, fake, _spec(**over), script, mps_pct=mps, working_dir="/tmp", environment={},
+                    known_job_types=KNOWN)
+    assert exc.value.field == field and fake.calls == []
+    with store.session() as s:
+        assert s.scalars(select(m.OfflineJob)).all() == []
