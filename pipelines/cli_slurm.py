@@ -57,10 +57,18 @@ def slurm() -> None:
               help="Seconds to wait for every daemon to be ready.")
 @click.option("--subnet", envvar="MUXFLOW_SLURM_SUBNET", default=None,
               help="Private IPv4 subnet for the node namespaces (default: the first free of a few).")
+@click.option("--bridge", envvar="MUXFLOW_SLURM_BRIDGE", default="mxslurm0", show_default=True,
+              help="Name of the host bridge (and prefix of the node namespaces); another one for a second cluster.")
+@click.option("--port-base", "port_base", envvar="MUXFLOW_SLURM_PORT_BASE", type=click.IntRange(1024, 65000),
+              default=6917, show_default=True, help="slurmctld's port; slurmd uses +1, the JWT slurmrestd +3.")
 @click.option("--no-install", is_flag=True, help="Do not apt-get install missing Slurm/munge packages.")
-def dev_up(state_dir: str | None, timeout_s: float, subnet: str | None, no_install: bool) -> None:
-    """Start (or confirm) the dev cluster: munged, slurmctld, 2 slurmd nodes, slurmrestd."""
-    cluster = DevCluster(state_dir, subnet=subnet, echo=click.echo)
+def dev_up(state_dir: str | None, timeout_s: float, subnet: str | None, bridge: str, port_base: int,
+           no_install: bool) -> None:
+    """Start (or confirm) the dev cluster: munged, slurmctld, 2 slurmd nodes, slurmrestd.
+
+    A second cluster runs beside the first with its own --state-dir, --bridge and --port-base.
+    """
+    cluster = DevCluster(state_dir, subnet=subnet, bridge=bridge, port_base=port_base, echo=click.echo)
     try:
         st = cluster.up(timeout_s=timeout_s, install=not no_install)
     except (DevClusterError, RuntimeError, OSError) as exc:
@@ -144,9 +152,9 @@ _db = click.option("--db", "db_url", envvar="MUXFLOW_DATABASE_URL", default=None
                    help="Feature store URL (default: MUXFLOW_DATABASE_URL, else the SQLite default).")
 
 
-def _backend(state_dir: str | None, retry_deadline_s: float):
+def _backend(state_dir: str | None, retry_deadline_s: float, gains=None):
     """SlurmBackend from MUXFLOW_SLURM_* (else the dev cluster's unix socket and slurm.conf)."""
-    from executors.slurm.backend import SlurmBackend
+    from executors.slurm.backend import SlurmBackend, XcudaGains
     from executors.slurm.client import SlurmRestClient
     from executors.slurm.scontrol import ScontrolRequeue
     from executors.slurm.settings import SlurmRestSettings
@@ -155,13 +163,34 @@ def _backend(state_dir: str | None, retry_deadline_s: float):
     settings = SlurmRestSettings.from_env(os.environ, default_socket=str(layout.rest_socket) if layout else None)
     conf = os.environ.get("SLURM_CONF") or (str(layout.slurm_conf) if layout else None)
     return SlurmBackend(lambda: SlurmRestClient(settings, requeue_fallback=ScontrolRequeue(conf)),
-                        retry_deadline_s=retry_deadline_s)
+                        retry_deadline_s=retry_deadline_s, gains=gains or XcudaGains())
 
 
 def _open_store(db_url: str | None):
-    from executors.store.db import Store, resolve_url
+    """The feature store, refused (one line, exit 2) unless it exists and is migrated.
 
-    return Store(resolve_url(db_url))
+    A SQLite path that does not exist is never created here: a dispatcher pointed at a
+    store that vanished must say so, not carry on with an empty new one.
+    """
+    from pathlib import Path
+
+    from executors.store.db import Store, resolve_url
+    from executors.store.migrate import current_revision, head_revision
+
+    url = resolve_url(db_url)
+    path = url.split("///", 1)[-1] if url.startswith("sqlite") else ""
+    if path and path != ":memory:" and not Path(path).is_file():
+        _err(f"error: database: no store at {path} (`muxflow db upgrade` creates one)")
+        sys.exit(2)
+    try:
+        rev = current_revision(url)
+    except Exception as exc:  # unreachable server, bad URL
+        _err(f"error: database: cannot open {url}: {exc.__class__.__name__}: {str(exc).splitlines()[0]}")
+        sys.exit(2)
+    if rev != head_revision():
+        _err(f"error: database: schema is at {rev or 'nothing'}, expected {head_revision()}; run `muxflow db upgrade`")
+        sys.exit(2)
+    return Store(url)
 
 
 @slurm.command("register-nodes", context_settings=HELP)
@@ -197,14 +226,23 @@ def pickup(state_dir: str | None, db_url: str | None) -> None:
 @click.option("--round", "round_id", type=int, required=True, help="Scheduling round whose plan to carry out.")
 @click.option("--retry-deadline", "retry_deadline_s", type=float, default=60.0, show_default=True,
               help="Seconds to keep retrying while Slurm does not answer.")
-def dispatch(state_dir: str | None, db_url: str | None, round_id: int, retry_deadline_s: float) -> None:
+@click.option("--kp", type=float, default=1.0, show_default=True, help="xCUDA PID gain kp sent with each placement.")
+@click.option("--ki", type=float, default=20.0, show_default=True, help="xCUDA PID gain ki (1/s).")
+@click.option("--kd", type=float, default=0.0, show_default=True, help="xCUDA PID gain kd (s).")
+def dispatch(state_dir: str | None, db_url: str | None, round_id: int, retry_deadline_s: float, kp: float, ki: float,
+             kd: float) -> None:
     """Carry out a stored round's plan on Slurm (idempotent: re-run after a crash to finish it)."""
     import datetime as dt
 
     from executors import round_runner
-    from executors.slurm.backend import SlurmUnavailable, dispatch_status
+    from executors.slurm.backend import SlurmUnavailable, XcudaGains, dispatch_status
     from executors.store import models as m
 
+    try:
+        gains = XcudaGains(kp=kp, ki=ki, kd=kd)
+    except ValueError as exc:
+        _err(f"error: {exc}")
+        sys.exit(2)
     store = _open_store(db_url)
     with store.session() as s:
         rnd = s.get(m.SchedulingRound, round_id)
@@ -213,8 +251,8 @@ def dispatch(state_dir: str | None, db_url: str | None, round_id: int, retry_dea
             sys.exit(1)
         result = round_runner.stored_result(s, rnd)
     try:
-        ok, failed = _backend(state_dir, retry_deadline_s).dispatch(store, round_id, result,
-                                                                      dt.datetime.now(dt.UTC))
+        ok, failed = _backend(state_dir, retry_deadline_s, gains).dispatch(store, round_id, result,
+                                                                             dt.datetime.now(dt.UTC))
     except SlurmUnavailable as exc:
         _err(f"plan of round {round_id} PENDING: {exc}; run this again when Slurm answers "
              f"({dispatch_status(store, round_id)})")
@@ -240,39 +278,32 @@ def dispatch(state_dir: str | None, db_url: str | None, round_id: int, retry_dea
 def submit(state_dir, db_url, script_path, name, job_type, mem_text, gpu_types, checkpoint_dir, steps, mps_pct,
            priority) -> None:
     """The same as `sbatch -p offline --gres=mps:N --comment="muxflow: …"`, validated first, then picked up."""
-    import shlex
     from pathlib import Path
 
-    from executors.simulated.calibration import default_catalog
-    from executors.slurm.pickup import COMMENT_PREFIX, import_submissions
-    from executors.slurm.spec import JobSpec as SlurmJobSpec
-    from executors.store import repo
-    from executors.submission import JobSpec, SubmissionError, parse_size_bytes, validate
+    from executors.submission import JobSpec, SubmissionError, parse_size_bytes
 
     store = _open_store(db_url)
-    known = set(default_catalog().offline)
-    types = tuple(t.strip().lower() for t in gpu_types.split(",") if t.strip())
+    script = Path(script_path)
     try:
-        spec = JobSpec(name=name, command=str(script_path), job_type=job_type, mem_bytes=parse_size_bytes(mem_text),
-                       allowed_gpu_types=types, checkpoint_dir=checkpoint_dir, total_steps=steps, priority=priority)
-        with store.session() as s:
-            validate(spec, repo.gpu_type_names(s), known)
-        if not 1 <= mps_pct <= 100:
-            raise SubmissionError("mps", f"must be within 1..100, got {mps_pct}")
+        spec = JobSpec(name=name, command=str(script), job_type=job_type, mem_bytes=parse_size_bytes(mem_text),
+                       allowed_gpu_types=tuple(t.strip().lower() for t in gpu_types.split(",") if t.strip()),
+                       checkpoint_dir=checkpoint_dir, total_steps=steps, priority=priority)
+        sid, rep = submit_to_slurm(store, _backend(state_dir, 10.0).client_factory(), spec, script.read_text(),
+                                   mps_pct=mps_pct, working_dir=str(script.resolve().parent))
     except SubmissionError as exc:
         _err(f"error: {exc}")
         sys.exit(2)
-    comment = (f"{COMMENT_PREFIX} type={shlex.quote(job_type)} mem={shlex.quote(mem_text)} "
-               f"gpu-types={','.join(types)} ckpt={shlex.quote(checkpoint_dir)} steps={steps} "
-               f"priority={priority} name={shlex.quote(name)}")
-    script = Path(script_path).read_text()
-    client = _backend(state_dir, 10.0).client_factory()
-    res = client.submit(SlurmJobSpec(name=name, script=script, partition="offline", hold=True,
-                                     gres_per_node=f"mps:{mps_pct}", comment=comment,
-                                     working_dir=str(Path(script_path).resolve().parent),
-                                     environment={"PATH": os.environ.get("PATH", "/usr/bin:/bin")}))
-    rep = import_submissions(store, client, known)
-    click.echo(f"submitted Slurm job {res.job_id} (held for placement); imported {len(rep.imported)} job(s)")
+    click.echo(f"submitted Slurm job {sid} (held for placement); imported {len(rep.imported)} job(s)")
+
+
+def submit_to_slurm(store, client, spec, script: str, *, mps_pct: int, working_dir: str):
+    """Submit ``spec`` held through slurmrestd and pick it up (``muxflow submit`` and ``muxflow slurm submit``)."""
+    from executors.simulated.calibration import default_catalog
+    from executors.slurm.pickup import submit_held
+
+    return submit_held(store, client, spec, script, mps_pct=mps_pct, working_dir=working_dir,
+                       environment={"PATH": os.environ.get("PATH", "/usr/bin:/bin")},
+                       known_job_types=set(default_catalog().offline))
 
 
 if __name__ == "__main__":  # pragma: no cover

@@ -9,7 +9,7 @@ Jobs
   ``report_job``     utilization_report
 Automation
   ``round_schedule`` cron ``*/15 * * * *`` (UTC): the round of the window that starts at the tick
-  ``new_submission_sensor``  new SUBMITTED jobs → profile_job
+  ``new_submission_sensor``  new SUBMITTED jobs → profile_job (on Slurm: after importing new sbatch jobs)
   ``eviction_sensor``        new evictions → requeue_job
 """
 
@@ -59,6 +59,33 @@ def window_start_for(t: dt.datetime) -> dt.datetime:
 
 def partition_key_for(t: dt.datetime) -> str:
     return window_start_for(t).strftime("%Y-%m-%d-%H:%M")
+
+
+def pick_up_slurm_submissions(context: SensorEvaluationContext, store, cluster: ClusterResource) -> str:
+    """Import new held ``sbatch -p offline`` jobs (DESIGN §3 step 1) so the sensor's profiling run follows.
+
+    Returns a note for the skip message. Slurm not answering does not fail the tick:
+    jobs already in the store still get their profiling run, and the note says why
+    nothing was imported (the next tick tries again; the pick-up is idempotent).
+    """
+    from executors.simulated.calibration import default_catalog
+    from executors.slurm.errors import SlurmError
+    from executors.slurm.pickup import import_submissions
+
+    client = cluster.backend().client_factory()
+    try:
+        rep = import_submissions(store, client, set(default_catalog().offline))
+    except SlurmError as exc:
+        context.log.warning(f"Slurm pick-up failed, retried next tick: {exc}")
+        return f" (Slurm pick-up failed: {exc})"
+    finally:
+        getattr(client, "close", lambda: None)()
+    for sid, reason in rep.rejected:
+        context.log.warning(f"Slurm job {sid} {reason}")
+    if rep.imported or rep.rejected:
+        context.log.info(f"picked up {len(rep.imported)} Slurm submission(s) (store jobs {rep.imported}), "
+                         f"rejected {len(rep.rejected)}")
+    return f" (Slurm pick-up: {len(rep.imported)} imported, {len(rep.rejected)} rejected)"
 
 
 def build_definitions(settings: MuxflowSettings) -> Definitions:
@@ -114,14 +141,17 @@ def build_definitions(settings: MuxflowSettings) -> Definitions:
         return RunRequest(run_key=f"round-{key}", partition_key=key)
 
     @sensor(job=profile_job, minimum_interval_seconds=30, default_status=DefaultSensorStatus.STOPPED,
-            description="Profiles offline jobs as soon as they are submitted.")
-    def new_submission_sensor(context: SensorEvaluationContext, feature_store: FeatureStoreResource):
+            description="Profiles offline jobs as soon as they are submitted; on Slurm it first picks up "
+                        "new `sbatch -p offline` submissions.")
+    def new_submission_sensor(context: SensorEvaluationContext, feature_store: FeatureStoreResource,
+                              cluster: ClusterResource):
+        note = pick_up_slurm_submissions(context, feature_store.store, cluster) if cluster.kind == "slurm" else ""
         with feature_store.store.session() as s:
             newest = s.scalar(select(func.max(m.OfflineJob.id)).where(m.OfflineJob.state == JobState.SUBMITTED.value))
         if newest is None:
-            return SkipReason("no submitted job waits for profiling")
+            return SkipReason("no submitted job waits for profiling" + note)
         if context.cursor and int(context.cursor) >= newest:
-            return SkipReason(f"job {newest} and earlier already have a profiling run")
+            return SkipReason(f"job {newest} and earlier already have a profiling run" + note)
         context.update_cursor(str(newest))
         return RunRequest(run_key=f"profile-upto-{newest}")
 

@@ -4,14 +4,23 @@
 through ``.ci/ensure_slurm.sh``, or runs ``muxflow slurm dev-up`` itself. When
 no cluster can be had (not root, no packages) the tests are skipped with the
 reason, or fail under ``CI=true``, where the cluster is required. The cluster
-is left running afterwards, like the PostgreSQL server the suite uses.
+is left running afterwards (``make test`` takes down a cluster it brought up).
+
+The shared cluster at /tmp/muxflow-slurm may be used by several test runs at
+once. A test that would disturb the others (stopping slurmctld) gets
+``private_cluster``, a second cluster of its own that is taken down at its end;
+live tests keep their store in ``private_tmp``, outside pytest's ``--basetemp``,
+which a concurrent run given the same ``--basetemp`` empties when it starts.
 """
 
 from __future__ import annotations
 
 import os
+import shutil
+import socket
 import subprocess
 import sys
+import tempfile
 import time
 from collections.abc import Callable, Iterator
 from dataclasses import dataclass
@@ -21,6 +30,7 @@ import pytest
 
 from executors.slurm.client import SlurmRestClient
 from executors.slurm.dev import DevCluster, DevClusterLayout
+from executors.slurm.dev import network as net
 from executors.slurm.models import Job
 
 REPO = Path(__file__).resolve().parents[2]
@@ -105,3 +115,64 @@ def dev_cluster() -> Iterator[LiveCluster]:
     layout = cluster.load_layout()
     assert layout is not None
     yield LiveCluster(cluster, layout)
+
+
+@pytest.fixture()
+def private_tmp() -> Iterator[Path]:
+    """A directory of this test alone, outside ``--basetemp``, removed afterwards.
+
+    A live test hands its SQLite store to child processes (the dispatcher) for minutes;
+    a concurrent pytest run with the same ``--basetemp`` removes that directory when it
+    starts, and the next child then met an empty new file ("no such table").
+    """
+    d = Path(tempfile.mkdtemp(prefix="muxflow-slurm-test-"))
+    os.chmod(d, 0o755)
+    yield d
+    shutil.rmtree(d, ignore_errors=True)
+
+
+def _free_port_base(start: int) -> int:
+    """A base with slurmctld's (base) and the JWT slurmrestd's (base + 3) ports free."""
+    for k in range(200):
+        base = 7300 + ((start + k) % 200) * 4
+        try:
+            for host, port in (("0.0.0.0", base), ("127.0.0.1", base + 3)):
+                with socket.socket() as sk:
+                    sk.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)
+                    sk.bind((host, port))
+        except OSError:
+            continue
+        return base
+    raise RuntimeError("no free port pair for a private dev cluster in 7300..8100")
+
+
+def _free_subnet(bridge: str, start: int) -> str:
+    for k in range(250):
+        subnet = f"10.214.{(start + k) % 250}.0/24"
+        if net.subnet_is_free(subnet, bridge):
+            return subnet
+    raise RuntimeError("no free 10.214.x.0/24 subnet for a private dev cluster")
+
+
+@pytest.fixture()
+def private_cluster(dev_cluster) -> Iterator[LiveCluster]:
+    """A dev cluster of this test alone (own state dir, bridge, ports and subnet), taken down at its end.
+
+    For tests that stop or restart daemons: the shared cluster's other users never notice.
+    Names are derived from the pid so that concurrent test runs do not collide.
+    """
+    pid = os.getpid()
+    bridge = f"mxt{pid % 100000}"
+    state = Path(tempfile.mkdtemp(prefix="muxflow-slurm-private-"))
+    os.chmod(state, 0o755)  # the service user must reach its state below
+    cluster = DevCluster(state, bridge=bridge, port_base=_free_port_base(pid), subnet=_free_subnet(bridge, pid),
+                         echo=lambda _m: None)
+    try:
+        st = cluster.up(timeout_s=180, install=False)
+        if not st.ok:
+            pytest.fail("private dev cluster not healthy: " + "; ".join(st.problems))
+        yield LiveCluster(cluster, st.layout)
+    finally:
+        problems = cluster.down(grace_s=5)
+        shutil.rmtree(state, ignore_errors=True)
+        assert not problems, f"private dev cluster {state} did not go down cleanly: {problems}"

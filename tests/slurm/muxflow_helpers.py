@@ -8,7 +8,9 @@ import subprocess
 import sys
 from pathlib import Path
 
-from executors.slurm.backend import SlurmBackend, register_slurm_nodes
+from sqlalchemy import select
+
+from executors.slurm.backend import SlurmBackend, XcudaGains, register_slurm_nodes
 from executors.slurm.client import SlurmRestClient
 from executors.slurm.scontrol import ScontrolRequeue
 from executors.store import models as m
@@ -42,18 +44,18 @@ def write_script(d: Path, body: str, name: str = "job.sh") -> Path:
     return p
 
 
-def backend(dev_cluster, retry_deadline_s: float = 30.0) -> SlurmBackend:
+def backend(dev_cluster, retry_deadline_s: float = 30.0, gains: XcudaGains | None = None) -> SlurmBackend:
     settings = dev_cluster.cluster.rest_settings(dev_cluster.layout, "local")
     conf = str(dev_cluster.layout.slurm_conf)
     return SlurmBackend(lambda: SlurmRestClient(settings, requeue_fallback=ScontrolRequeue(conf)),
-                        retry_deadline_s=retry_deadline_s)
+                        retry_deadline_s=retry_deadline_s, gains=gains or XcudaGains())
 
 
 def register(store: Store, dev_cluster) -> dict[tuple[str, int], int]:
     with dev_cluster.client() as c:
         register_slurm_nodes(store, c)
     with store.session() as s:
-        return {(g.node.name, g.gpu_index): g.id for g in s.scalars(__import__("sqlalchemy").select(m.Gpu))}
+        return {(g.node.name, g.gpu_index): g.id for g in s.scalars(select(m.Gpu))}
 
 
 def make_pending(store: Store, job_ids: list[int]) -> None:
@@ -73,6 +75,6 @@ def make_round(store: Store, actions: list[dict], window: dt.datetime | None = N
         return rnd.id
 
 
-def dispatch_cmd(url: str, round_id: int, retry_deadline_s: float = 60.0) -> list[str]:
+def dispatch_cmd(url: str, round_id: int, retry_deadline_s: float = 60.0, state_dir: Path | None = None) -> list[str]:
     return [sys.executable, "-m", "pipelines.cli_slurm", "dispatch", "--db", url, "--round", str(round_id),
-            "--retry-deadline", str(retry_deadline_s)]
+            "--retry-deadline", str(retry_deadline_s), *(["--state-dir", str(state_dir)] if state_dir else [])]
