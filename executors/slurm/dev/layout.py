@@ -28,9 +28,11 @@ class DevNode:
     gpu_type: str
     gpus: int = 4
     mps_count: int = 400  # 100 per GPU, so --gres=mps:<pct> is a percentage of one GPU
-    # Enough CPU slots for dozens of tiny concurrent jobs (a 50-placement dispatch test);
-    # config_overrides lets a node claim them whatever the host has.
-    cpus: int = 32
+    # More CPU slots than the 100 one-percent MPS jobs a node can run at once (Slurm 22.05
+    # runs MPS jobs on one GPU per node, docs/SLURM.md), so MPS, never CPUs, limits tiny
+    # concurrent jobs (test runs sharing the cluster); config_overrides lets a node claim
+    # them whatever the host has.
+    cpus: int = 128
     real_memory_mb: int = 4000
 
 
