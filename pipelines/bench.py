@@ -499,3 +499,6 @@ def _register_siblings() -> None:
 
 
 _register_siblings()
+from pipelines.bench_dispatch import bench_dispatch  # noqa: E402
+
+bench.add_command(bench_dispatch)

@@ -1,0 +1,339 @@
+"""``muxflow bench dispatch``: what the Slurm dispatcher costs per placement, on the dev cluster.
+
+Registered in the ``bench`` group of :mod:`pipelines.bench`.
+
+One run, end to end against the real dev cluster (``muxflow slurm dev-up``):
+
+1. its own feature store (a temporary SQLite file, or ``--db``), migrated, with the
+   dev cluster's nodes and GPUs registered from Slurm;
+2. a *gate* job, held in the ``profile`` partition (never picked up, never released);
+3. N cheap offline jobs (``sleep``) submitted held through slurmrestd with the MuxFlow
+   spec in their comment and ``--dependency=afterok:<gate>``, picked up (these ids only)
+   and made PENDING;
+4. a real plan: a :class:`RoundResult` with N START actions round-robin over the
+   cluster's GPUs, stored as a round like any other;
+5. **timed**: ``SlurmBackend.dispatch`` — ``round_runner.dispatch_round`` through
+   ``SlurmCluster``: every intent written, each job read and placed + released in one
+   update, marked sent, every result written; then the same dispatch again (idempotent:
+   nothing is sent);
+6. verified: every job exactly once in Slurm, released, on its planned node with its
+   planned share and plan comment, and one ``done`` row per action;
+7. cleanup, always: every job cancelled, the store's jobs marked FAILED.
+
+What is measured is the dispatcher **placing and releasing held jobs**: REST requests
+(counted in the client), store writes (counted on the engine) and wall time. What is
+not: jobs *starting* — the dev cluster has 8 GPUs on 2 nodes, so 1,000 jobs cannot run
+at once (and a real plan has at most one offline job per GPU); the dependency on the
+held gate keeps every released job pending (``Reason=Dependency``) instead of starting
+1,000 ``sleep``s — nor migrations and evictions (requeue through ``scontrol``), nor planning.
+"""
+
+from __future__ import annotations
+
+import datetime as dt
+import json
+import os
+import re
+import sys
+import tempfile
+import time
+from collections import Counter
+from dataclasses import dataclass, field
+
+import click
+from sqlalchemy import event, select
+
+PREFIX = "mx-bench"
+JOB_TYPE = "ResNet-50 (batch size 64)"
+MEM_BYTES = 2 * 1024**3
+SCRIPT = "#!/bin/sh\nsleep 600\n"
+_WRITE = re.compile(r"^\s*(INSERT\s+INTO|UPDATE|DELETE\s+FROM)\s+\"?(\w+)", re.IGNORECASE)
+
+
+class BenchError(RuntimeError):
+    """The benchmark could not run (no dev cluster, a submission refused, …)."""
+
+
+@dataclass
+class StoreWrites:
+    """Write statements (by verb and table) and commits on a store's engine while attached."""
+
+    statements: Counter = field(default_factory=Counter)
+    commits: int = 0
+
+    def attach(self, engine) -> None:
+        event.listen(engine, "before_cursor_execute", self._on_execute)
+        event.listen(engine, "commit", self._on_commit)
+
+    def detach(self, engine) -> None:
+        event.remove(engine, "before_cursor_execute", self._on_execute)
+        event.remove(engine, "commit", self._on_commit)
+
+    def _on_execute(self, conn, cursor, statement, parameters, context, executemany) -> None:
+        m = _WRITE.match(statement)
+        if m:
+            rows = len(parameters) if executemany and parameters is not None else 1
+            self.statements[f"{m.group(1).split()[0].upper()} {m.group(2)}"] += rows
+
+    def _on_commit(self, conn) -> None:
+        self.commits += 1
+
+
+def _plan(jobs: list[int], gpus: list[tuple[str, int, int]]):
+    """N START actions round-robin over the GPUs, shares 20..80 %: job id -> (node, index, gpu id, pct).
+
+    More than one job per GPU, which a real plan never has (the store keeps one placement
+    per GPU and round), so the round is stored with its actions and no placement rows:
+    the dispatcher reads only the actions.
+    """
+    from scheduler_core.domain import Action, PlanAction, RoundResult
+
+    where = {job: (*gpus[k % len(gpus)], 20 + 10 * (k % 7)) for k, job in enumerate(jobs)}
+    result = RoundResult(
+        placements=[], actions=[PlanAction(Action.START, j, g, None, pct) for j, (_, _, g, pct) in where.items()],
+        objective=0.0, gpus_considered=len(gpus), jobs_considered=len(jobs), feasible_pairs=len(jobs) * len(gpus))
+    return where, result
+
+
+def _window(store) -> dt.datetime:
+    """A round window after every stored one (a --db store may hold rounds already)."""
+    from executors.round_runner import latest_round_window
+
+    now = dt.datetime.now(dt.UTC).replace(second=0, microsecond=0)
+    now -= dt.timedelta(minutes=now.minute % 15)
+    with store.session() as s:
+        latest = latest_round_window(s)
+    return max(now, latest + dt.timedelta(minutes=15)) if latest else now
+
+
+def run_dispatch_bench(placements: int, *, db_url: str | None = None, state_dir: str | None = None,
+                       say=lambda _m: None) -> dict:
+    """Run the benchmark (module docstring); the figures as a dict. Cleans up whatever happens."""
+    from executors.slurm.backend import SlurmBackend, XcudaGains, dispatch_status, register_slurm_nodes
+    from executors.slurm.client import SlurmRestClient
+    from executors.slurm.dev import DevCluster
+    from executors.slurm.errors import SlurmError
+    from executors.slurm.pickup import import_submissions, submission_comment
+    from executors.slurm.scontrol import ScontrolRequeue
+    from executors.slurm.spec import JobSpec as SlurmJobSpec
+    from executors.store import models as m
+    from executors.store import repo
+    from executors.store.db import Store
+    from executors.store.jobs import transition
+    from executors.store.migrate import upgrade
+    from executors.submission import JobSpec
+    from pipelines.bench import _machine
+    from scheduler_core.domain import JobState
+
+    cluster = DevCluster(state_dir, echo=lambda _m: None)
+    status = cluster.status()
+    if not status.ok:
+        raise BenchError("the dev Slurm cluster is not up (" + "; ".join(status.problems[:3]) +
+                         "): run `sudo muxflow slurm dev-up`")
+    layout = status.layout
+    client = SlurmRestClient(cluster.rest_settings(layout, "local", timeout_s=60.0),
+                             requeue_fallback=ScontrolRequeue(str(layout.slurm_conf)))
+    tmp = tempfile.TemporaryDirectory(prefix="muxflow-bench-dispatch-")
+    url = db_url or f"sqlite:///{tmp.name}/store.db"
+    prefix = f"{PREFIX}-{os.getpid()}-{time.strftime('%H%M%S')}"
+    submitted: list[int] = []
+    store = None
+    out: dict = {"benchmark": "dispatch", "machine": _machine(), "placements": placements,
+                 "cluster": {"nodes": len(layout.nodes), "slurm_api": layout.api_version,
+                             "transport": "unix socket (rest_auth/local)"},
+                 "store": "temporary SQLite" if db_url is None else "given (--db)"}
+    try:
+        upgrade(url)
+        store = Store(url)
+        register_slurm_nodes(store, client)
+        with store.session() as s:
+            gpus = sorted((g.node.name, g.gpu_index, g.id) for g in s.scalars(select(m.Gpu))
+                          if g.node.name in {n.name for n in layout.nodes})
+            gpu_types = sorted({g.gpu_type for g in s.scalars(select(m.Gpu))})
+        out["cluster"]["gpus"] = len(gpus)
+        if not gpus:
+            raise BenchError("the dev cluster has no GPU nodes registered")
+
+        t = time.perf_counter()
+        gate = client.submit(SlurmJobSpec(name=f"{prefix}-gate", script="#!/bin/sh\ntrue\n", partition="profile",
+                                          hold=True, stdout_path="/dev/null", working_dir="/tmp")).job_id
+        submitted.append(gate)
+        say(f"submitting {placements} held jobs (gate job {gate}) …")
+        for i in range(placements):
+            spec = JobSpec(name=f"{prefix}-{i}", command="sleep 600", job_type=JOB_TYPE, mem_bytes=MEM_BYTES,
+                           allowed_gpu_types=tuple(gpu_types), checkpoint_dir=f"/tmp/{prefix}/ckpt-{i}",
+                           total_steps=1000)
+            submitted.append(client.submit(SlurmJobSpec(
+                name=spec.name, script=SCRIPT, partition="offline", hold=True, gres_per_node="mps:10",
+                comment=submission_comment(spec), dependency=f"afterok:{gate}", stdout_path="/dev/null",
+                working_dir="/tmp", time_limit_min=10)).job_id)
+        setup = {"submit_s": round(time.perf_counter() - t, 3)}
+        t = time.perf_counter()
+        rep = import_submissions(store, client, {JOB_TYPE}, only=submitted[1:])
+        if rep.rejected or len(rep.imported) != placements:
+            raise BenchError(f"pick-up imported {len(rep.imported)} of {placements} jobs; rejected: {rep.rejected[:3]}")
+        with store.session() as s:
+            for job_id in rep.imported:
+                transition(s, job_id, JobState.PROFILING, "benchmark job: not profiled")
+                transition(s, job_id, JobState.PENDING, "benchmark job: not profiled")
+        setup["pickup_s"] = round(time.perf_counter() - t, 3)
+        where, result = _plan(sorted(rep.imported), gpus)
+        with store.session() as s:
+            snapshot = {"benchmark": "dispatch", "start_actions": placements}
+            round_id = repo.record_round(s, _window(store), result, snapshot, False, placements, {}).id
+        out["setup"] = setup
+
+        # -- the measurement ---------------------------------------------------------
+        backend = SlurmBackend(lambda: client, retry_deadline_s=60.0, gains=XcudaGains())
+        writes = StoreWrites()
+        client.requests.clear()
+        writes.attach(store.engine)
+        say(f"dispatching round {round_id}: {placements} START actions over {len(gpus)} GPUs …")
+        t = time.perf_counter()
+        try:
+            ok, failed = backend.dispatch(store, round_id, result, dt.datetime.now(dt.UTC))
+        finally:
+            wall = time.perf_counter() - t
+            writes.detach(store.engine)
+        requests = dict(client.requests)
+        n_req = sum(requests.values())
+        out["dispatch"] = {
+            "wall_s": round(wall, 3), "placements_per_s": round(placements / wall, 1),
+            "ms_per_placement": round(1000 * wall / placements, 2), "done": ok, "failed": failed,
+            "rest_requests": n_req, "rest_requests_by_method": requests,
+            "rest_requests_per_placement": round(n_req / placements, 3),
+            "intent_writes": writes.statements.get("INSERT dispatch_log", 0),
+            "result_writes": writes.statements.get("UPDATE dispatch_log", 0),
+            "store_write_statements": dict(sorted(writes.statements.items())),
+            "store_transactions": writes.commits,
+        }
+        client.requests.clear()
+        t = time.perf_counter()
+        again = backend.dispatch(store, round_id, result, dt.datetime.now(dt.UTC))
+        out["redispatch"] = {"wall_s": round(time.perf_counter() - t, 3), "actions_sent": sum(again),
+                             "rest_requests": sum(client.requests.values())}
+        out["verified"] = _verify(client, store, round_id, where, prefix, backend.gains, dispatch_status)
+    except SlurmError as exc:
+        raise BenchError(f"Slurm: {exc}") from exc
+    finally:
+        out["cleanup_s"] = _cleanup(client, store, submitted, say)
+        client.close()
+        if store is not None:
+            store.dispose()
+        tmp.cleanup()
+    out["measured"] = ("the dispatcher placing + releasing held jobs: round_runner.dispatch_round through "
+                       "SlurmCluster (intent rows, one read and one place+release update per job, sent/result "
+                       "rows); REST over slurmrestd's unix socket, store on " + out["store"])
+    out["not_measured"] = ("jobs starting: a dependency on a held gate job keeps the released jobs pending (8 GPUs "
+                           "cannot run 1,000 jobs; a real plan has at most one offline job per GPU); migrations and "
+                           "evictions (requeue through scontrol); planning the round; submission and pick-up "
+                           "(reported under setup)")
+    return out
+
+
+def _verify(client, store, round_id: int, where: dict, prefix: str, gains, dispatch_status) -> dict:
+    """Every planned job exactly once in Slurm, released on its planned node/share/comment; one done row each."""
+    from executors.slurm.backend import parse_plan_comment, plan_comment
+    from executors.store import models as m
+
+    with store.session() as s:
+        sid_of = {j.id: j.slurm_job_id for j in s.scalars(select(m.OfflineJob).where(
+            m.OfflineJob.id.in_(list(where))))}
+        keys = list(s.scalars(select(m.DispatchLog.job_id).where(m.DispatchLog.round_id == round_id)))
+    mine = [j for j in client.list_jobs() if j.name.startswith(prefix + "-") and not j.name.endswith("-gate")]
+    by_sid = Counter(j.job_id for j in mine)
+    jobs = {j.job_id: j for j in mine}
+    wrong = []
+    for job_id, (node, index, _gpu, pct) in where.items():
+        j = jobs.get(sid_of.get(job_id))
+        want = parse_plan_comment(plan_comment(job_id, index, pct, MEM_BYTES, gains))
+        if (j is None or j.held or j.finished or j.required_nodes != (node,) or j.mps_pct != pct
+                or parse_plan_comment(j.comment) != want):
+            wrong.append(f"job {job_id}: " + ("missing in Slurm" if j is None else
+                                              f"{j.state} held={j.held} on {j.required_nodes} mps={j.mps_pct}"))
+    return {"placed_as_planned": len(where) - len(wrong), "wrong": wrong[:5], "wrong_count": len(wrong),
+            "slurm_jobs": len(mine), "slurm_job_ids_repeated": sum(1 for c in by_sid.values() if c > 1),
+            "dispatch_log": dispatch_status(store, round_id),
+            "actions_logged_twice": len(keys) - len(set(keys)),
+            "pending_reasons": dict(Counter(j.state_reason for j in mine if j.state == "PENDING"))}
+
+
+def _cleanup(client, store, sids: list[int], say) -> float:
+    """Cancel every submitted job; mark the store's jobs FAILED. Seconds taken."""
+    from executors.slurm.errors import SlurmError
+    from executors.store import models as m
+    from executors.store.jobs import transition
+    from scheduler_core.domain import TERMINAL_JOB_STATES, JobState
+
+    t = time.perf_counter()
+    if sids:
+        say(f"cancelling {len(sids)} jobs …")
+    left = []
+    for sid in sids:
+        try:
+            client.cancel(sid)
+        except SlurmError as exc:
+            left.append((sid, str(exc)))
+    if left:
+        print(f"warning: {len(left)} benchmark job(s) could not be cancelled, e.g. {left[0]}; "
+              f"cancel them with scancel", file=sys.stderr)
+    if store is not None and sids:
+        with store.session() as s:
+            for job in s.scalars(select(m.OfflineJob).where(m.OfflineJob.slurm_job_id.in_(sids))):
+                if JobState(job.state) not in TERMINAL_JOB_STATES:
+                    transition(s, job.id, JobState.FAILED, "benchmark job: cancelled in Slurm after the measurement")
+    return round(time.perf_counter() - t, 3)
+
+
+@click.command("dispatch", context_settings={"help_option_names": ["-h", "--help"]})
+@click.option("--placements", type=click.IntRange(min=1, max=20000), default=1000, show_default=True,
+              help="START actions in the plan (one held job each).")
+@click.option("--db", "db_url", default=None,
+              help="Store to use (it gets the jobs, the round and the dev cluster's nodes); default: a temporary "
+                   "SQLite file, removed afterwards.")
+@click.option("--state-dir", envvar="MUXFLOW_SLURM_DIR", default=None, type=click.Path(),
+              help="The dev cluster's directory (default /tmp/muxflow-slurm).")
+@click.option("--json", "as_json", is_flag=True, help="Print JSON only.")
+def bench_dispatch(placements: int, db_url: str | None, state_dir: str | None, as_json: bool) -> None:
+    """The Slurm dispatcher placing and releasing PLACEMENTS held jobs on the dev cluster.
+
+    Total time, placements/s, REST requests per placement and intent/result writes of
+    one real dispatch (round_runner.dispatch_round through the Slurm dispatcher), then
+    an idempotent re-dispatch; every job is checked and cancelled afterwards. Released
+    jobs wait on a held gate job, so none starts: starting jobs is not measured.
+    """
+    say = (lambda _m: None) if as_json else (lambda msg: click.echo(msg, err=True))
+    try:
+        r = run_dispatch_bench(placements, db_url=db_url, state_dir=state_dir, say=say)
+    except BenchError as exc:
+        click.echo(f"error: {exc}", err=True)
+        sys.exit(1)
+    ok = r["verified"]["wrong_count"] == 0 and r["dispatch"]["failed"] == 0
+    if as_json:
+        click.echo(json.dumps(r, indent=2))
+    else:
+        d, v, red = r["dispatch"], r["verified"], r["redispatch"]
+        by = ", ".join(f"{k} {n}" for k, n in sorted(d["rest_requests_by_method"].items()))
+        click.echo(f"Slurm dispatch on the dev cluster ({r['cluster']['nodes']} nodes, {r['cluster']['gpus']} GPUs, "
+                   f"slurmrestd {r['cluster']['slurm_api']}, {r['cluster']['transport']}); {r['machine']}")
+        click.echo(f"  measured: {r['measured']}")
+        click.echo(f"  placements         {placements}: {d['done']} done, {d['failed']} failed")
+        click.echo(f"  dispatch           {d['wall_s']:.2f} s   {d['placements_per_s']:.1f} placements/s   "
+                   f"{d['ms_per_placement']:.2f} ms per placement")
+        click.echo(f"  REST requests      {d['rest_requests']} ({by}) = {d['rest_requests_per_placement']:.2f} "
+                   "per placement")
+        click.echo(f"  store writes       intents {d['intent_writes']}, results {d['result_writes']} "
+                   f"(dispatch_log); {d['store_transactions']} transactions; "
+                   + ", ".join(f"{k} {n}" for k, n in d["store_write_statements"].items()))
+        click.echo(f"  re-dispatch        {red['wall_s']:.2f} s, {red['actions_sent']} actions sent, "
+                   f"{red['rest_requests']} REST request(s)")
+        click.echo(f"  verified           {v['placed_as_planned']}/{placements} released once on the planned node "
+                   f"with the planned share and comment; dispatch log {v['dispatch_log']}; pending because "
+                   f"{v['pending_reasons']}")
+        for w in v["wrong"]:
+            click.echo(f"  WRONG: {w}")
+        click.echo(f"  setup (not timed)  submit {r['setup']['submit_s']:.1f} s, "
+                   f"pick-up {r['setup']['pickup_s']:.1f} s; cleanup {r['cleanup_s']:.1f} s")
+        click.echo(f"  not measured: {r['not_measured']}")
+    if not ok:
+        sys.exit(1)
