@@ -36,11 +36,13 @@ ui: install
 xcuda:
 	$(MAKE) -C executors/xcuda
 
+# The dev Slurm cluster is brought up for the tests and taken down after them if it
+# was not running before (.ci/with_slurm.sh); pytest's exit status is make's.
+# PYTEST_ARGS=… narrows the run (e.g. PYTEST_ARGS=tests/slurm).
 test: install xcuda
 	bash .ci/ensure_postgres.sh
 	bash .ci/ensure_browser.sh
-	bash .ci/ensure_slurm.sh
-	$(PY) -m pytest -q
+	bash .ci/with_slurm.sh $(PY) -m pytest -q $(PYTEST_ARGS)
 
 # NVML node-agent tests on a GPU node (fail, not skip, if the driver is missing).
 test-gpu: install
