@@ -94,12 +94,12 @@ def register(main: click.Group, open_store, CliError) -> None:  # noqa: N803 - a
 
             summary = profile_on_slurm(slurm_backend(), store, seed, settings)
         else:
+            from executors.profiling.backend import profile_with
             from executors.profiling.local import LocalProfileExecutor
-            from executors.profiling.solo import SoloProfiler
 
             ex = LocalProfileExecutor()
             try:
-                summary = SoloProfiler(store, ex, settings, seed).run()
+                summary = profile_with(ex, store, seed, settings)
             finally:
                 ex.close()
         _print_runs([{"run": r["run"], "what": f"job {r['job']}", "gpu_type": r["gpu_type"],
@@ -172,15 +172,15 @@ def register(main: click.Group, open_store, CliError) -> None:  # noqa: N803 - a
 
             added, summary = sample_on_slurm(slurm_backend(), store, per_type, seed, settings)
         else:
+            from executors.profiling.backend import sample_with
             from executors.profiling.local import LocalProfileExecutor
 
             ex = LocalProfileExecutor()
             try:
-                summary = ColocationSampler(store, ex, replace(settings, bootstrap_simulated=False), seed).run(
-                    list(gpu_types) or sorted(known))
+                added, summary = sample_with(ex, list(gpu_types) or sorted(known), store, per_type, seed,
+                                             replace(settings, bootstrap_simulated=False))
             finally:
                 ex.close()
-            added = {}
         with store.session() as s:
             _print_runs(recent_sampling_runs(s, limit=max(1, len(summary.done) + len(summary.failed))))
         measured = ", ".join(f"{n} {meth}" + (" (CPU: not training data)" if meth == "cpu" else "")
