@@ -142,3 +142,34 @@ def run_log_tail(run_dir: Path, limit: int = 300) -> str:
         if lines:
             return lines[-1][:limit]
     return ""
+
+
+def utc(t: dt.datetime | None) -> dt.datetime | None:
+    """A stored time as aware UTC (SQLite gives naive datetimes back)."""
+    return t if t is None or t.tzinfo else t.replace(tzinfo=dt.UTC)
+
+
+class RunHandles:
+    """Where a run's executor handle lives: in its row (``slurm_job_id``) for executors whose handles
+    outlive the controller, in memory otherwise (the row's ``node`` then names the executor, so a
+    restarted controller knows the run is lost)."""
+
+    def __init__(self, executor: ProfileExecutor):
+        self.executor = executor
+        self._memory: dict[int, int] = {}
+
+    def record(self, store, model: type, run_id: int, handle: int) -> None:
+        with store.session() as s:
+            row = s.get(model, run_id)
+            if self.executor.persistent:
+                row.slurm_job_id = handle
+            else:
+                row.node = self.executor.kind
+        self._memory[run_id] = handle
+
+    def lookup(self, run_id: int, slurm_job_id: int | None) -> int | None:
+        return slurm_job_id if self.executor.persistent else self._memory.get(run_id)
+
+    def lost(self, node: str | None) -> bool:
+        """A run without a handle that this kind of executor started: its process is gone."""
+        return not self.executor.persistent and node == self.executor.kind

@@ -36,9 +36,11 @@ from executors.profiling.runs import (
     ExecutorError,
     ExecutorUnavailable,
     ProfileExecutor,
+    RunHandles,
     RunSpec,
     prepare_run_dir,
     run_log_tail,
+    utc,
 )
 from executors.profiling.settings import SamplingSettings
 from executors.store import models as m
@@ -49,25 +51,6 @@ from scheduler_core.sampling_plan import PairCandidate, SamplingCost, SamplingPl
 
 log = logging.getLogger(__name__)
 OPEN = ("submitted", "running")
-
-
-@dataclass(frozen=True)
-class MeasuredSample:
-    """A ``colocation_samples`` row from the harness."""
-
-    gpu_type: str
-    service_name: str
-    job_type: str
-    online_features: dict
-    offline_features: dict
-    sm_pct: float
-    offline_norm_tput: float
-    online_slowdown: float
-    method: str
-    online_slowdown_p99: float | None
-    device: str | None
-    qps: float
-    sampling_run_id: int
 
 
 @dataclass
@@ -82,10 +65,6 @@ class SamplingSummary:
     gpu_s_used: float = 0.0
 
 
-def _utc(t: dt.datetime | None) -> dt.datetime | None:
-    return t if t is None or t.tzinfo else t.replace(tzinfo=dt.UTC)
-
-
 def _features(metrics: dict, fields: tuple[str, ...]) -> dict[str, float]:
     return {k: float(metrics[k]) for k in fields}
 
@@ -95,8 +74,8 @@ _GPU_FIELDS = ("gpu_util_pct", "sm_activity_pct", "sm_occupancy_pct", "mem_used_
 
 
 def samples_from_report(rep: dict[str, Any], run_id: int, service_name: str, job_type: str,
-                        service_mem_bytes: float) -> tuple[list[MeasuredSample], str | None]:
-    """The run's samples, and why there are none when there are none."""
+                        service_mem_bytes: float) -> tuple[list[m.ColocationSample], str | None]:
+    """The run's samples (rows not yet added to a session), and why there are none when there are none."""
     if rep.get("error") and not rep.get("points"):
         return [], rep["error"]
     solo_s, solo_j = rep.get("solo_service") or {}, rep.get("solo_job") or {}
@@ -126,7 +105,7 @@ def samples_from_report(rep: dict[str, Any], run_id: int, service_name: str, job
         if p.get("error") or not p.get("norm_tput") or not p.get("slowdown_avg"):
             errors.append(f"{p.get('sm_pct')}%: {p.get('error') or 'no measurement'}")
             continue
-        out.append(MeasuredSample(
+        out.append(m.ColocationSample(
             gpu_type=gpu_type, service_name=service_name, job_type=job_type, online_features=asdict(online),
             offline_features=asdict(offline), sm_pct=float(p["sm_pct"]), offline_norm_tput=float(p["norm_tput"]),
             online_slowdown=float(p["slowdown_avg"]), method=method, online_slowdown_p99=p.get("slowdown_p99"),
@@ -140,7 +119,7 @@ class ColocationSampler:
                  sleep: Callable[[float], None] = time.sleep, monotonic: Callable[[], float] = time.monotonic):
         self.store, self.executor, self.settings, self.seed = store, executor, settings, seed
         self.now, self.sleep, self.monotonic = now, sleep, monotonic
-        self._handles: dict[int, int] = {}
+        self.handles = RunHandles(executor)
         self.family_of_job_type = {workload_size(f, settings.size).job_type: f for f in FAMILIES}
 
     @property
@@ -240,24 +219,18 @@ class ColocationSampler:
         except ExecutorError as exc:
             self._end(run_id, False, f"could not submit the sampling job: {exc}", summary)
             return
-        with self.store.session() as s:
-            run = s.get(m.SamplingRun, run_id)
-            if self.executor.persistent:
-                run.slurm_job_id = handle
-            else:
-                run.node = self.executor.kind
-        self._handles[run_id] = handle
+        self.handles.record(self.store, m.SamplingRun, run_id, handle)
 
     def poll_once(self, summary: SamplingSummary) -> int:
         with self.store.session() as s:
-            runs = [(r.id, r.slurm_job_id, r.state, _utc(r.submitted_utc), _utc(r.started_utc), r.planned_gpu_s,
+            runs = [(r.id, r.slurm_job_id, r.state, utc(r.submitted_utc), utc(r.started_utc), r.planned_gpu_s,
                      len(r.sm_pcts), r.node) for r in
                     s.scalars(select(m.SamplingRun).where(m.SamplingRun.state.in_(OPEN)).order_by(m.SamplingRun.id))]
         left = 0
         for run_id, sid, state, submitted, started, planned_s, points, node in runs:
-            handle = sid if self.executor.persistent else self._handles.get(run_id)
+            handle = self.handles.lookup(run_id, sid)
             if handle is None:
-                if node == self.executor.kind or self.executor.persistent:
+                if self.handles.lost(node) or self.executor.persistent:
                     self._end(run_id, False, "the sampling job was lost (the sampler restarted)", summary)
                 else:
                     left += 1  # another process's run: not ours to judge
@@ -302,7 +275,7 @@ class ColocationSampler:
                 run.method = rep.get("method")
                 run.used_gpu_s = float(rep.get("elapsed_s") or 0.0)
                 run.report = {**rep, "service_mem_bytes": mem}
-                s.add_all(m.ColocationSample(**asdict(x)) for x in samples)
+                s.add_all(samples)
                 run.samples = len(samples)
             run.node = st.node or run.node
             run.started_utc = run.started_utc or st.started_utc

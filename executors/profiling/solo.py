@@ -37,10 +37,12 @@ from executors.profiling.runs import (
     ExecutorError,
     ExecutorUnavailable,
     ProfileExecutor,
+    RunHandles,
     RunSpec,
     prepare_run_dir,
     probe_script,
     run_log_tail,
+    utc,
     write_executable,
 )
 from executors.profiling.settings import ProfilingSettings
@@ -65,10 +67,6 @@ class ProfilingSummary:
     runs: list[dict] = field(default_factory=list)           # finished runs: job, gpu type, ok, reason, seconds
 
 
-def _utc(t: dt.datetime | None) -> dt.datetime | None:
-    return t if t is None or t.tzinfo else t.replace(tzinfo=dt.UTC)
-
-
 class SoloProfiler:
     def __init__(self, store: Store, executor: ProfileExecutor, settings: ProfilingSettings = ProfilingSettings(),
                  seed: int = 0, now: Callable[[], dt.datetime] = lambda: dt.datetime.now(dt.UTC),
@@ -80,7 +78,7 @@ class SoloProfiler:
         self.now = now
         self.sleep = sleep
         self.monotonic = monotonic
-        self._handles: dict[int, int] = {}  # run id → handle, for executors whose handles are not persistent
+        self.handles = RunHandles(executor)
 
     # -- the whole step ---------------------------------------------------------------------------
     def run(self) -> ProfilingSummary:
@@ -192,26 +190,20 @@ class SoloProfiler:
         except ExecutorError as exc:
             self._end_run(run_id, False, f"could not submit the profiling job: {exc}", summary)
             return
-        with self.store.session() as s:
-            run = s.get(m.ProfilingRun, run_id)
-            if self.executor.persistent:
-                run.slurm_job_id = handle
-            else:
-                run.node = self.executor.kind
-        self._handles[run_id] = handle
+        self.handles.record(self.store, m.ProfilingRun, run_id, handle)
 
     # -- following --------------------------------------------------------------------------------
     def poll_once(self, summary: ProfilingSummary) -> int:
         """Check every open run once; the number still open."""
         with self.store.session() as s:
-            runs = [(r.id, r.job_id, r.gpu_type, r.slurm_job_id, r.state, _utc(r.submitted_utc), _utc(r.started_utc),
+            runs = [(r.id, r.job_id, r.gpu_type, r.slurm_job_id, r.state, utc(r.submitted_utc), utc(r.started_utc),
                      r.bound_s, r.run_dir, r.node) for r in
                     s.scalars(select(m.ProfilingRun).where(m.ProfilingRun.state.in_(OPEN)).order_by(m.ProfilingRun.id))]
         left = 0
         for run_id, job_id, gtype, sid, state, submitted, started, bound_s, run_dir, node in runs:
-            handle = sid if self.executor.persistent else self._handles.get(run_id)
+            handle = self.handles.lookup(run_id, sid)
             if handle is None:
-                if not self.executor.persistent and node == self.executor.kind:
+                if self.handles.lost(node):
                     self._end_run(run_id, False, "the local profiling process was lost (the profiler restarted)",
                                   summary)
                     continue
@@ -329,6 +321,6 @@ class SoloProfiler:
                 transition(s, job_id, JobState.FAILED, reason[:2000])
                 summary.failed[job_id] = reason
         for rid, sid in others:
-            handle = sid if self.executor.persistent else self._handles.get(rid)
+            handle = self.handles.lookup(rid, sid)
             if handle is not None:
                 self._cancel(handle)

@@ -270,7 +270,21 @@ class ColocationSample(Base):
     )
 
 
-class ProfilingRun(Base):
+class RunRecord:
+    """Columns every profiling or sampling run has: its state, where it ran, when, and its report."""
+
+    state: Mapped[str] = mapped_column(String(16), default="submitted")
+    reason: Mapped[str | None] = mapped_column(Text, nullable=True)
+    slurm_job_id: Mapped[int | None] = mapped_column(BigInteger, nullable=True)
+    node: Mapped[str | None] = mapped_column(String(64), nullable=True)
+    run_dir: Mapped[str] = mapped_column(Text)
+    submitted_utc: Mapped[dt.datetime] = mapped_column(UtcDateTime, default=utcnow)
+    started_utc: Mapped[dt.datetime | None] = mapped_column(UtcDateTime, nullable=True)
+    finished_utc: Mapped[dt.datetime | None] = mapped_column(UtcDateTime, nullable=True)
+    report: Mapped[dict | None] = mapped_column(JSON, nullable=True)
+
+
+class ProfilingRun(RunRecord, Base):
     """One solo-profiling run of an offline job on one GPU type (paper §6; issue 8).
 
     Written before the run is submitted and updated as it goes, so a profiler that
@@ -281,16 +295,7 @@ class ProfilingRun(Base):
     id: Mapped[int] = mapped_column(Integer, primary_key=True)
     job_id: Mapped[int] = mapped_column(ForeignKey("offline_jobs.id", ondelete="CASCADE"), index=True)
     gpu_type: Mapped[str] = mapped_column(ForeignKey("gpu_types.name"))
-    state: Mapped[str] = mapped_column(String(16), default="submitted")
-    reason: Mapped[str | None] = mapped_column(Text, nullable=True)
-    slurm_job_id: Mapped[int | None] = mapped_column(BigInteger, nullable=True)
-    node: Mapped[str | None] = mapped_column(String(64), nullable=True)
-    run_dir: Mapped[str] = mapped_column(Text)
     bound_s: Mapped[float] = mapped_column(Float)
-    submitted_utc: Mapped[dt.datetime] = mapped_column(UtcDateTime, default=utcnow)
-    started_utc: Mapped[dt.datetime | None] = mapped_column(UtcDateTime, nullable=True)
-    finished_utc: Mapped[dt.datetime | None] = mapped_column(UtcDateTime, nullable=True)
-    report: Mapped[dict | None] = mapped_column(JSON, nullable=True)
     __table_args__ = (
         CheckConstraint(f"state IN ({RUN_STATES_SQL})", name="state_valid"),
         CheckConstraint("bound_s > 0", name="bound_positive"),
@@ -298,7 +303,7 @@ class ProfilingRun(Base):
     )
 
 
-class SamplingRun(Base):
+class SamplingRun(RunRecord, Base):
     """One co-location measurement session: a service at a QPS and a job over a list of SM % (issue 8)."""
 
     __tablename__ = "sampling_runs"
@@ -312,17 +317,8 @@ class SamplingRun(Base):
     sm_pcts: Mapped[list] = mapped_column(JSON)
     planned_gpu_s: Mapped[float] = mapped_column(Float)
     used_gpu_s: Mapped[float | None] = mapped_column(Float, nullable=True)
-    state: Mapped[str] = mapped_column(String(16), default="submitted")
-    reason: Mapped[str | None] = mapped_column(Text, nullable=True)
-    slurm_job_id: Mapped[int | None] = mapped_column(BigInteger, nullable=True)
-    node: Mapped[str | None] = mapped_column(String(64), nullable=True)
-    run_dir: Mapped[str] = mapped_column(Text)
     method: Mapped[str | None] = mapped_column(String(16), nullable=True)
     samples: Mapped[int] = mapped_column(Integer, default=0)
-    submitted_utc: Mapped[dt.datetime] = mapped_column(UtcDateTime, default=utcnow)
-    started_utc: Mapped[dt.datetime | None] = mapped_column(UtcDateTime, nullable=True)
-    finished_utc: Mapped[dt.datetime | None] = mapped_column(UtcDateTime, nullable=True)
-    report: Mapped[dict | None] = mapped_column(JSON, nullable=True)
     __table_args__ = (
         CheckConstraint(f"state IN ({RUN_STATES_SQL})", name="state_valid"),
         CheckConstraint("qps > 0", name="qps_positive"),

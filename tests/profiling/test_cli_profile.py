@@ -3,45 +3,18 @@ the sampling plan, the runs' listing, and one-line errors that write nothing."""
 
 from __future__ import annotations
 
+import re
 import shlex
 import sys
 from pathlib import Path
 
-from click.testing import CliRunner, Result
-from sqlalchemy import create_engine, func, select
-
-from executors.store import models as m
-from pipelines.cli import main
+from tests.pipelines.test_cli import assert_usage_error, ok, row_counts
 
 REPO = Path(__file__).resolve().parents[2]
 
 
-def run(url: str, *args: str) -> Result:
-    return CliRunner().invoke(main, ["--db", url, *args], catch_exceptions=False)
-
-
-def ok(url: str, *args: str) -> Result:
-    res = run(url, *args)
-    assert res.exit_code == 0, res.output
-    return res
-
-
-def counts(url: str) -> dict[str, int]:
-    engine = create_engine(url)
-    try:
-        with engine.connect() as conn:
-            return {t.name: conn.scalar(select(func.count()).select_from(t)) for t in m.Base.metadata.sorted_tables}
-    finally:
-        engine.dispose()
-
-
 def usage_error(url: str, args: list[str], starts: str) -> None:
-    before = counts(url)
-    res = run(url, *args)
-    assert res.exit_code == 2, res.output
-    lines = [ln for ln in res.output.splitlines() if ln.strip()]
-    assert len(lines) == 1 and lines[0].startswith(f"error: {starts}"), res.output
-    assert counts(url) == before
+    assert_usage_error(url, args, "^error: " + re.escape(starts))
 
 
 def test_profile_and_sample_commands(tmp_path) -> None:
@@ -69,6 +42,6 @@ def test_profile_and_sample_commands(tmp_path) -> None:
     usage_error(url, ["sample", "--plan", "--gpu-type", "h100"], "gpu-type: unknown h100")
     plan = ok(url, "sample", "--plan", "--budget", "3", "--window", "5", "--size", "tiny").output
     assert "new_job_type" in plan and "GPU minutes" in plan and "t4" in plan
-    assert counts(url)["sampling_runs"] == 0  # --plan runs nothing
+    assert row_counts(url)["sampling_runs"] == 0  # --plan runs nothing
     assert "co-location samples (simulated)" in ok(url, "sample", "--per-type", "10").output
     assert ok(url, "sample", "--runs").output.strip() == "none"
