@@ -6,8 +6,10 @@ predictor says the online service stays within its slowdown allowance and the
 memory quota holds. What first-fit drops is the optimisation: running jobs stay
 where they are while that is still feasible; then jobs in queue order (the
 order of the round's job list: priority, then submission) each take the first
-free GPU, in GPU order, that can host them. No throughput is compared, so no
-optimality certificate exists.
+free GPU, in GPU order, that can host them — at the GPU's dynamic MPS share if
+any free GPU admits the job there, else at the first smaller fallback share that
+does (``levels``: the share level of each class on each GPU). No throughput is
+compared, so no optimality certificate exists.
 """
 
 from __future__ import annotations
@@ -19,8 +21,13 @@ import numpy as np
 from scheduler_core.grouped_weights import GroupedWeights
 
 
-def first_fit(problem: GroupedWeights, order: np.ndarray | None = None) -> tuple[list[tuple[int, int]], float, dict]:
-    """(pairs sorted by GPU, total weight, stats). ``order``: job indices in queue order (default: as given)."""
+def first_fit(problem: GroupedWeights, order: np.ndarray | None = None,
+              levels: np.ndarray | None = None) -> tuple[list[tuple[int, int]], float, dict]:
+    """(pairs sorted by GPU, total weight, stats).
+
+    ``order``: job indices in queue order (default: as given); ``levels``: (classes × GPUs)
+    share level of each class's weight (0 = the dynamic share; default: all 0).
+    """
     t0 = time.perf_counter()
     n, m = problem.n_gpus, problem.n_jobs
     free = np.ones(n, dtype=bool)
@@ -48,6 +55,10 @@ def first_fit(problem: GroupedWeights, order: np.ndarray | None = None) -> tuple
             row[h] = free[h] and problem.home_weight[j] > 0
         if not row.any():
             continue
+        if levels is not None:
+            lv = levels[problem.job_class[j]]
+            best = int(lv[row].min())
+            row &= lv == best
         i = int(np.argmax(row))
         free[i], placed[j] = False, True
         pairs.append((i, int(j)))

@@ -81,7 +81,7 @@ def plan_round(
     gt = graph.stats.get("timings_s", {})
     stats = {k: v for k, v in graph.stats.items() if k != "timings_s"}
     if cfg.matcher == "first_fit":
-        pairs, total, stats["solver"] = first_fit(graph.weights)
+        pairs, total, stats["solver"] = first_fit(graph.weights, levels=graph.class_level)
         certified, gap = False, None
     else:
         sol = solve(graph.weights, cfg.solver)
