@@ -55,6 +55,6 @@ def bench_simulate(trace_path, gpus, hours, jobs, policy_text, seed, as_json) ->
                        f"{r['rounds']} (mean {r['round_s_mean']:.3f} s, max {r['round_s_max']:.3f} s)  finished "
                        f"{r['finished']}/{r['jobs']}")
     out = {"simulated": True, "trace": str(trace_path), "gpus": gpus, "hours": hours, "jobs": jobs, "seed": seed,
-           "target_s": TARGET_S, "predictor_prep_s": round(prep_s, 2), "predictors": info, "policies": rows,
+           "target_s": TARGET_S, "predictor_prep_s": round(prep_s, 2), "inputs": info, "policies": rows,
            "machine": f"{platform.machine()}, {os.cpu_count()} cores"}
     click.echo(json.dumps(out, indent=2 if as_json else None, default=str))

@@ -176,7 +176,7 @@ def simulate(ctx, trace_path, gpus, types_text, hours, jobs, arrival_hours, mean
                   migration_penalty)
     trace, inputs, info = _prepare(trace_path, cfg, quiet)
     res = run_policies(trace, inputs, cfg, [policy.lower()], quiet)[policy.lower()]
-    m = {**res.metrics, "trace": str(trace_path), "config": _config_json(cfg), "predictors": info,
+    m = {**res.metrics, "trace": str(trace_path), "config": _config_json(cfg), "inputs": info,
          "invariants": res.invariants}
     click.echo(json.dumps(m, indent=2, default=str) if as_json else _summary(res.policy, res.metrics))
 
@@ -222,7 +222,7 @@ def compare(trace_path, gpus, types_text, hours, jobs, arrival_hours, mean_job_h
                                             title)),
         "comparison": str(plot_comparison(rows, out / "comparison.png", title)),
     }
-    doc = {"simulated": True, "trace": str(trace_path), "config": _config_json(cfg), "predictors": info,
+    doc = {"simulated": True, "trace": str(trace_path), "config": _config_json(cfg), "inputs": info,
            "table": rows, "metrics": metrics, "invariants": {n: r.invariants for n, r in results.items()},
            "plots": plots}
     (out / "results.json").write_text(json.dumps(doc, indent=2, default=str))

@@ -31,7 +31,7 @@ def test_simulate_prints_json_metrics_and_progress(in_tmp) -> None:
     assert m["simulated"] is True and m["policy"] == "muxflow"
     assert m["config"]["gpus"] == 12 and m["offline"]["jobs"] == 40
     assert m["invariants"]["all_accounted"]
-    assert m["predictors"]["interference_calibration_holdout"][0]["gpu_type"] == "k80"
+    assert m["inputs"]["interference_calibration_holdout"][0]["gpu_type"] == "k80"
     assert "[muxflow] round 6/6 (100%)" in res.stderr
     assert (in_tmp / ".muxflow" / "cache").is_dir()
 
