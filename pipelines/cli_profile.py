@@ -185,6 +185,6 @@ def register(main: click.Group, open_store, CliError) -> None:  # noqa: N803 - a
             _print_runs(recent_sampling_runs(s, limit=max(1, len(summary.done) + len(summary.failed))))
         measured = ", ".join(f"{n} {meth}" + (" (CPU: not training data)" if meth == "cpu" else "")
                              for meth, n in sorted(summary.samples.items())) or "none"
-        click.echo(f"measured samples: {measured}; {summary.gpu_s_used / 60:.1f} GPU minutes used; "
+        click.echo(f"measured samples: {measured}; {summary.gpu_s_used / 60:.1f} minutes of profile-node time; "
                    f"{len(summary.failed)} run(s) failed"
                    + (f"; training samples added per GPU type (incl. SIMULATED bootstrap): {added}" if added else ""))
