@@ -26,8 +26,6 @@ from executors.slurm.client import SlurmRestClient
 from executors.slurm.pickup import import_submissions
 from executors.slurm.scontrol import ScontrolRequeue
 from executors.store import models as m
-from executors.store.jobs import transition
-from scheduler_core.domain import JobState
 from tests.slurm.muxflow_helpers import REPO, make_store, register, sbatch, write_script
 
 PY = shlex.quote(sys.executable)
@@ -47,7 +45,7 @@ def _cancel_at_teardown(dev_cluster):
 
 
 @pytest.fixture
-def root_backend(dev_cluster, monkeypatch, tmp_path):
+def root_backend(dev_cluster, monkeypatch):
     """SlurmBackend acting as root over JWT; profiling settings for a quick CPU run."""
     settings = dev_cluster.cluster.rest_settings(dev_cluster.layout, "jwt", user="root")
     conf = str(dev_cluster.layout.slurm_conf)
@@ -73,20 +71,16 @@ def _submit(dev_cluster, d, name: str, body: str, job_type: str = "Transformer (
 
 
 def _import(dev_cluster, store, mine: list[int]) -> dict[int, int]:
-    """Slurm job id → store job id of this test's jobs. The pick-up imports every held offline job of the
-    shared cluster (other tests' too); those are failed in this test's own store so nothing profiles them."""
+    """Slurm job id → store job id of this test's jobs (only these: the cluster is shared)."""
     with dev_cluster.client() as c:
-        import_submissions(store, c, None)
+        rep = import_submissions(store, c, None, only=mine)
+    assert not rep.rejected, rep.rejected
     with store.session() as s:
-        ids = {j.slurm_job_id: j.id for j in s.scalars(select(m.OfflineJob))}
-        for sid, job_id in ids.items():
-            if sid not in mine and s.get(m.OfflineJob, job_id).state == "SUBMITTED":
-                transition(s, job_id, JobState.FAILED, "another test's job")
-    return {sid: ids[sid] for sid in mine}
+        return {j.slurm_job_id: j.id for j in s.scalars(select(m.OfflineJob)) if j.slurm_job_id in mine}
 
 
-def test_a_submitted_job_is_profiled_on_the_profile_partition(dev_cluster, root_backend, tmp_path) -> None:
-    store, url = make_store(tmp_path)
+def test_a_submitted_job_is_profiled_on_the_profile_partition(dev_cluster, root_backend, private_tmp) -> None:
+    store, url = make_store(private_tmp)
     register(store, dev_cluster)
     d = dev_cluster.job_dir("prof-good")
     sid = _submit(dev_cluster, d, f"mx-prof{os.getpid()}",
@@ -113,8 +107,9 @@ def test_a_submitted_job_is_profiled_on_the_profile_partition(dev_cluster, root_
     assert copy.comment.strip() == f"muxflow-profile-run={run_dir.split('/')[-1]}"
 
 
-def test_a_crashing_job_and_a_silent_job_fail_with_their_reasons(dev_cluster, root_backend, tmp_path) -> None:
-    store, url = make_store(tmp_path)
+def test_a_crashing_job_and_a_silent_job_fail_with_their_reasons(dev_cluster, root_backend,
+                                                               private_tmp) -> None:
+    store, url = make_store(private_tmp)
     register(store, dev_cluster)
     d = dev_cluster.job_dir("prof-bad")
     crash = _submit(dev_cluster, d, f"mx-crash{os.getpid()}",
@@ -134,10 +129,10 @@ def test_a_crashing_job_and_a_silent_job_fail_with_their_reasons(dev_cluster, ro
     assert "crashed (exit code 4)" in out.stdout and "reported no iterations" in out.stdout
 
 
-def test_collect_samples_measures_a_point_on_the_profile_partition(dev_cluster, root_backend, tmp_path,
+def test_collect_samples_measures_a_point_on_the_profile_partition(dev_cluster, root_backend, private_tmp,
                                                                   monkeypatch) -> None:
     monkeypatch.setenv("MUXFLOW_SAMPLING_BOOTSTRAP_SIMULATED", "0")
-    store, url = make_store(tmp_path)
+    store, url = make_store(private_tmp)
     register(store, dev_cluster)
     with store.session() as s:
         s.add(m.OnlineService(name="img", model_family="cnn", qps_min=10, qps_max=30, latency_slo_ms=100,
