@@ -34,7 +34,7 @@ from scheduler_core.features import N_FEATURES, OFFLINE_SLICE, ONLINE_SLICE, SM_
 from scheduler_core.grouped_weights import GroupedWeights
 
 # Largest pair matrix handed to one predict call (rows); above it, chunks.
-PREDICT_BATCH_ROWS = 2_000_000
+PREDICT_BATCH_ROWS = 500_000
 
 
 def mem_quota_bytes(gpu: GpuCandidate, cfg) -> int:
