@@ -20,7 +20,6 @@ from __future__ import annotations
 import logging
 import math
 import os
-import subprocess
 from collections.abc import Mapping
 
 from executors.profiling.runs import (
@@ -38,6 +37,7 @@ from executors.slurm.backend import Retry, SlurmUnavailable
 from executors.slurm.client import SlurmNotFound
 from executors.slurm.errors import SlurmError
 from executors.slurm.models import PENDING
+from executors.slurm.scontrol import ScontrolError, run_scontrol
 from executors.slurm.spec import JobSpec
 
 log = logging.getLogger(__name__)
@@ -58,17 +58,16 @@ class ScontrolScripts:
     def __call__(self, slurm_job_id: int) -> str:
         argv = [self.scontrol, "write", "batch_script", str(int(slurm_job_id)), "-"]
         try:
-            out = subprocess.run(argv, env=self.env, capture_output=True, text=True, timeout=self.timeout_s)
-        except (OSError, subprocess.TimeoutExpired) as exc:
-            raise ExecutorUnavailable(f"{' '.join(argv)}: {exc}") from exc
-        if out.returncode != 0:
-            msg = (out.stderr or out.stdout).strip() or f"exit status {out.returncode}"
+            rc, stdout, msg = run_scontrol(argv, self.env, self.timeout_s)
+        except ScontrolError as exc:
+            raise ExecutorUnavailable(str(exc)) from exc
+        if rc != 0:
             if any(w in msg.lower() for w in ("contact", "connect", "timed out", "refused")):
                 raise ExecutorUnavailable(f"{' '.join(argv)}: {msg}")
             raise ExecutorError(f"cannot read the batch script of Slurm job {slurm_job_id}: {msg}")
-        if not out.stdout.startswith("#!"):
+        if not stdout.startswith("#!"):
             raise ExecutorError(f"Slurm job {slurm_job_id} has no batch script to profile")
-        return out.stdout
+        return stdout
 
 
 class SlurmProfileExecutor:

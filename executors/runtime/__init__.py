@@ -2,9 +2,9 @@
 iteration timing and profiling mode."""
 
 from executors.runtime.checkpoint import CheckpointStore, CorruptCheckpoint
-from executors.runtime.loop import EXIT_CHECKPOINTED, Runtime
+from executors.runtime.loop import EXIT_CHECKPOINTED, Runtime, restore_training
 from executors.runtime.profiling import ProfileSession, ProfilingConfigError, ProfilingMode
 from executors.runtime.timing import IterationStats, IterationTimer, summarize
 
 __all__ = ["EXIT_CHECKPOINTED", "CheckpointStore", "CorruptCheckpoint", "IterationStats", "IterationTimer",
-           "ProfileSession", "ProfilingConfigError", "ProfilingMode", "Runtime", "summarize"]
+           "ProfileSession", "ProfilingConfigError", "ProfilingMode", "Runtime", "restore_training", "summarize"]

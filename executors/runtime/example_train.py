@@ -20,7 +20,7 @@ from pathlib import Path
 
 import torch
 
-from executors.runtime import Runtime
+from executors.runtime import Runtime, restore_training
 
 
 def batch(seed: int, step: int) -> tuple[torch.Tensor, torch.Tensor]:
@@ -45,11 +45,7 @@ def main(argv: list[str] | None = None) -> int:
     opt = torch.optim.SGD(model.parameters(), lr=0.05, momentum=0.9)
     rt = Runtime(a.ckpt, every_steps=a.every)
     step, state = rt.resume()
-    loss_v = float("nan")
-    if state is not None:
-        model.load_state_dict(state["model"])
-        opt.load_state_dict(state["opt"])
-        loss_v = state["loss"]
+    loss_v = restore_training(state, model, opt)
     Path(a.ckpt).mkdir(parents=True, exist_ok=True)
     progress = Path(a.ckpt) / "progress"
     while step < a.steps:

@@ -130,3 +130,15 @@ class Runtime:
             return None
         atexit.unregister(self.finish_profile)
         return self.profile.finish(STOP_SIGNAL if self.stop_requested is not None else STOP_FINISHED)
+
+
+def restore_training(state: Any, model: Any, optimizer: Any) -> float:
+    """Load a resumed ``{"model", "opt", "loss"}`` checkpoint into a PyTorch model and optimizer.
+
+    Returns the loss saved with it, or NaN on a first start (``state`` is None).
+    """
+    if state is None:
+        return float("nan")
+    model.load_state_dict(state["model"])
+    optimizer.load_state_dict(state["opt"])
+    return state["loss"]

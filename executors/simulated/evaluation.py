@@ -105,6 +105,15 @@ def _pyplot():
     return plt
 
 
+def _save(plt, fig, path: Path, title: str) -> Path:
+    fig.suptitle(f"{title} (SIMULATED)")
+    fig.tight_layout()
+    path.parent.mkdir(parents=True, exist_ok=True)
+    fig.savefig(path, dpi=100)
+    plt.close(fig)
+    return path
+
+
 def plot_utilization(series: dict[str, dict], path: Path, title: str) -> Path:
     """GPU utilization and SM activity over time per policy (one point per round interval), SIMULATED."""
     plt = _pyplot()
@@ -119,12 +128,7 @@ def plot_utilization(series: dict[str, dict], path: Path, title: str) -> Path:
         ax.set_ylim(0, 100)
         ax.grid(alpha=0.3)
     axes[0].legend(fontsize=7, loc="upper left")
-    fig.suptitle(f"{title} (SIMULATED)")
-    fig.tight_layout()
-    path.parent.mkdir(parents=True, exist_ok=True)
-    fig.savefig(path, dpi=100)
-    plt.close(fig)
-    return path
+    return _save(plt, fig, path, title)
 
 
 def plot_comparison(rows: list[dict], path: Path, title: str) -> Path:
@@ -144,9 +148,4 @@ def plot_comparison(rows: list[dict], path: Path, title: str) -> Path:
         ax.set_title(label, fontsize=9)
         for i, (_, v) in enumerate(named):
             ax.text(i, v, f"{v:.2f}", ha="center", va="bottom", fontsize=6)
-    fig.suptitle(f"{title} (SIMULATED)")
-    fig.tight_layout()
-    path.parent.mkdir(parents=True, exist_ok=True)
-    fig.savefig(path, dpi=100)
-    plt.close(fig)
-    return path
+    return _save(plt, fig, path, title)

@@ -17,6 +17,19 @@ class ScontrolError(SlurmError):
     pass
 
 
+def run_scontrol(argv: list[str], env: Mapping[str, str], timeout_s: float) -> tuple[int, str, str]:
+    """(exit status, stdout, the message to show: stderr, else stdout, else the status).
+
+    :class:`ScontrolError` when the command cannot be run or does not finish in time.
+    """
+    try:
+        out = subprocess.run(argv, env=dict(env), capture_output=True, text=True, timeout=timeout_s)
+    except (OSError, subprocess.TimeoutExpired) as exc:
+        raise ScontrolError(f"{' '.join(argv)}: {exc}") from exc
+    msg = (out.stderr or out.stdout).strip() or f"exit status {out.returncode}"
+    return out.returncode, out.stdout, msg
+
+
 class ScontrolRequeue:
     """``scontrol requeuehold <id>`` (or ``requeue``): a :data:`RequeueFallback` for the REST client."""
 
@@ -31,10 +44,6 @@ class ScontrolRequeue:
 
     def __call__(self, job_id: int, hold: bool) -> None:
         argv = [self.scontrol, "requeuehold" if hold else "requeue", str(int(job_id))]
-        try:
-            out = subprocess.run(argv, env=self.env, capture_output=True, text=True, timeout=self.timeout_s)
-        except (OSError, subprocess.TimeoutExpired) as exc:
-            raise ScontrolError(f"{' '.join(argv)}: {exc}") from exc
-        if out.returncode != 0:
-            msg = (out.stderr or out.stdout).strip() or f"exit status {out.returncode}"
+        rc, _out, msg = run_scontrol(argv, self.env, self.timeout_s)
+        if rc != 0:
             raise ScontrolError(f"{' '.join(argv)}: {msg}")

@@ -20,7 +20,7 @@ import sys
 
 import torch
 
-from executors.runtime import Runtime
+from executors.runtime import Runtime, restore_training
 from executors.runtime.timing import write_json_atomic
 from executors.workloads.device import describe, resolve_device, set_threads, synchronize
 from executors.workloads.models import FAMILIES, SIZES, batch_pool, build_model, loss_fn, workload_size
@@ -41,11 +41,7 @@ def train(family: str, size: str, ckpt: str, steps: int, *, seed: int = 0, every
     opt = torch.optim.SGD(model.parameters(), lr=lr, momentum=0.9)
     rt = runtime or Runtime(os.environ.get("MUXFLOW_CHECKPOINT_DIR") or ckpt, every_steps=every)
     step, state = rt.resume()
-    loss_v = float("nan")
-    if state is not None:
-        model.load_state_dict(state["model"])
-        opt.load_state_dict(state["opt"])
-        loss_v = state["loss"]
+    loss_v = restore_training(state, model, opt)
     pool = batch_pool(w, w.train_batch, POOL, seed + 1, dev)
     log.info("%s/%s on %s from step %d%s", family, size, describe(dev), step, " (profiling)" if rt.profiling else "")
     while step < steps:

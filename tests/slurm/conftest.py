@@ -176,3 +176,13 @@ def private_cluster(dev_cluster) -> Iterator[LiveCluster]:
         problems = cluster.down(grace_s=5)
         shutil.rmtree(state, ignore_errors=True)
         assert not problems, f"private dev cluster {state} did not go down cleanly: {problems}"
+
+
+def cancel_quietly(dev_cluster, sids) -> None:
+    """Cancel Slurm jobs at teardown; one that is already gone is not an error."""
+    with dev_cluster.client() as c:
+        for sid in sids:
+            try:
+                c.cancel(sid)
+            except Exception:
+                pass

@@ -26,6 +26,7 @@ from sqlalchemy import func, select
 from executors.slurm.backend import XcudaGains, parse_plan_comment
 from executors.slurm.pickup import import_submissions
 from executors.store import models as m
+from tests.slurm.conftest import cancel_quietly
 from tests.slurm.muxflow_helpers import (
     GOOD_COMMENT, REPO, backend, dispatch_cmd, make_pending, make_round, make_store, register, sbatch, write_script,
 )
@@ -66,13 +67,7 @@ def _held_jobs(dev_cluster, store, d, n: int, prefix: str, body: str = "sleep 30
     return rows
 
 
-def _cancel(dev_cluster, sids) -> None:
-    with dev_cluster.client() as c:
-        for sid in sids:
-            try:
-                c.cancel(sid)
-            except Exception:
-                pass
+_cancel = cancel_quietly
 
 
 def _status_counts(store, round_id: int) -> dict[str, int]:

@@ -26,6 +26,7 @@ from executors.slurm.client import SlurmRestClient
 from executors.slurm.pickup import import_submissions
 from executors.slurm.scontrol import ScontrolRequeue
 from executors.store import models as m
+from tests.slurm.conftest import cancel_quietly
 from tests.slurm.muxflow_helpers import REPO, make_store, register, sbatch, write_script
 
 PY = shlex.quote(sys.executable)
@@ -36,12 +37,7 @@ _SUBMITTED: list[int] = []
 def _cancel_at_teardown(dev_cluster):
     _SUBMITTED.clear()
     yield
-    with dev_cluster.client() as c:
-        for sid in _SUBMITTED:
-            try:
-                c.cancel(sid)
-            except Exception:
-                pass
+    cancel_quietly(dev_cluster, _SUBMITTED)
 
 
 @pytest.fixture
