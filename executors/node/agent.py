@@ -177,50 +177,74 @@ class StoreSink:
         self._q.put(None)
         self._t.join()
 
+    BATCH = 256  # events written in one transaction when the writer has fallen behind
+
     def _run(self) -> None:
-        while True:
-            item = self._q.get()
-            if item is None:
-                return
+        done = False
+        while not done:
+            batch = [self._q.get()]
+            while len(batch) < self.BATCH:
+                try:
+                    batch.append(self._q.get_nowait())
+                except queue.Empty:
+                    break
+            if None in batch:
+                batch, done = batch[: batch.index(None)], True
+            if not batch:
+                continue
             try:
-                self._write(*item)
+                with self.store.session() as s:
+                    for item in batch:
+                        self._apply(s, *item)
             except Exception:
-                self.errors += 1
-                log.exception("store write failed (%s)", item[0])
+                if len(batch) == 1:
+                    self.errors += 1
+                    log.exception("store write failed (%s)", batch[0][0])
+                    continue
+                # One bad event must not cost the others: write them one by one.
+                for item in batch:
+                    try:
+                        self._write(*item)
+                    except Exception:
+                        self.errors += 1
+                        log.exception("store write failed (%s)", item[0])
 
     def _write(self, kind: str, payload) -> None:
+        with self.store.session() as s:
+            self._apply(s, kind, payload)
+
+    def _apply(self, s, kind: str, payload) -> None:
         from sqlalchemy import select, tuple_
 
         from executors.store import models as m
         from executors.store import repo
 
-        with self.store.session() as s:
-            if kind == "health":
-                repo.set_gpu_health(s, {payload.gpu_id: payload.health}, payload.at_utc)
-                gpu = s.get(m.Gpu, payload.gpu_id)
-                if gpu is not None:
-                    gpu.overlimit_entries = [t.isoformat() for t in payload.overlimit_entries_utc]
-            elif kind == "eviction":
-                if payload.job_id is not None:
-                    s.add(m.Eviction(job_id=payload.job_id, gpu_id=payload.gpu_id, at_utc=payload.at_utc,
-                                     reason=payload.reason, health=payload.health, source=self.source))
-            elif kind == "error":
-                s.add(m.DeviceError(gpu_id=payload.gpu_id, at_utc=payload.at_utc, kind=payload.kind,
-                                    xid=payload.xid, detail=payload.detail, source=self.source))
-            elif kind == "metrics":
-                rows, source = payload
-                keys = [(r.gpu_id, r.minute_utc) for r in rows]
-                have = set()
-                for gid, minute in s.execute(
-                    select(m.GpuMetricMinute.gpu_id, m.GpuMetricMinute.minute_utc)
-                    .where(tuple_(m.GpuMetricMinute.gpu_id, m.GpuMetricMinute.minute_utc).in_(keys))
-                ):
-                    have.add((gid, minute.replace(tzinfo=dt.timezone.utc) if minute.tzinfo is None else minute))
-                fresh = [r for r in rows if (r.gpu_id, r.minute_utc) not in have]
-                if len(fresh) < len(rows):
-                    log.warning("%d minute row(s) already in the store (agent restarted within a minute?): kept",
-                                len(rows) - len(fresh))
-                repo.write_metrics(s, fresh, source)
+        if kind == "health":
+            repo.set_gpu_health(s, {payload.gpu_id: payload.health}, payload.at_utc)
+            gpu = s.get(m.Gpu, payload.gpu_id)
+            if gpu is not None:
+                gpu.overlimit_entries = [t.isoformat() for t in payload.overlimit_entries_utc]
+        elif kind == "eviction":
+            if payload.job_id is not None:
+                s.add(m.Eviction(job_id=payload.job_id, gpu_id=payload.gpu_id, at_utc=payload.at_utc,
+                                 reason=payload.reason, health=payload.health, source=self.source))
+        elif kind == "error":
+            s.add(m.DeviceError(gpu_id=payload.gpu_id, at_utc=payload.at_utc, kind=payload.kind,
+                                xid=payload.xid, detail=payload.detail, source=self.source))
+        elif kind == "metrics":
+            rows, source = payload
+            keys = [(r.gpu_id, r.minute_utc) for r in rows]
+            have = set()
+            for gid, minute in s.execute(
+                select(m.GpuMetricMinute.gpu_id, m.GpuMetricMinute.minute_utc)
+                .where(tuple_(m.GpuMetricMinute.gpu_id, m.GpuMetricMinute.minute_utc).in_(keys))
+            ):
+                have.add((gid, minute.replace(tzinfo=dt.timezone.utc) if minute.tzinfo is None else minute))
+            fresh = [r for r in rows if (r.gpu_id, r.minute_utc) not in have]
+            if len(fresh) < len(rows):
+                log.warning("%d minute row(s) already in the store (agent restarted within a minute?): kept",
+                            len(rows) - len(fresh))
+            repo.write_metrics(s, fresh, source)
 
 
 # -- per-GPU loop -------------------------------------------------------------------------------

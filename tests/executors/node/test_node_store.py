@@ -122,3 +122,21 @@ def test_jobs_on_gpu_follow_the_latest_dispatched_round(cluster_store):
     requeued = []
     out = SlurmEvictor(store_jobs_on_gpu(store), requeued.append).evict(g2, "Overlimit")
     assert requeued == [9001] and [e.job_id for e in out] == [ids[0]]
+
+
+def test_store_writer_batches_without_losing_good_events_to_a_bad_one(cluster_store):
+    from executors.node.agent import DeviceErrorEvent, StoreSink
+
+    store = cluster_store
+    gid = node_gpus(store, "sim-a10-000")[0][0].id
+    at = dt.datetime.fromtimestamp(T0, tz=dt.timezone.utc)
+    sink = StoreSink(store, "simulated")
+    for k in range(40):
+        sink.device_error(DeviceErrorEvent(gid, at + dt.timedelta(seconds=k), "xid", 31, f"event {k}"))
+        if k == 17:  # kind is required: this one cannot be stored
+            sink.device_error(DeviceErrorEvent(gid, at, None, None, "bad"))
+    sink.close()
+    assert sink.errors == 1
+    with store.session() as s:
+        details = sorted(e.detail for e in s.scalars(select(m.DeviceError)))
+    assert details == sorted(f"event {k}" for k in range(40))
