@@ -28,12 +28,12 @@ from scheduler_core.domain import (
     GpuHealth,
     JobCandidate,
     JobState,
-    OnlineFeatures,
     PlanAction,
     PlannedPlacement,
     RoundResult,
 )
 from scheduler_core.dynamic_sm import SmPolicy
+from scheduler_core.features import round_online_features
 from scheduler_core.forecast import ForecastPolicy, forecast_next
 from scheduler_core.round import RoundConfig, from_snapshot, plan_round, snapshot
 
@@ -75,11 +75,7 @@ def _gpu_candidates(s, now: dt.datetime, running: dict, policy: ForecastPolicy) 
             GpuCandidate(
                 gpu_id=gpu.id, gpu_type=gtype.name, memory_bytes=gtype.memory_bytes,
                 max_sm_clock_mhz=gtype.max_sm_clock_mhz, health=GpuHealth(gpu.health), service_name=svc.name,
-                online=OnlineFeatures(
-                    gpu_util_pct=mean["gpu_util"], sm_activity_pct=fc_sm, sm_occupancy_pct=0.55 * fc_sm,
-                    mem_used_bytes=mean["mem"], mem_bw_util_pct=mean["bw"], latency_ms=mean["latency"],
-                    qps=mean["qps"], sm_clock_mhz=mean["clock"],
-                ),
+                online=round_online_features(mean, fc_sm),
                 forecast_sm_pct=fc_sm,
                 forecast_mem_bytes=float(np.nanmax(ser["mem"])),
                 slowdown_allowance=svc.slowdown_allowance,

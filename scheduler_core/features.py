@@ -8,11 +8,29 @@ percentage the offline job would get (paper §5).
 from __future__ import annotations
 
 import math
-from collections.abc import Sequence
+from collections.abc import Mapping, Sequence
 
 import numpy as np
 
 from scheduler_core.domain import OfflineFeatures, OnlineFeatures
+
+# What a GPU monitor reports for an online service over the last interval, by these keys.
+RECENT_ONLINE_KEYS = ("gpu_util", "sm", "mem", "bw", "latency", "qps", "clock")
+
+
+def round_online_features(recent: Mapping[str, float], forecast_sm_pct: float) -> OnlineFeatures:
+    """An online service's features as a round sees them (DESIGN §5).
+
+    ``recent``: means over the last interval (:data:`RECENT_ONLINE_KEYS`); SM activity is the
+    forecast for the next interval (the share is planned for it), occupancy 0.55 of that.
+    """
+    fc = float(forecast_sm_pct)
+    return OnlineFeatures(
+        gpu_util_pct=float(recent["gpu_util"]), sm_activity_pct=fc, sm_occupancy_pct=0.55 * fc,
+        mem_used_bytes=float(recent["mem"]), mem_bw_util_pct=float(recent["bw"]),
+        latency_ms=float(recent["latency"]), qps=float(recent["qps"]), sm_clock_mhz=float(recent["clock"]),
+    )
+
 
 FEATURE_NAMES: tuple[str, ...] = (
     "on_gpu_util_pct",

@@ -75,10 +75,10 @@ class RoundGraph:
     home_level: np.ndarray  # (m,) the level of a running job's weight at its home
     quota: np.ndarray  # (n,) offline memory quota per GPU
     gpu_type_idx: np.ndarray  # (n,) index into types
-    gpu_rows: list[np.ndarray]  # per level, (n,) row in its type's table
+    gpu_rows: np.ndarray  # (levels, n) row of each GPU at each share level in its type's table
     class_profile: np.ndarray  # (classes, types) column in the type's table, −1 = none
     types: list[str]
-    level_tables: list[list[_TypeTable]]  # per level, per type
+    tables: list[_TypeTable]  # per type, over the distinct (input row, share) of every level
     stats: dict = field(default_factory=dict)
 
     @property
@@ -106,7 +106,7 @@ class RoundGraph:
         slow = np.full(gi.shape, np.nan)
         for li in np.unique(lv):
             sel = lv == li
-            tput[sel], slow[sel] = _lookup(self.level_tables[li], self.gpu_type_idx, self.gpu_rows[li],
+            tput[sel], slow[sel] = _lookup(self.tables, self.gpu_type_idx, self.gpu_rows[li],
                                            self.class_profile, self.weights.job_class[ji[sel]], gi[sel])
         return tput, slow
 
@@ -181,10 +181,8 @@ def build_graph(gpus: list[GpuCandidate], jobs: list[JobCandidate], predictors: 
     stats = {"gpus_out_of_range": 0, "profiles_out_of_range": 0, "predicted_pairs": 0, "distinct_gpu_rows": 0}
     levels = share_levels(sm, cfg.sm) if n else np.zeros((1, 0), dtype=np.int64)
     # One table per GPU type over the distinct (input row, share) of every level: one predict call per type.
-    tables, rows_by_level, t_predict = _type_tables(types, gpu_type_idx, gpu_spec, specs, on, levels, profiles,
-                                                    predictors, stats)
-    level_tables = [tables] * levels.shape[0]
-    level_rows = list(rows_by_level)
+    tables, gpu_rows, t_predict = _type_tables(types, gpu_type_idx, gpu_spec, specs, on, levels, profiles,
+                                               predictors, stats)
 
     t_tables = time.perf_counter()
     # Class rows: base[k, i] = the best predicted throughput over the GPU's share levels
@@ -192,7 +190,7 @@ def build_graph(gpus: list[GpuCandidate], jobs: list[JobCandidate], predictors: 
     base = np.full((n_cls, n), -np.inf)
     level = np.zeros((n_cls, n), dtype=np.int8)
     for li in range(levels.shape[0]):
-        tables, gpu_row = level_tables[li], level_rows[li]
+        gpu_row = gpu_rows[li]
         for ti in range(len(types)):
             idx = np.flatnonzero(gpu_type_idx == ti)
             ks = np.flatnonzero(class_profile[:, ti] >= 0)
@@ -232,7 +230,7 @@ def build_graph(gpus: list[GpuCandidate], jobs: list[JobCandidate], predictors: 
     if has.size:
         hi_ = home[has]
         for li in range(levels.shape[0]):
-            tp, sl = _lookup(level_tables[li], gpu_type_idx, level_rows[li], class_profile, job_class[has], hi_)
+            tp, sl = _lookup(tables, gpu_type_idx, gpu_rows[li], class_profile, job_class[has], hi_)
             with np.errstate(invalid="ignore"):  # NaN: no profile for the type, or not accepted
                 ok = (sl - 1.0 <= allowance[hi_]) & (tp > 0) & (class_mem[job_class[has]] <= quota[hi_])
             # On a GPU that is not Healthy a job may only stay as it runs: a restart with a
@@ -248,8 +246,8 @@ def build_graph(gpus: list[GpuCandidate], jobs: list[JobCandidate], predictors: 
                   "distinct_profiles": int(sum(len(p) for p in profiles)),
                   "timings_s": {"features": t_tables - t0 - t_predict, "prediction": t_predict,
                                 "feasibility": time.perf_counter() - t_tables}})
-    return RoundGraph(elig, jobs, weights, levels, level, home_level, quota, gpu_type_idx, level_rows, class_profile,
-                      types, level_tables, stats)
+    return RoundGraph(elig, jobs, weights, levels, level, home_level, quota, gpu_type_idx, gpu_rows, class_profile,
+                      types, tables, stats)
 
 
 def share_levels(sm: np.ndarray, policy) -> np.ndarray:

@@ -73,9 +73,7 @@ def run_simulation(trace: list[TraceJob], inputs: SimInputs, cfg: SimConfig, pol
             applied = fleet.apply(actions, now_s)
             inv["refused_actions"] += applied["refused"]
             pcts = stats.pop("sm_pcts", [])
-            lo, hi = inputs.round_config.sm.min_pct, inputs.round_config.sm.max_pct
-            if policy.name in ("muxflow-s", "muxflow-s-m"):
-                lo = hi = cfg.fixed_sm_pct
+            lo, hi = stats.pop("sm_bounds", (1, 100))
             inv["sm_pct_out_of_bounds"] += sum(1 for p in pcts if not lo <= p <= hi)
             run = fleet.running()
             if run.size:

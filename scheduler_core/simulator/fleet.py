@@ -31,6 +31,7 @@ from dataclasses import dataclass
 import numpy as np
 
 from scheduler_core.domain import Action, GpuHealth, PlanAction
+from scheduler_core.features import RECENT_ONLINE_KEYS
 from scheduler_core.gpu_model import clock_frac, shared_metrics
 from scheduler_core.gpu_specs import get_spec
 from scheduler_core.interference import WorkloadTraits, colocate
@@ -38,7 +39,7 @@ from scheduler_core.online_load import diurnal_qps
 from scheduler_core.rng import rng_stream
 from scheduler_core.simulator.config import SimConfig
 from scheduler_core.simulator.workload import JobTable
-from scheduler_core.sysmonitor import SysMonitor, Thresholds
+from scheduler_core.sysmonitor import GpuSample, SysMonitor, Thresholds
 from scheduler_core.workloads import ONLINE_FAMILIES, WorkloadCatalog
 
 SHARING_MODES = ("none", "mps", "time", "priority", "salus")
@@ -178,8 +179,7 @@ class Fleet:
         """Per GPU, the mean of its online service's metrics over the last 15 minutes (what the monitor reports)."""
         with np.errstate(invalid="ignore"):
             mean = np.nanmean(self._recent, axis=1)
-        keys = ("gpu_util", "sm", "mem", "bw", "latency", "qps", "clock")
-        return {k: mean[i] for i, k in enumerate(keys)}
+        return {k: mean[i] for i, k in enumerate(RECENT_ONLINE_KEYS)}
 
     def sm_history(self) -> np.ndarray:
         """(GPUs × minutes) online SM activity, oldest first, up to 25 hours."""
@@ -349,7 +349,7 @@ class Fleet:
         clock = clock_frac(sm, self.clock_drop)
         mem_frac = mem / self.mem_total
         evicted = self._monitor(now_s + 60.0, util, sm, clock, mem_frac) if self.protection else 0
-        # Observations for the next round: the online service's own metrics.
+        # Observations for the next round: the online service's own metrics, in RECENT_ONLINE_KEYS order.
         self._recent[:, minute % self.recent_n, :] = (on_util, on_sm, on_mem, on_bw, lat_solo, qps,
                                                       solo_clock * self.max_clock)
         self._hist[self._hist_pos] = on_sm
@@ -371,8 +371,6 @@ class Fleet:
                                  | _reached(cfg.overlimit, util, sm, clock, mem_frac))
         if idx.size == 0:
             return 0
-        from scheduler_core.sysmonitor import GpuSample
-
         evict_gpus = []
         for i in idx:
             mon = self.monitors[i]

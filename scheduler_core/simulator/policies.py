@@ -32,10 +32,10 @@ from scheduler_core.domain import (
     GpuCandidate,
     JobCandidate,
     OfflineFeatures,
-    OnlineFeatures,
     PlanAction,
 )
 from scheduler_core.dynamic_sm import SmPolicy
+from scheduler_core.features import round_online_features
 from scheduler_core.forecast import ForecastPolicy, forecast_many
 from scheduler_core.round import RoundConfig, plan_round
 from scheduler_core.simulator.config import SimConfig
@@ -110,12 +110,7 @@ class _MuxFlowPlanner:
                 gpu_id=i, gpu_type=f.gpu_type_name[i], memory_bytes=int(f.mem_total[i]),
                 max_sm_clock_mhz=int(f.max_clock[i]), health=f.health_of(i),
                 service_name=self.cfg.services[int(f.service_index[i])].name,
-                online=OnlineFeatures(
-                    gpu_util_pct=float(recent["gpu_util"][i]), sm_activity_pct=float(fc[i]),
-                    sm_occupancy_pct=0.55 * float(fc[i]), mem_used_bytes=float(recent["mem"][i]),
-                    mem_bw_util_pct=float(recent["bw"][i]), latency_ms=float(recent["latency"][i]),
-                    qps=float(recent["qps"][i]), sm_clock_mhz=float(recent["clock"][i]),
-                ),
+                online=round_online_features({k: v[i] for k, v in recent.items()}, fc[i]),
                 forecast_sm_pct=float(fc[i]), forecast_mem_bytes=float(f.svc_mem[i]),
                 slowdown_allowance=float(f.allowance[i]),
                 current_job_id=cur, current_sm_pct=int(f.sm_pct[cur]) if cur is not None else None,
@@ -133,10 +128,12 @@ class _MuxFlowPlanner:
                 current_sm_pct=int(f.sm_pct[j]) if running else None,
             ))
         result = plan_round(gpus, jobs, self.inputs.predictors, self.round_cfg)
+        sm = self.round_cfg.sm
         return result.actions, {
             "placements": len(result.placements), "objective": result.objective,
             "certified_optimal": result.certified_optimal, "plan_s": result.timings_s.get("total", 0.0),
             "sm_pcts": [p.sm_pct for p in result.placements],
+            "sm_bounds": (sm.fixed_pct, sm.fixed_pct) if sm.fixed_pct is not None else (sm.min_pct, sm.max_pct),
         }
 
 
