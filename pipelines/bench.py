@@ -182,21 +182,15 @@ def bench_predictors(seed: int = 0, samples_per_type: int = 2000, epochs: int = 
 
     Returns ({type: model}, {type: (report, seconds)}, {type: (x, y_tput, y_slowdown)}).
     """
-    import torch
-
     from executors.simulated.calibration import default_catalog
+    from scheduler_core.predictor import one_torch_thread
 
     catalog = default_catalog()
     services = [(s.name, s.family, s.mem_bytes) for s in bench_services(seed)]
     models, reports, data = {}, {}, {}
-    # Batches of 64 gain nothing from a second thread, and lose a lot when the
-    # machine is shared (spinning OpenMP workers); large predict batches do gain.
-    threads = torch.get_num_threads()
-    torch.set_num_threads(1)
-    try:
+    # Large predict batches do gain from threads; training does not (one_torch_thread).
+    with one_torch_thread():
         _train_each(gpu_types, catalog, services, seed, samples_per_type, epochs, cfg_overrides, models, reports, data)
-    finally:
-        torch.set_num_threads(threads)
     return models, reports, data
 
 
@@ -209,18 +203,13 @@ def _train_each(gpu_types, catalog, services, seed, samples_per_type, epochs, cf
     for t in gpu_types:
         rng = rng_stream(seed, f"bench-samples-{t}")
         samples = colocation_samples(catalog, t, services, sorted(catalog.offline), samples_per_type, rng)
-        x, yt, ys = training_matrix([_Row(s) for s in samples], t)
+        x, yt, ys = training_matrix(samples, t)
         cfg = PredictorConfig(epochs=epochs, seed=seed, **(cfg_overrides or {}))
         t0 = time.perf_counter()
         model, report = train(x, yt, ys, cfg)
         reports[t] = (report, time.perf_counter() - t0)
         models[t] = model
         data[t] = (x, yt, ys)
-
-
-class _Row:  # the shape executors.steps.training_matrix reads
-    def __init__(self, smp):
-        self.__dict__.update(smp.__dict__)
 
 
 # -- bench round ------------------------------------------------------------------------

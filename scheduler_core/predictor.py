@@ -14,6 +14,7 @@ far outside its training data (the training range widened by
 
 from __future__ import annotations
 
+import contextlib
 import io
 from dataclasses import asdict, dataclass, field
 
@@ -52,6 +53,18 @@ class PredictorConfig:
     range_margin_frac: float = 0.5
     # Record the held-out error every this many epochs (0 = only at the end), for Figure 12's curves.
     eval_every: int = 0
+
+
+@contextlib.contextmanager
+def one_torch_thread():
+    """Train with one intra-op thread: batches of 64 gain nothing from a second thread and lose a lot when
+    the machine is shared (spinning OpenMP workers); the previous setting is restored afterwards."""
+    threads = torch.get_num_threads()
+    torch.set_num_threads(1)
+    try:
+        yield
+    finally:
+        torch.set_num_threads(threads)
 
 
 def _mlp(cfg: PredictorConfig) -> nn.Sequential:

@@ -17,7 +17,7 @@ from pathlib import Path
 
 from executors.simulated.calibration import default_catalog, holdout_reports
 from executors.simulated.profiling import colocation_samples, offline_profile
-from scheduler_core.predictor import PredictorConfig, SpeedPredictor, train
+from scheduler_core.predictor import PredictorConfig, SpeedPredictor, one_torch_thread, train
 from scheduler_core.rng import rng_stream
 from scheduler_core.simulator import SimConfig, SimInputs
 from scheduler_core.trace import TraceJob, parse_trace
@@ -47,8 +47,6 @@ def _cache_key(cfg: SimConfig, gpu_type: str, samples: int, epochs: int) -> str:
 def simulation_predictors(cfg: SimConfig, cache_dir: Path | None, samples: int = PREDICTOR_SAMPLES,
                           epochs: int = PREDICTOR_EPOCHS) -> tuple[dict[str, SpeedPredictor], dict]:
     """One predictor per GPU type of the simulated cluster; (models, {type: info})."""
-    import torch
-
     catalog = default_catalog()
     services = [(s.name, s.family, float(ONLINE_FAMILIES[s.family].mem_bytes)) for s in cfg.services]
     models, info = {}, {}
@@ -63,12 +61,8 @@ def simulation_predictors(cfg: SimConfig, cache_dir: Path | None, samples: int =
         from executors.steps import training_matrix
 
         x, yt, ys = training_matrix(rows, gtype)
-        threads = torch.get_num_threads()
-        torch.set_num_threads(1)
-        try:
+        with one_torch_thread():
             model, report = train(x, yt, ys, PredictorConfig(epochs=epochs, seed=cfg.seed))
-        finally:
-            torch.set_num_threads(threads)
         models[gtype] = model
         info[gtype] = {"trained_on_simulated_samples": samples, "holdout_mae_tput": report.holdout_mae_tput,
                        "holdout_mae_slowdown": report.holdout_mae_slowdown}

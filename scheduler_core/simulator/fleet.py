@@ -256,8 +256,8 @@ class Fleet:
         qps = np.where(self.burst_left > 0, qps * c.burst_factor, qps)
         return np.maximum(0.0, qps)
 
-    def _active(self) -> np.ndarray:
-        run = self.running()
+    def _active(self, run: np.ndarray) -> np.ndarray:
+        """Of the placed jobs ``run``, those that progress this minute."""
         if self.sharing != "salus" or run.size == 0:
             return run
         # Salus: the resident job with the shortest remaining time runs (SRTF), one per GPU.
@@ -286,7 +286,7 @@ class Fleet:
         if run.size:
             np.add.at(mem, self.gpu[run], self.jobs.mem_bytes[run].astype(float))
             self.real_s[run] += 60.0
-        act = self._active() if self.sharing != "none" else np.zeros(0, dtype=np.int64)
+        act = self._active(run) if self.sharing != "none" else np.zeros(0, dtype=np.int64)
         gpu_equiv, per_gpu_max = 0.0, 0
         if act.size:
             g = self.gpu[act]
