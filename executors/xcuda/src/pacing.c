@@ -88,7 +88,7 @@ static void tick(struct controller *c, uint64_t now)
     c->last_taken = taken;
     c->last_ns = now;
 
-    struct xc_shm_sample s;
+    struct xcuda_shm_record s;
     enum xc_shm_status st = xc_shm_read(&c->reader, now, (uint64_t)cfg->shm_stale_ms * 1000000ull, &s);
     if (st == XC_SHM_BUSY && c->mode == MODE_CONTROL) {
         /* The agent was mid-write each time: keep the last decision. */

@@ -43,7 +43,7 @@ static int fraction_ok(double x, double hi)
     return isfinite(x) && x >= 0.0 && x <= hi;
 }
 
-enum xc_shm_status xc_shm_decode(const unsigned char *buf, size_t len, struct xc_shm_sample *out)
+enum xc_shm_status xc_shm_decode(const unsigned char *buf, size_t len, struct xcuda_shm_record *out)
 {
     struct xcuda_shm_record rec;
     if (len < XCUDA_SHM_SIZE)
@@ -62,18 +62,7 @@ enum xc_shm_status xc_shm_decode(const unsigned char *buf, size_t len, struct xc
         !fraction_ok(rec.target_util, 2.0) || !fraction_ok(rec.sm_occupancy, 1.0) ||
         !fraction_ok(rec.gpu_util, 1.0))
         return XC_SHM_BAD_VALUES;
-    out->seq = rec.seq;
-    out->timestamp_ns = rec.timestamp_ns;
-    out->gpu_index = rec.gpu_index;
-    out->flags = rec.flags;
-    out->u_sm = rec.u_sm;
-    out->sm_clock_mhz = rec.sm_clock_mhz;
-    out->clock_threshold_mhz = rec.clock_threshold_mhz;
-    out->clock_max_mhz = rec.clock_max_mhz;
-    out->target_util = rec.target_util;
-    out->sm_occupancy = rec.sm_occupancy;
-    out->gpu_util = rec.gpu_util;
-    out->mem_used_bytes = rec.mem_used_bytes;
+    *out = rec;
     return XC_SHM_OK;
 }
 
@@ -104,7 +93,7 @@ static ssize_t read_at(int fd, void *buf, size_t len, off_t off)
 }
 
 enum xc_shm_status xc_shm_read(struct xc_shm_reader *r, uint64_t now_ns, uint64_t stale_ns,
-                               struct xc_shm_sample *out)
+                               struct xcuda_shm_record *out)
 {
     if (r->fd < 0) {
         if (now_ns < r->next_open_ns)

@@ -6,6 +6,7 @@
 #include <stdint.h>
 
 #include "config.h"
+#include "xcuda_shm.h"
 
 enum xc_shm_status {
     XC_SHM_OK = 0,
@@ -20,27 +21,12 @@ enum xc_shm_status {
     XC_SHM_STATUS_COUNT
 };
 
-struct xc_shm_sample {
-    uint64_t seq;
-    uint64_t timestamp_ns;
-    uint32_t gpu_index;
-    uint32_t flags;
-    double u_sm;
-    double sm_clock_mhz;
-    double clock_threshold_mhz;
-    double clock_max_mhz;
-    double target_util;
-    double sm_occupancy;
-    double gpu_util;
-    uint64_t mem_used_bytes;
-};
-
 const char *xc_shm_status_name(enum xc_shm_status s);
 
 uint64_t xc_shm_checksum(const unsigned char *payload, size_t len);
 
 /* Pure: validates a record's bytes and decodes them. No staleness check. */
-enum xc_shm_status xc_shm_decode(const unsigned char *buf, size_t len, struct xc_shm_sample *out);
+enum xc_shm_status xc_shm_decode(const unsigned char *buf, size_t len, struct xcuda_shm_record *out);
 
 struct xc_shm_reader {
     char path[XC_PATH_MAX];
@@ -54,6 +40,6 @@ void xc_shm_reader_close(struct xc_shm_reader *r);
 
 /* Reads the current sample (pread: a file truncated under us cannot SIGBUS). */
 enum xc_shm_status xc_shm_read(struct xc_shm_reader *r, uint64_t now_ns, uint64_t stale_ns,
-                               struct xc_shm_sample *out);
+                               struct xcuda_shm_record *out);
 
 #endif

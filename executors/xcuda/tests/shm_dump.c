@@ -41,7 +41,7 @@ int main(int argc, char **argv)
     now = (unsigned long long)((long long)now + shift_ms * 1000000ll);
     struct xc_shm_reader r;
     xc_shm_reader_init(&r, argv[1]);
-    struct xc_shm_sample s;
+    struct xcuda_shm_record s;
     memset(&s, 0, sizeof s);
     enum xc_shm_status st = xc_shm_read(&r, now, stale_ms * 1000000ull, &s);
     printf("{\"status\": \"%s\", \"seq\": %llu, \"timestamp_ns\": %llu, \"gpu_index\": %u, \"flags\": %u, "
