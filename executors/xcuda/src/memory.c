@@ -142,24 +142,29 @@ static uint64_t mul3(uint64_t a, uint64_t b, uint64_t c)
 
 /* -- linear allocations --------------------------------------------------- */
 
-#define ALLOC_PTR(name, dptr, bytes, call, undo)                                  \
+/* Charge the quota, call the driver, track what it returned; on any failure nothing stays
+ * charged and nothing stays allocated. ``clear`` resets the out-parameter after an undo. */
+#define ALLOC_TRACKED(name, table, out, key, bytes, call, undo, clear)            \
     do {                                                                          \
         uint64_t b_ = (bytes);                                                    \
         if (!charge(b_))                                                          \
             return refuse(#name, b_);                                             \
         CUresult r_ = call;                                                       \
-        if (r_ != CUDA_SUCCESS || (dptr) == NULL) {                               \
+        if (r_ != CUDA_SUCCESS || (out) == NULL) {                                \
             refund(b_);                                                           \
             return r_;                                                            \
         }                                                                         \
-        if (!track(&t_ptr, (uint64_t)*(dptr), b_)) {                              \
+        if (!track((table), (key), b_)) {                                         \
             undo;                                                                 \
             refund(b_);                                                           \
-            *(dptr) = 0;                                                          \
+            clear;                                                                \
             return CUDA_ERROR_OUT_OF_MEMORY;                                      \
         }                                                                         \
         return r_;                                                                \
     } while (0)
+
+#define ALLOC_PTR(name, dptr, bytes, call, undo) \
+    ALLOC_TRACKED(name, &t_ptr, dptr, (uint64_t)*(dptr), bytes, call, undo, *(dptr) = 0)
 
 CUresult xc_w_cuMemAlloc(CUdeviceptr_v1 *dptr, unsigned int bytesize)
 {
@@ -319,23 +324,8 @@ static uint64_t mipmap_bytes(const CUDA_ARRAY3D_DESCRIPTOR *a, unsigned levels)
     return total;
 }
 
-#define ALLOC_ARRAY(name, handle, bytes, call, undo)                  \
-    do {                                                              \
-        uint64_t b_ = (bytes);                                        \
-        if (!charge(b_))                                              \
-            return refuse(#name, b_);                                 \
-        CUresult r_ = call;                                           \
-        if (r_ != CUDA_SUCCESS || (handle) == NULL) {                 \
-            refund(b_);                                               \
-            return r_;                                                \
-        }                                                             \
-        if (!track(&t_array, (uint64_t)(uintptr_t)*(handle), b_)) {   \
-            undo;                                                     \
-            refund(b_);                                               \
-            return CUDA_ERROR_OUT_OF_MEMORY;                          \
-        }                                                             \
-        return r_;                                                    \
-    } while (0)
+#define ALLOC_ARRAY(name, handle, bytes, call, undo) \
+    ALLOC_TRACKED(name, &t_array, handle, (uint64_t)(uintptr_t)*(handle), bytes, call, undo, (void)0)
 
 CUresult xc_w_cuArrayCreate(CUarray *pHandle, const CUDA_ARRAY_DESCRIPTOR_v1 *a)
 {
