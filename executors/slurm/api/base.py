@@ -9,11 +9,13 @@ from __future__ import annotations
 
 import time
 from abc import ABC, abstractmethod
+from datetime import datetime
 from collections.abc import Callable
 from typing import Any, ClassVar
 
 from executors.slurm.errors import SlurmErrorEntry
-from executors.slurm.models import ControllerPing, Job, Node, Partition, SlurmVersion, SubmitResult
+from executors.slurm.hostlist import expand_hostlist, parse_gres
+from executors.slurm.models import ControllerPing, Job, Node, Partition, SlurmVersion, SubmitResult, epoch_to_utc
 from executors.slurm.spec import JobSpec, JobUpdate, signal_name
 
 
@@ -98,11 +100,63 @@ class ApiVersion(ABC):
         return SubmitResult(job_id=int(body["job_id"]), notes=notes,
                             job_submit_user_msg=str(body.get("job_submit_user_msg") or ""))
 
-    @abstractmethod
-    def parse_job(self, raw: dict[str, Any]) -> Job: ...
+    # -- field shapes that differ between versions (the field mapping below is shared) --
+    def job_state(self, raw: dict[str, Any]) -> tuple[str, tuple[str, ...]]:
+        """(state, flags) of a job record."""
+        return as_str(raw.get("job_state")).upper(), ()
 
-    @abstractmethod
-    def parse_node(self, raw: dict[str, Any]) -> Node: ...
+    def node_state(self, raw: dict[str, Any]) -> tuple[str, tuple[str, ...]]:
+        """(state, flags) of a node record."""
+        return as_str(raw.get("state")).upper(), tuple(str(f).upper() for f in raw.get("state_flags") or ())
+
+    def hosts(self, value: Any) -> tuple[str, ...]:
+        return expand_hostlist(value)
+
+    def exit_code(self, value: Any) -> int | None:
+        return as_int(value)
+
+    def timestamp(self, value: Any) -> datetime | None:
+        return epoch_to_utc(value)
+
+    def parse_job(self, raw: dict[str, Any]) -> Job:
+        state, flags = self.job_state(raw)
+        return Job(
+            job_id=int(raw["job_id"]),
+            name=as_str(raw.get("name")),
+            state=state,
+            state_flags=flags,
+            state_reason=as_str(raw.get("state_reason")),
+            partition=as_str(raw.get("partition")),
+            user_name=as_str(raw.get("user_name")),
+            nodes=self.hosts(raw.get("nodes")),
+            required_nodes=self.hosts(raw.get("required_nodes")),
+            gres_per_node=as_str(raw.get("tres_per_node")),
+            priority=as_int(raw.get("priority")),
+            requeue=bool(raw.get("requeue")),
+            restart_count=as_int(raw.get("restart_cnt"), 0) or 0,
+            exit_code=self.exit_code(raw.get("exit_code")),
+            comment=as_str(raw.get("comment")),
+            working_dir=as_str(raw.get("current_working_directory")),
+            submit_time_utc=self.timestamp(raw.get("submit_time")),
+            start_time_utc=self.timestamp(raw.get("start_time")),
+            end_time_utc=self.timestamp(raw.get("end_time")),
+        )
+
+    def parse_node(self, raw: dict[str, Any]) -> Node:
+        state, flags = self.node_state(raw)
+        return Node(
+            name=as_str(raw.get("name")),
+            address=as_str(raw.get("address")),
+            hostname=as_str(raw.get("hostname")),
+            state=state,
+            state_flags=flags,
+            partitions=tuple(raw.get("partitions") or ()),
+            gres=parse_gres(raw.get("gres")),
+            gres_used=parse_gres(raw.get("gres_used")),
+            cpus=as_int(raw.get("cpus"), 0) or 0,
+            alloc_cpus=as_int(raw.get("alloc_cpus"), 0) or 0,
+            reason=as_str(raw.get("reason")),
+        )
 
     @abstractmethod
     def parse_partition(self, raw: dict[str, Any]) -> Partition: ...

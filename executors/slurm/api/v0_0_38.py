@@ -22,8 +22,8 @@ from typing import Any, ClassVar
 
 from executors.slurm.api.base import ApiVersion, as_int, as_str
 from executors.slurm.errors import PayloadError
-from executors.slurm.hostlist import expand_hostlist, parse_gres
-from executors.slurm.models import ControllerPing, Job, Node, Partition, epoch_to_utc
+from executors.slurm.hostlist import expand_hostlist
+from executors.slurm.models import ControllerPing, Partition
 from executors.slurm.spec import JobSpec, JobUpdate
 
 
@@ -78,43 +78,6 @@ class V0038(ApiVersion):
         if update.hold is not None:
             body["hold"] = update.hold
         return body
-
-    def parse_job(self, raw: dict[str, Any]) -> Job:
-        return Job(
-            job_id=int(raw["job_id"]),
-            name=as_str(raw.get("name")),
-            state=as_str(raw.get("job_state")).upper(),
-            state_reason=as_str(raw.get("state_reason")),
-            partition=as_str(raw.get("partition")),
-            user_name=as_str(raw.get("user_name")),
-            nodes=expand_hostlist(raw.get("nodes")),
-            required_nodes=expand_hostlist(raw.get("required_nodes")),
-            gres_per_node=as_str(raw.get("tres_per_node")),
-            priority=as_int(raw.get("priority")),
-            requeue=bool(raw.get("requeue")),
-            restart_count=as_int(raw.get("restart_cnt"), 0) or 0,
-            exit_code=as_int(raw.get("exit_code")),
-            comment=as_str(raw.get("comment")),
-            working_dir=as_str(raw.get("current_working_directory")),
-            submit_time_utc=epoch_to_utc(raw.get("submit_time")),
-            start_time_utc=epoch_to_utc(raw.get("start_time")),
-            end_time_utc=epoch_to_utc(raw.get("end_time")),
-        )
-
-    def parse_node(self, raw: dict[str, Any]) -> Node:
-        return Node(
-            name=as_str(raw.get("name")),
-            address=as_str(raw.get("address")),
-            hostname=as_str(raw.get("hostname")),
-            state=as_str(raw.get("state")).upper(),
-            state_flags=tuple(str(f).upper() for f in raw.get("state_flags") or ()),
-            partitions=tuple(raw.get("partitions") or ()),
-            gres=parse_gres(raw.get("gres")),
-            gres_used=parse_gres(raw.get("gres_used")),
-            cpus=as_int(raw.get("cpus"), 0) or 0,
-            alloc_cpus=as_int(raw.get("alloc_cpus"), 0) or 0,
-            reason=as_str(raw.get("reason")),
-        )
 
     def parse_partition(self, raw: dict[str, Any]) -> Partition:
         return Partition(

@@ -18,11 +18,12 @@ matter here:
 
 from __future__ import annotations
 
+from datetime import datetime
 from typing import Any, ClassVar
 
 from executors.slurm.api.base import ApiVersion, as_int, as_str
-from executors.slurm.hostlist import expand_hostlist, parse_gres
-from executors.slurm.models import ControllerPing, Job, Node, Partition, epoch_to_utc
+from executors.slurm.hostlist import expand_hostlist
+from executors.slurm.models import ControllerPing, Partition, epoch_to_utc
 from executors.slurm.spec import JobSpec, JobUpdate
 
 
@@ -105,48 +106,22 @@ class V0040(ApiVersion):
             body["hold"] = update.hold
         return body
 
-    def parse_job(self, raw: dict[str, Any]) -> Job:
+    def job_state(self, raw: dict[str, Any]) -> tuple[str, tuple[str, ...]]:
         states = _flags(raw.get("job_state"))
-        exit_code = raw.get("exit_code")
-        if isinstance(exit_code, dict):
-            exit_code = exit_code.get("return_code")
-        return Job(
-            job_id=int(raw["job_id"]),
-            name=as_str(raw.get("name")),
-            state=states[0] if states else "",
-            state_flags=states[1:],
-            state_reason=as_str(raw.get("state_reason")),
-            partition=as_str(raw.get("partition")),
-            user_name=as_str(raw.get("user_name")),
-            nodes=_hostlist(raw.get("nodes")),
-            required_nodes=_hostlist(raw.get("required_nodes")),
-            gres_per_node=as_str(raw.get("tres_per_node")),
-            priority=as_int(raw.get("priority")),
-            requeue=bool(raw.get("requeue")),
-            restart_count=as_int(raw.get("restart_cnt"), 0) or 0,
-            exit_code=as_int(exit_code),
-            comment=as_str(raw.get("comment")),
-            working_dir=as_str(raw.get("current_working_directory")),
-            submit_time_utc=epoch_to_utc(as_int(raw.get("submit_time"))),
-            start_time_utc=epoch_to_utc(as_int(raw.get("start_time"))),
-            end_time_utc=epoch_to_utc(as_int(raw.get("end_time"))),
-        )
+        return (states[0], states[1:]) if states else ("", ())
 
-    def parse_node(self, raw: dict[str, Any]) -> Node:
+    def node_state(self, raw: dict[str, Any]) -> tuple[str, tuple[str, ...]]:
         states = _flags(raw.get("state"))
-        return Node(
-            name=as_str(raw.get("name")),
-            address=as_str(raw.get("address")),
-            hostname=as_str(raw.get("hostname")),
-            state=states[0] if states else "",
-            state_flags=states[1:],
-            partitions=tuple(raw.get("partitions") or ()),
-            gres=parse_gres(raw.get("gres")),
-            gres_used=parse_gres(raw.get("gres_used")),
-            cpus=as_int(raw.get("cpus"), 0) or 0,
-            alloc_cpus=as_int(raw.get("alloc_cpus"), 0) or 0,
-            reason=as_str(raw.get("reason")),
-        )
+        return (states[0], states[1:]) if states else ("", ())
+
+    def hosts(self, value: Any) -> tuple[str, ...]:
+        return _hostlist(value)
+
+    def exit_code(self, value: Any) -> int | None:
+        return as_int(value.get("return_code") if isinstance(value, dict) else value)
+
+    def timestamp(self, value: Any) -> datetime | None:
+        return epoch_to_utc(as_int(value))
 
     def parse_partition(self, raw: dict[str, Any]) -> Partition:
         nodes = raw.get("nodes") or {}
