@@ -260,9 +260,10 @@ def dispatch_round(
     """
     todo: list[tuple[str, PlanAction]] = []
     with store.session() as s:
+        logged = _dispatch_log(s, round_id)
         for act in result.actions:
             key = _action_key(round_id, act)
-            row = s.scalars(select(m.DispatchLog).where(m.DispatchLog.action_key == key)).first()
+            row = logged.get(key)
             if row is None:
                 s.add(m.DispatchLog(
                     round_id=round_id, action_key=key, action=act.action.value, job_id=act.job_id,
@@ -275,8 +276,9 @@ def dispatch_round(
     still_running = cluster.running()
     ok_n = failed_n = 0
     with store.session() as s:
+        logged = _dispatch_log(s, round_id)
         for (key, act), res in zip(todo, results):
-            row = s.scalars(select(m.DispatchLog).where(m.DispatchLog.action_key == key)).one()
+            row = logged[key]
             row.status, row.error, row.updated_utc = ("done", None, now) if res.ok else ("failed", res.detail, now)
             if res.ok:
                 _book_action(s, act, now)
@@ -290,6 +292,11 @@ def dispatch_round(
         if persist is not None:
             persist(s)
     return ok_n, failed_n
+
+
+def _dispatch_log(s, round_id: int) -> dict[str, m.DispatchLog]:
+    """The round's dispatch log by action key, in one query (keys name their round)."""
+    return {r.action_key: r for r in s.scalars(select(m.DispatchLog).where(m.DispatchLog.round_id == round_id))}
 
 
 def _book_action(s, act: PlanAction, now: dt.datetime) -> None:

@@ -56,23 +56,30 @@ class BenchError(RuntimeError):
 
 @dataclass
 class StoreWrites:
-    """Write statements (by verb and table) and commits on a store's engine while attached."""
+    """Rows written (by verb and table) and commits on a store's engine while attached.
+
+    Rows, not statements: SQLAlchemy may send many rows in one statement (a multi-row
+    INSERT), so each statement counts the rows the driver reports it wrote.
+    """
 
     statements: Counter = field(default_factory=Counter)
     commits: int = 0
 
     def attach(self, engine) -> None:
-        event.listen(engine, "before_cursor_execute", self._on_execute)
+        event.listen(engine, "after_cursor_execute", self._on_execute)
         event.listen(engine, "commit", self._on_commit)
 
     def detach(self, engine) -> None:
-        event.remove(engine, "before_cursor_execute", self._on_execute)
+        event.remove(engine, "after_cursor_execute", self._on_execute)
         event.remove(engine, "commit", self._on_commit)
 
     def _on_execute(self, conn, cursor, statement, parameters, context, executemany) -> None:
         m = _WRITE.match(statement)
         if m:
-            rows = len(parameters) if executemany and parameters is not None else 1
+            rows = cursor.rowcount
+            if rows is None or rows <= 0:  # the driver does not say (SQLite with RETURNING): one row per set
+                many = executemany and parameters and isinstance(parameters[0], tuple | list | dict)
+                rows = len(parameters) if many else 1
             self.statements[f"{m.group(1).split()[0].upper()} {m.group(2)}"] += rows
 
     def _on_commit(self, conn) -> None:
