@@ -11,10 +11,10 @@ from __future__ import annotations
 import datetime as dt
 import logging
 
-from sqlalchemy import update
+from sqlalchemy import func, select, update
 from sqlalchemy.orm import Session
 
-from executors.store.models import JobTransition, OfflineJob, utcnow
+from executors.store.models import DispatchLog, JobTransition, OfflineJob, SchedulingRound, utcnow
 from scheduler_core.domain import IllegalTransition, JobState, check_transition
 
 log = logging.getLogger(__name__)
@@ -104,3 +104,53 @@ def transition(
     session.refresh(job)
     log.info("job %s: %s -> %s (%s)", job_id, current.value, target.value, reason or "no reason")
     return job
+
+
+def live_cluster_jobs(session: Session, states) -> list[OfflineJob]:
+    """Jobs in ``states`` that have a cluster (Slurm) job, oldest first."""
+    return list(session.scalars(
+        select(OfflineJob).where(OfflineJob.state.in_([JobState(x).value for x in states]),
+                                 OfflineJob.slurm_job_id.is_not(None)).order_by(OfflineJob.id)))
+
+
+def in_flight_job_ids(session: Session) -> set[int]:
+    """Jobs a dispatcher is acting on now: actions logged but without a result in the latest round, if it
+    is still being dispatched. Their state is the dispatcher's to book; nobody else moves them meanwhile.
+    (Actions left without a result by a round that later rounds superseded are never sent again.)"""
+    latest = session.scalars(select(SchedulingRound).where(
+        SchedulingRound.id == select(func.max(SchedulingRound.id)).scalar_subquery())).first()
+    if latest is None or latest.status != "planned":
+        return set()
+    return set(session.scalars(select(DispatchLog.job_id).where(
+        DispatchLog.round_id == latest.id, DispatchLog.status.in_(["intent", "sent"]))))
+
+
+def entered_at(session: Session, job_id: int, state: JobState) -> dt.datetime | None:
+    """When the job last entered ``state`` (from the audit trail), in UTC."""
+    return session.scalar(select(JobTransition.at_utc).where(
+        JobTransition.job_id == job_id, JobTransition.to_state == JobState(state).value)
+        .order_by(JobTransition.id.desc()).limit(1))
+
+
+def last_transition_utc(session: Session, job_ids: list[int]) -> dict[int, dt.datetime]:
+    """When each of these jobs last changed state (jobs never moved are left out)."""
+    return dict(session.execute(select(JobTransition.job_id, func.max(JobTransition.at_utc))
+                                .where(JobTransition.job_id.in_(job_ids)).group_by(JobTransition.job_id)).all())
+
+
+def slurm_ids_and_memory(session: Session, job_ids: list[int]) -> dict[int, tuple[int | None, int]]:
+    """Job id → (its Slurm job id or None, its declared GPU memory) for those of ``job_ids`` that exist."""
+    return {j: (sid, mem) for j, sid, mem in session.execute(
+        select(OfflineJob.id, OfflineJob.slurm_job_id, OfflineJob.mem_bytes).where(OfflineJob.id.in_(job_ids)))}
+
+
+def jobs_of_slurm_ids(session: Session, slurm_job_ids) -> list[OfflineJob]:
+    """The store's jobs of these Slurm job ids, by id."""
+    return list(session.scalars(select(OfflineJob).where(OfflineJob.slurm_job_id.in_(list(slurm_job_ids)))
+                                .order_by(OfflineJob.id)))
+
+
+def rejected_slurm_ids(session: Session, reason_prefix: str) -> set[int]:
+    """Slurm ids of the FAILED jobs whose reason starts with ``reason_prefix`` (submissions the pick-up refused)."""
+    return set(session.scalars(select(OfflineJob.slurm_job_id).where(
+        OfflineJob.state == JobState.FAILED.value, OfflineJob.state_reason.like(f"{reason_prefix}%"))))

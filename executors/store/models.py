@@ -23,6 +23,7 @@ from sqlalchemy import (
     MetaData,
     String,
     Text,
+    TypeDecorator,
     UniqueConstraint,
 )
 from sqlalchemy.orm import DeclarativeBase, Mapped, mapped_column, relationship
@@ -60,7 +61,33 @@ class Base(DeclarativeBase):
     metadata = MetaData(naming_convention=NAMING)
 
 
-UtcDateTime = DateTime(timezone=True)
+class _UtcDateTime(TypeDecorator):
+    """A timestamp that is timezone-aware UTC both ways, whatever the database keeps.
+
+    SQLite stores the text of the time without its zone and gives back a naive
+    datetime; PostgreSQL gives it back in the session's zone. Either way the model sees
+    UTC with its tzinfo, so no reader re-attaches one. A naive value written is taken as UTC.
+    """
+
+    impl = DateTime(timezone=True)
+    cache_ok = True
+
+    @staticmethod
+    def _utc(value: dt.datetime | None) -> dt.datetime | None:
+        if value is None:
+            return None
+        if value.tzinfo is None:
+            return value.replace(tzinfo=dt.timezone.utc)
+        return value.astimezone(dt.timezone.utc)
+
+    def process_bind_param(self, value, dialect):
+        return self._utc(value)
+
+    def process_result_value(self, value, dialect):
+        return self._utc(value)
+
+
+UtcDateTime = _UtcDateTime()
 
 
 class GpuType(Base):
@@ -130,6 +157,12 @@ class ServiceInstance(Base):
     id: Mapped[int] = mapped_column(Integer, primary_key=True)
     service_id: Mapped[int] = mapped_column(ForeignKey("online_services.id", ondelete="CASCADE"))
     gpu_id: Mapped[int] = mapped_column(ForeignKey("gpus.id", ondelete="CASCADE"), unique=True)
+    # The replica's Prometheus endpoint (reference service: executors/workloads/endpoint.py), scraped
+    # by the node agent for the replica's request rate and latency; NULL: not registered.
+    metrics_url: Mapped[str | None] = mapped_column(String(512), nullable=True)
+    # The user the replica's processes run as. MPS serves one uid per GPU at a time, so only offline
+    # jobs of this user share the GPU (docs/SLURM.md "Several users on one GPU"); NULL: any user's.
+    run_as_user: Mapped[str | None] = mapped_column(String(64), nullable=True)
     service: Mapped[OnlineService] = relationship()
     gpu: Mapped[Gpu] = relationship()
 
@@ -150,6 +183,10 @@ class OfflineJob(Base):
     state_reason: Mapped[str | None] = mapped_column(Text, nullable=True)
     slurm_job_id: Mapped[int | None] = mapped_column(BigInteger, nullable=True, unique=True)
     checkpoint_step: Mapped[float] = mapped_column(Float, default=0.0)
+    # The cluster's exit code of the job's last run (Slurm: the batch script's), once it ended.
+    exit_code: Mapped[int | None] = mapped_column(Integer, nullable=True)
+    # The user the job's processes run as (Slurm: the submitting user); NULL: unknown, placed anywhere.
+    run_as_user: Mapped[str | None] = mapped_column(String(64), nullable=True)
     submitted_utc: Mapped[dt.datetime] = mapped_column(UtcDateTime, default=utcnow)
     started_utc: Mapped[dt.datetime | None] = mapped_column(UtcDateTime, nullable=True)
     finished_utc: Mapped[dt.datetime | None] = mapped_column(UtcDateTime, nullable=True)
@@ -190,7 +227,7 @@ class JobProfile(Base):
     sm_clock_mhz: Mapped[float] = mapped_column(Float)
     source: Mapped[str] = mapped_column(String(16))
     profiled_utc: Mapped[dt.datetime] = mapped_column(UtcDateTime, default=utcnow)
-    # How the profile was made (PROFILE_METHODS) and what the profiling run measured (issue 8).
+    # How the profile was made (PROFILE_METHODS) and what the profiling run measured.
     method: Mapped[str] = mapped_column(String(32), default="model", server_default="model")
     iterations: Mapped[int | None] = mapped_column(Integer, nullable=True)
     measured_iter_time_s: Mapped[float | None] = mapped_column(Float, nullable=True)  # mean, on `device`
@@ -228,11 +265,15 @@ class GpuMetricMinute(Base):
     online_mem_used_bytes: Mapped[float | None] = mapped_column(Float, nullable=True)
     online_mem_bw_util_pct: Mapped[float | None] = mapped_column(Float, nullable=True)
     online_qps: Mapped[float | None] = mapped_column(Float, nullable=True)
-    online_latency_ms: Mapped[float | None] = mapped_column(Float, nullable=True)
+    online_latency_ms: Mapped[float | None] = mapped_column(Float, nullable=True)  # average
     online_solo_latency_ms: Mapped[float | None] = mapped_column(Float, nullable=True)
+    online_latency_p99_ms: Mapped[float | None] = mapped_column(Float, nullable=True)  # node agent: from the endpoint
     offline_job_id: Mapped[int | None] = mapped_column(
         ForeignKey("offline_jobs.id", ondelete="SET NULL"), nullable=True
     )
+    # Why online columns of this row are NULL (endpoint down, no per-process accounting, …);
+    # NULL when every online column has a value (docs/NODE_AGENT.md "Online columns").
+    online_gap_reason: Mapped[str | None] = mapped_column(Text, nullable=True)
     health: Mapped[str] = mapped_column(String(16))
     source: Mapped[str] = mapped_column(String(16))
     __table_args__ = (
@@ -256,7 +297,7 @@ class ColocationSample(Base):
     online_slowdown: Mapped[float] = mapped_column(Float)
     method: Mapped[str] = mapped_column(String(16))  # SAMPLE_METHODS
     collected_utc: Mapped[dt.datetime] = mapped_column(UtcDateTime, default=utcnow)
-    # Measured samples (issue 8): p99 slowdown next to the average one, the device, the load.
+    # Measured samples: p99 slowdown next to the average one, the device, the load.
     online_slowdown_p99: Mapped[float | None] = mapped_column(Float, nullable=True)
     device: Mapped[str | None] = mapped_column(String(128), nullable=True)
     qps: Mapped[float | None] = mapped_column(Float, nullable=True)
@@ -285,7 +326,7 @@ class RunRecord:
 
 
 class ProfilingRun(RunRecord, Base):
-    """One solo-profiling run of an offline job on one GPU type (paper §6; issue 8).
+    """One solo-profiling run of an offline job on one GPU type (paper §6).
 
     Written before the run is submitted and updated as it goes, so a profiler that
     restarts finds runs in flight instead of submitting them twice.
@@ -304,7 +345,7 @@ class ProfilingRun(RunRecord, Base):
 
 
 class SamplingRun(RunRecord, Base):
-    """One co-location measurement session: a service at a QPS and a job over a list of SM % (issue 8)."""
+    """One co-location measurement session: a service at a QPS and a job over a list of SM %."""
 
     __tablename__ = "sampling_runs"
     id: Mapped[int] = mapped_column(Integer, primary_key=True)
@@ -351,6 +392,8 @@ class SchedulingRound(Base):
     __tablename__ = "scheduling_rounds"
     id: Mapped[int] = mapped_column(Integer, primary_key=True)
     window_start_utc: Mapped[dt.datetime] = mapped_column(UtcDateTime, unique=True)
+    # Length of the round's window (the round period in force when it was planned).
+    period_s: Mapped[int] = mapped_column(Integer, default=900, server_default="900")
     started_utc: Mapped[dt.datetime] = mapped_column(UtcDateTime, default=utcnow)
     finished_utc: Mapped[dt.datetime | None] = mapped_column(UtcDateTime, nullable=True)
     status: Mapped[str] = mapped_column(String(16), default="planned")
@@ -386,9 +429,12 @@ class Placement(Base):
     predicted_norm_tput: Mapped[float] = mapped_column(Float)
     predicted_online_slowdown: Mapped[float] = mapped_column(Float)
     action: Mapped[str] = mapped_column(String(16))
+    # Which of its GPU's offline jobs this is (several per GPU, scheduler_core.slots): one job per slot.
+    slot: Mapped[int] = mapped_column(Integer, default=0, server_default="0")
     __table_args__ = (
         UniqueConstraint("round_id", "job_id", name="uq_placements_round_job"),
-        UniqueConstraint("round_id", "gpu_id", name="uq_placements_round_gpu"),
+        UniqueConstraint("round_id", "gpu_id", "slot", name="uq_placements_round_gpu_slot"),
+        CheckConstraint("slot >= 0", name="slot_nonneg"),
         CheckConstraint("sm_pct > 0 AND sm_pct <= 100", name="sm_pct_range"),
         CheckConstraint("action IN ('start', 'keep', 'migrate')", name="action_valid"),
     )

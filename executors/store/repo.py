@@ -175,6 +175,34 @@ def write_metrics(s: Session, rows: list[MetricRow], source: str) -> None:
         s.execute(m.GpuMetricMinute.__table__.insert(), [{**asdict(r), "source": source} for r in rows])
 
 
+def write_agent_metrics(s: Session, rows: list[MetricRow], source: str, own: dict) -> int:
+    """A node agent's minute rows; how many were not written.
+
+    ``own`` holds the (GPU, minute) keys this agent wrote before: such a row (the minute in
+    progress, written again as it fills) is replaced. A row that someone else wrote (the
+    simulated cluster, this agent before a restart) is kept and not counted as written.
+    """
+    from sqlalchemy import tuple_
+
+    if not rows:
+        return 0
+    t = m.GpuMetricMinute
+    keys = [(r.gpu_id, r.minute_utc) for r in rows]
+    mine = [k for k in keys if k in own]
+    if mine:
+        s.execute(delete(t).where(tuple_(t.gpu_id, t.minute_utc).in_(mine)))
+    others = [k for k in keys if k not in own]
+    have = set()
+    if others:
+        for gid, minute in s.execute(select(t.gpu_id, t.minute_utc).where(tuple_(t.gpu_id, t.minute_utc).in_(others))):
+            have.add((gid, minute))
+    fresh = [r for r, k in zip(rows, keys) if k not in have]
+    write_metrics(s, fresh, source)
+    for r in fresh:
+        own[(r.gpu_id, r.minute_utc)] = None
+    return len(rows) - len(fresh)
+
+
 def recent_online_series(s: Session, gpu_ids: list[int], since_utc: dt.datetime) -> dict[int, dict[str, np.ndarray]]:
     """Per GPU, the online service's own per-minute metrics since ``since_utc`` (oldest first)."""
     cols = (
@@ -200,14 +228,14 @@ def recent_online_series(s: Session, gpu_ids: list[int], since_utc: dt.datetime)
 
 def record_round(
     s: Session, window_start: dt.datetime, result: RoundResult, snapshot: dict, simulated: bool,
-    jobs_pending: int, action_of: dict[int, str],
+    jobs_pending: int, action_of: dict[int, str], period_s: int = 900,
 ) -> m.SchedulingRound:
     rnd = s.scalars(select(m.SchedulingRound).where(m.SchedulingRound.window_start_utc == window_start)).first()
     if rnd is not None:
         raise ValueError(f"round for window {window_start.isoformat()} already exists (id {rnd.id})")
     n_pred = sum(p.predicted_norm_tput for p in result.placements)
     rnd = m.SchedulingRound(
-        window_start_utc=window_start, status="planned", gpus_considered=result.gpus_considered,
+        window_start_utc=window_start, period_s=period_s, status="planned", gpus_considered=result.gpus_considered,
         jobs_pending=jobs_pending, feasible_pairs=result.feasible_pairs, placements=len(result.placements),
         objective=result.objective,
         predicted_oversold=(n_pred / len(result.placements)) if result.placements else None,
@@ -231,7 +259,7 @@ def _placement_row(round_id: int, p: PlannedPlacement, action: str) -> m.Placeme
     return m.Placement(
         round_id=round_id, job_id=p.job_id, gpu_id=p.gpu_id, sm_pct=p.sm_pct, mem_quota_bytes=p.mem_quota_bytes,
         predicted_norm_tput=p.predicted_norm_tput, predicted_online_slowdown=p.predicted_online_slowdown,
-        action=action,
+        action=action, slot=p.slot,
     )
 
 
@@ -254,8 +282,9 @@ def set_gpu_health(s: Session, health: dict[int, str], now: dt.datetime) -> None
             gpu.health, gpu.health_since_utc = new, now
 
 
-def latest_metric_minute_query():
-    return select(func.max(m.GpuMetricMinute.minute_utc))
+def latest_metric_minute(s: Session) -> dt.datetime | None:
+    """The newest minute any GPU has metrics for (None before the first)."""
+    return s.scalar(select(func.max(m.GpuMetricMinute.minute_utc)))
 
 
 def online_service_summary(s: Session, since_utc: dt.datetime, until_utc: dt.datetime | None = None) -> list[dict]:

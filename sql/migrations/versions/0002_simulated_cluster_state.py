@@ -1,4 +1,4 @@
-"""Simulated cluster state between rounds; each round's plan diff (issue 4).
+"""Simulated cluster state between rounds; each round's plan diff.
 
 Revision ID: 0002
 Revises: 0001

@@ -1,4 +1,4 @@
-"""Rounds record their optimality certificate; predictor versions their MAPE (issue 3).
+"""Rounds record their optimality certificate; predictor versions their MAPE.
 
 Revision ID: 0003
 Revises: 0002

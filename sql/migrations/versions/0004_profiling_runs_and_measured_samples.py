@@ -1,4 +1,4 @@
-"""Real profiling (issue 8): profiling and sampling runs; how each profile and sample was measured.
+"""Real profiling: profiling and sampling runs; how each profile and sample was measured.
 
 Revision ID: 0004
 Revises: 0003

@@ -1,0 +1,62 @@
+"""What a scheduling run's summary reads from the store (the main job's figures and plots)."""
+
+from __future__ import annotations
+
+import datetime as dt
+from dataclasses import dataclass
+
+import numpy as np
+import pandas as pd
+from sqlalchemy import func, select
+from sqlalchemy.orm import Session
+
+from executors.store import models as m
+
+_MT = m.GpuMetricMinute
+
+
+def sample_counts_by_type(s: Session) -> dict[str, int]:
+    return dict(s.execute(select(m.ColocationSample.gpu_type, func.count()).group_by(m.ColocationSample.gpu_type)).all())
+
+
+def predictor_versions(s: Session) -> list[m.PredictorModel]:
+    """Every trained predictor version, by GPU type and version."""
+    return list(s.scalars(select(m.PredictorModel).order_by(m.PredictorModel.gpu_type, m.PredictorModel.version)))
+
+
+@dataclass(frozen=True)
+class RunFigures:
+    """Per GPU-minute since a time: whole-GPU and online-only metrics, and whether the minute was shared."""
+
+    metrics: np.ndarray  # columns: util, SM, mem frac, online util, online SM, online mem frac, latency slowdown
+    shared: np.ndarray   # bool per row: an offline job ran on the GPU that minute
+    solo_equiv_s: float
+    wall_s: float
+    executions: int
+    evictions: int
+    jobs_by_state: dict[str, int]
+
+
+def run_figures(s: Session, since_utc: dt.datetime) -> RunFigures:
+    rows = s.execute(select(
+        _MT.gpu_util_pct, _MT.sm_activity_pct, _MT.mem_used_bytes / _MT.mem_total_bytes,
+        _MT.online_gpu_util_pct, _MT.online_sm_activity_pct, _MT.online_mem_used_bytes / _MT.mem_total_bytes,
+        _MT.online_latency_ms / _MT.online_solo_latency_ms, _MT.offline_job_id,
+    ).where(_MT.minute_utc >= since_utc)).all()
+    arr = np.array([[np.nan if v is None else float(v) for v in r[:7]] for r in rows]).reshape(-1, 7)
+    shared = np.array([r[7] is not None for r in rows], dtype=bool)
+    solo, wall, n = s.execute(select(func.sum(m.JobExecution.solo_equiv_s), func.sum(m.JobExecution.wall_s),
+                                     func.count())).one()
+    evictions = s.scalar(select(func.count()).select_from(m.Eviction)) or 0
+    states = dict(s.execute(select(m.OfflineJob.state, func.count()).group_by(m.OfflineJob.state)).all())
+    return RunFigures(arr, shared, float(solo or 0.0), float(wall or 0.0), int(n or 0), int(evictions), states)
+
+
+def utilization_per_minute(s: Session) -> pd.DataFrame:
+    """Cluster average per minute: shared and online-only GPU utilization, SM activity and memory (%)."""
+    df = pd.DataFrame(s.execute(select(
+        _MT.minute_utc, _MT.gpu_util_pct, _MT.sm_activity_pct, _MT.online_gpu_util_pct, _MT.online_sm_activity_pct,
+        (100 * _MT.mem_used_bytes / _MT.mem_total_bytes).label("mem_pct"),
+        (100 * _MT.online_mem_used_bytes / _MT.mem_total_bytes).label("online_mem_pct"),
+    )).all())
+    return df.groupby("minute_utc").mean(numeric_only=True) if len(df) else df
