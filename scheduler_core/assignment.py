@@ -53,6 +53,17 @@ class SolverConfig:
     gpu_best_floor: float = -0.01  # … if its value (weight − node price − GPU price) is at least this
     add_per_node: int = 8  # arcs a violating node may add per round (plus its supply)
     max_rounds: int = 60
+    # Above this many nodes (jobs that do not group: a profile per job), scheduler_core.assignment_sparse.
+    sparse_min_nodes: int = 1000
+    sparse_groups: int = 200  # groups of alike classes whose LP prices the GPUs
+    sparse_top_arcs: int = 64  # initial arcs per job: its best GPUs at the groups' prices …
+    sparse_group_arcs: int = 64  # … and its best of the GPUs its group got
+    sparse_part_jobs: int = 1250  # above this many jobs, start from random parts of about this many
+    sparse_top_arcs_join: int = 24  # arcs per job when the parts are joined (at the parts' prices)
+    sparse_add_arcs: int = 24  # arcs a job with a positive reduced weight adds per round
+    # Stop adding arcs once the certified gap is within this fraction of the matching's value
+    # (0: until optimal). The round states the gap it stopped at.
+    sparse_gap_rel: float = 1e-3
 
 
 @dataclass(frozen=True, eq=False)
@@ -367,10 +378,40 @@ def _dense_fallback(problem: GroupedWeights, cfg: SolverConfig, t0: float) -> So
     return Solution(pairs, cert.value, u, v, cert, stats)
 
 
+def _solve_sparse(problem: GroupedWeights, cfg: SolverConfig, t0: float) -> Solution:
+    """Many nodes: :mod:`scheduler_core.assignment_sparse`, certified the same way."""
+    from scheduler_core.assignment_sparse import solve_sparse
+
+    def group_prices(p: GroupedWeights) -> tuple[np.ndarray, np.ndarray]:
+        # The grouped LP's GPU duals and which group each GPU went to: they choose the arcs.
+        sol = _solve_grouped(p, cfg, time.perf_counter(), _nodes(p))
+        got = np.full(p.n_gpus, -1, dtype=np.int64)
+        for i, j in sol.pairs:
+            got[i] = p.job_class[j]
+        return sol.gpu_duals, got
+
+    pairs, u, v, stats = solve_sparse(problem, cfg, group_prices)
+    t = time.perf_counter()
+    cert = certify(problem, pairs, u, v, cfg.gap_tol)
+    stats["duals_from"] = "relaxation"
+    stats["certify_s"] = time.perf_counter() - t
+    arr = np.asarray(pairs, dtype=np.int64).reshape(-1, 2)
+    total = math.fsum(problem.weights_at(arr[:, 0], arr[:, 1]).tolist()) if pairs else 0.0
+    stats["total_s"] = time.perf_counter() - t0
+    return Solution(pairs, total, u, v, cert, stats)
+
+
 def solve(problem: GroupedWeights, cfg: SolverConfig = SolverConfig()) -> Solution:
     """Maximum-weight matching of GPUs to jobs over pairs with positive weight, with its certificate."""
     t0 = time.perf_counter()
     nodes = _nodes(problem)
+    if nodes.supply.size > cfg.sparse_min_nodes:
+        return _solve_sparse(problem, cfg, t0)
+    return _solve_grouped(problem, cfg, t0, nodes)
+
+
+def _solve_grouped(problem: GroupedWeights, cfg: SolverConfig, t0: float, nodes: _Nodes) -> Solution:
+    """The transportation LP between nodes and GPUs, by column generation (module docstring)."""
     n = problem.n_gpus
     u_auction, owner, auction_rounds = _auction(nodes, cfg)
     t_auction = time.perf_counter()

@@ -15,6 +15,7 @@ class JobState(str, enum.Enum):
     SUBMITTED = "SUBMITTED"
     PROFILING = "PROFILING"
     PENDING = "PENDING"
+    PLACED = "PLACED"  # released on its planned GPU by a round; the cluster has not started it yet
     RUNNING = "RUNNING"
     MIGRATING = "MIGRATING"
     EVICTED = "EVICTED"
@@ -26,20 +27,32 @@ class JobState(str, enum.Enum):
 # reaches the store. FAILED is reachable from every live state because a job can
 # crash (or be rejected) at any point; DONE only from RUNNING because only a
 # running job makes progress.
+#
+# PLACED is the time between a round releasing a job on its planned GPU and the
+# cluster starting it (Slurm: released, still pending; a simulated cluster starts
+# jobs at once, PENDING -> RUNNING). A placed job may be moved (MIGRATING), held
+# again before it starts (-> PENDING), or evicted. A running job goes back to
+# PENDING without an eviction when the cluster requeued it on its own (Slurm's
+# requeue after a node failure).
 JOB_TRANSITIONS: dict[JobState, frozenset[JobState]] = {
     JobState.SUBMITTED: frozenset({JobState.PROFILING, JobState.FAILED}),
     JobState.PROFILING: frozenset({JobState.PENDING, JobState.FAILED}),
-    JobState.PENDING: frozenset({JobState.RUNNING, JobState.FAILED}),
-    JobState.RUNNING: frozenset(
-        {JobState.MIGRATING, JobState.EVICTED, JobState.DONE, JobState.FAILED}
+    JobState.PENDING: frozenset({JobState.PLACED, JobState.RUNNING, JobState.FAILED}),
+    JobState.PLACED: frozenset(
+        {JobState.RUNNING, JobState.MIGRATING, JobState.PENDING, JobState.EVICTED, JobState.FAILED}
     ),
-    JobState.MIGRATING: frozenset({JobState.RUNNING, JobState.PENDING, JobState.FAILED}),
+    JobState.RUNNING: frozenset(
+        {JobState.MIGRATING, JobState.EVICTED, JobState.PENDING, JobState.DONE, JobState.FAILED}
+    ),
+    JobState.MIGRATING: frozenset({JobState.PLACED, JobState.RUNNING, JobState.PENDING, JobState.FAILED}),
     JobState.EVICTED: frozenset({JobState.PENDING, JobState.FAILED}),
     JobState.DONE: frozenset(),
     JobState.FAILED: frozenset(),
 }
 
 TERMINAL_JOB_STATES = frozenset({JobState.DONE, JobState.FAILED})
+# A round considers these: waiting (PENDING) or holding a GPU (PLACED, RUNNING).
+SCHEDULABLE_JOB_STATES = (JobState.PENDING, JobState.PLACED, JobState.RUNNING)
 
 
 class IllegalTransition(ValueError):
@@ -123,8 +136,15 @@ class GpuCandidate:
     forecast_sm_pct: float
     forecast_mem_bytes: float
     slowdown_allowance: float  # max tolerated online latency slowdown, e.g. 0.2 = +20 %
-    current_job_id: int | None = None
+    current_job_id: int | None = None  # a job running there (the round reads all of them from the jobs)
     current_sm_pct: int | None = None
+    # The service's p99 latency SLO and its replica's p99 alone at the forecast load
+    # (scheduler_core.latency_model); with both, the SLO bounds the allowance.
+    latency_slo_ms: float | None = None
+    forecast_p99_ms: float | None = None
+    # The user the online replica runs as: only jobs of that user share the GPU (MPS serves one uid per GPU,
+    # scheduler_core.run_as); None: not declared, any job.
+    run_as_user: str | None = None
 
 
 @dataclass(frozen=True)
@@ -138,6 +158,7 @@ class JobCandidate:
     priority: int = 0
     current_gpu_id: int | None = None
     current_sm_pct: int | None = None
+    run_as_user: str | None = None  # the user its processes run as (Slurm: the submitter); None: unknown
 
 
 class Action(str, enum.Enum):
@@ -154,7 +175,8 @@ class PlannedPlacement:
     sm_pct: int
     mem_quota_bytes: int
     predicted_norm_tput: float
-    predicted_online_slowdown: float
+    predicted_online_slowdown: float  # the job's part of the GPU's: 1 + its share of the slowdown
+    slot: int = 0  # which of the GPU's offline jobs this is (0 = the first; several per GPU, scheduler_core.slots)
 
 
 @dataclass(frozen=True)

@@ -1,14 +1,37 @@
-"""Device metrics of a GPU shared by an online service and an offline job (the simulated GPU).
+"""The simulated GPU: an online replica's load, an offline job at an MPS share, and what the device reports.
 
-One model for every simulated path: the per-GPU simulated cluster behind the
-Dagster pipeline (:mod:`executors.simulated.cluster`) and the vectorized
-trace-driven simulator (:mod:`scheduler_core.simulator`) both call these, on
-scalars or on arrays of GPUs.
+One model for every simulated path, on scalars or on arrays of GPUs:
+
+- the per-GPU simulated cluster behind the Dagster pipeline (:mod:`executors.simulated.cluster`),
+- the vectorized trace-driven simulator (:mod:`scheduler_core.simulator.fleet`),
+- the node agent's simulated GPUs (``muxflow node-agent --simulated``), which drive it with the
+  request rate scraped from the real replica and the placement Slurm really runs.
+
+The chain (paper §2.2, §4.3, §7.1): the replica's request rate over its capacity on the GPU type
+is its load; the load gives the replica's own utilization, SM activity, memory bandwidth and
+latency (:mod:`scheduler_core.online_load`); an offline job at an MPS share co-runs through the
+calibrated interference model (:func:`scheduler_core.interference.colocate`), which gives its
+normalized throughput and the replica's slowdown; the device totals and the SM clock follow.
 """
 
 from __future__ import annotations
 
+from collections.abc import Mapping, Sequence
+from dataclasses import dataclass, fields
+
 import numpy as np
+
+from scheduler_core.domain import GpuTypeSpec
+from scheduler_core.interference import InterferenceParams, WorkloadTraits, colocate
+from scheduler_core.online_load import (
+    base_latency_ms,
+    capacity_qps,
+    latency_at_load_ms,
+    load_at,
+    sm_at_load_pct,
+    util_at_load_pct,
+)
+from scheduler_core.workloads import OnlineFamily, WorkloadCatalog
 
 
 def shared_metrics(
@@ -18,7 +41,7 @@ def shared_metrics(
     """GPU util %, SM activity %, memory bytes and memory-bandwidth % with the offline job running.
 
     ``off_sm_used_frac`` is the SM fraction the job can use under its MPS share
-    (min(share, its own need)); ``duty`` the fraction of the minute it ran (start-up
+    (min(share, its own need)); ``duty`` the fraction of the time it ran (start-up
     and restarts excluded); ``norm_tput`` its normalized throughput.
     """
     util = 100.0 * (1.0 - (1.0 - np.asarray(on_util_pct) / 100.0)
@@ -32,3 +55,122 @@ def shared_metrics(
 def clock_frac(sm_activity_pct, clock_drop_frac):
     """SM clock as a fraction of its maximum: power-capped cards sag above 40 % SM activity."""
     return 1.0 - clock_drop_frac * np.maximum(0.0, (np.asarray(sm_activity_pct) / 100.0 - 0.4) / 0.6)
+
+
+@dataclass(frozen=True)
+class OnlineModel:
+    """One online replica on one GPU type; every field a scalar or an array with one value per GPU."""
+
+    capacity_qps: object      # requests/s at full load on this GPU type
+    util_at_peak_pct: object
+    sm_need: object           # SM fraction busy at full load
+    mem_bw: object            # memory-bandwidth fraction at full load
+    base_latency_ms: object   # service time alone on this GPU type, no queueing
+    mem_bytes: object
+    sensitivity: object       # interference traits of the family's analogue (scheduler_core.workloads)
+    pressure: object
+
+    @classmethod
+    def of(cls, family: OnlineFamily, traits: WorkloadTraits, spec: GpuTypeSpec,
+           mem_bytes: float | None = None) -> OnlineModel:
+        """``family`` on ``spec``; ``traits`` its catalog traits; ``mem_bytes`` the replica's (default: the family's)."""
+        return cls(capacity_qps(family, spec), family.gpu_util_at_peak_pct, family.sm_need_at_peak, traits.mem_bw,
+                   base_latency_ms(family, spec), float(family.mem_bytes if mem_bytes is None else mem_bytes),
+                   traits.sensitivity, traits.pressure)
+
+    @classmethod
+    def stack(cls, models: Sequence[OnlineModel]) -> OnlineModel:
+        """One model over many GPUs (arrays), for the vectorized simulator."""
+        return cls(*(np.array([getattr(m, f.name) for m in models], dtype=float) for f in fields(cls)))
+
+    def take(self, idx) -> OnlineModel:
+        return OnlineModel(*(np.asarray(getattr(self, f.name))[idx] for f in fields(self)))
+
+    @property
+    def traits(self) -> WorkloadTraits:
+        return WorkloadTraits(self.sensitivity, self.pressure, self.sm_need, self.mem_bw)
+
+
+@dataclass(frozen=True)
+class OnlineAlone:
+    """What the replica does at ``qps`` with the GPU to itself (its own share of the device)."""
+
+    qps: object
+    load: object
+    util_pct: object
+    sm_pct: object
+    mem_bytes: object
+    bw_pct: object
+    latency_ms: object        # solo latency at this load
+
+    def take(self, idx) -> OnlineAlone:
+        return OnlineAlone(*(np.asarray(getattr(self, f.name))[idx] for f in fields(self)))
+
+
+def online_alone(model: OnlineModel, qps) -> OnlineAlone:
+    """The replica's own metrics at request rate ``qps`` (paper §2.2: load follows the request rate)."""
+    load = load_at(qps, model.capacity_qps)
+    return OnlineAlone(
+        qps=qps, load=load, util_pct=util_at_load_pct(load, model.util_at_peak_pct),
+        sm_pct=sm_at_load_pct(load, model.sm_need), mem_bytes=model.mem_bytes,
+        bw_pct=100.0 * model.mem_bw * load, latency_ms=latency_at_load_ms(load, model.base_latency_ms),
+    )
+
+
+@dataclass(frozen=True)
+class Shared:
+    """Device totals with an offline job co-running, its normalized throughput and the replica's slowdown."""
+
+    util_pct: object
+    sm_pct: object
+    mem_bytes: object
+    bw_pct: object
+    norm_tput: object
+    slowdown: object          # ≥ 1: online latency = solo latency × slowdown
+
+
+def with_offline(online: OnlineAlone, model: OnlineModel, job: WorkloadTraits, sm_pct, duty, job_mem_bytes,
+                 params: InterferenceParams = InterferenceParams()) -> Shared:
+    """An offline job with traits ``job`` at MPS share ``sm_pct`` beside the replica (paper §4.3).
+
+    ``duty`` is the fraction of the time the job ran kernels (0 while it starts or loads its
+    checkpoint): it scales its footprint and the slowdown it causes, not its throughput while running.
+    """
+    tput, slow = colocate(model.traits, online.load, job, sm_pct, params)
+    used = np.minimum(np.asarray(sm_pct, dtype=float) / 100.0, job.sm_need)
+    util, sm, mem, bw = shared_metrics(online.util_pct, online.sm_pct, online.mem_bytes, online.bw_pct,
+                                       job_mem_bytes, used, job.mem_bw, duty, tput)
+    return Shared(util, sm, mem, bw, tput, 1.0 + (slow - 1.0) * duty)
+
+
+def alone_as_shared(online: OnlineAlone) -> Shared:
+    """The device totals of a GPU with no offline work: the replica's own."""
+    return Shared(online.util_pct, online.sm_pct, online.mem_bytes, online.bw_pct, 0.0, 1.0)
+
+
+def traits_from_profile(sm_activity_pct: float, mem_bw_util_pct: float, catalog: WorkloadCatalog) -> WorkloadTraits:
+    """Interference traits of an offline job whose type the catalog does not know, from its solo profile.
+
+    A job's type is a free label (paper §6: the predictor sees profiles, not names). The profile
+    measures the job's own SM footprint and memory-bandwidth share directly; its sensitivity and
+    pressure are those of the catalog workload nearest in that (SM, bandwidth) space, since both
+    grow with how much of the GPU a job occupies (:func:`scheduler_core.workloads.build_catalog`).
+    """
+    sm_need = float(np.clip(sm_activity_pct / 100.0, 0.05, 1.0))
+    mem_bw = float(np.clip(mem_bw_util_pct / 100.0, 0.01, 1.0))
+    if not catalog.offline:
+        raise ValueError("the workload catalog has no offline workloads to compare a profile with")
+    nearest = min(catalog.offline.values(),
+                  key=lambda w: ((w.traits.sm_need - sm_need) ** 2 + (w.traits.mem_bw - mem_bw) ** 2, w.job_type))
+    return WorkloadTraits(nearest.traits.sensitivity, nearest.traits.pressure, sm_need, mem_bw)
+
+
+def offline_traits(job_type: str, catalog: WorkloadCatalog,
+                   profile: Mapping[str, float] | None = None) -> WorkloadTraits | None:
+    """A job's traits: the catalog's for a type it knows, else derived from its profile; None without either."""
+    wl = catalog.offline.get(job_type)
+    if wl is not None:
+        return wl.traits
+    if profile is None:
+        return None
+    return traits_from_profile(float(profile["sm_activity_pct"]), float(profile["mem_bw_util_pct"]), catalog)

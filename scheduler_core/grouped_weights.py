@@ -17,7 +17,13 @@ So the weight of GPU ``i`` and job ``j`` of class ``k`` is::
             = base[k, i] − penalty[j]   otherwise
 
 and the pair is an edge of the graph only when ``w[i, j] > 0`` (``−inf`` marks
-an infeasible pair; a pair worth nothing is never worth matching).
+an infeasible pair; a pair worth nothing is never worth matching). ``base`` may
+be float32 (a round's predictions are float32 numbers: half the memory at
+10,000 classes × 20,000 GPUs); every computation on it is in float64.
+
+Columns are what a GPU offers one job: the GPU, or each of its slots when it
+hosts several offline jobs (:mod:`scheduler_core.slots`; a GPU with b slots
+is b columns, so the matching of columns is the GPUs' b-matching).
 
 Invariant: ``home_weight[j] ≥ base[k, home[j]] − penalty[j]`` — staying on its
 GPU is never worth less to a job than arriving there as a stranger would be.
@@ -42,7 +48,9 @@ class GroupedWeights:
     penalty: np.ndarray  # (m,) float64 ≥ 0
 
     def __post_init__(self) -> None:
-        base = np.asarray(self.base, dtype=np.float64)
+        base = np.asarray(self.base)
+        if base.dtype not in (np.float32, np.float64):
+            base = base.astype(np.float64)
         if base.ndim != 2:
             raise ValueError(f"base must be a (classes, gpus) matrix, got shape {base.shape}")
         if np.isnan(base).any() or np.isposinf(base).any():

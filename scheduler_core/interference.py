@@ -1,4 +1,4 @@
-"""GPU co-location interference model, calibrated on measured pair throughputs.
+"""GPU co-location interference model: the pair formula and the per-job calibration.
 
 Model. Each workload w has a *sensitivity* σ_w (how much it slows down under
 contention) and a *pressure* π_w (how much contention it causes). Two workloads
@@ -6,10 +6,12 @@ sharing a GPU without SM limits run at normalized throughput
 
     x_A = 1 / (1 + σ_A · π_B)                                        (full sharing)
 
-so ``log(1/x_A − 1) = log σ_A + log π_B`` is linear in per-workload parameters
-and is fitted by ridge least squares on the Gavel K80/P100 measurements
-(``calibrate``). On held-out pairs it predicts the measured normalized
-throughput far better than a constant (see ``holdout_error``).
+so ``log(1/x_A − 1) = log σ_A + log π_B`` is linear in per-workload parameters.
+``calibrate`` fits them by ridge least squares on one GPU type's measured pairs
+(Gavel K80/P100); within that type it predicts held-out pairs far better than a
+constant (``holdout_error``), but the per-job values do not carry over to another
+GPU type. Where σ and π come from on each type — the transferable model over
+what profiling measures there — is :mod:`scheduler_core.interference_transfer`.
 
 MuxFlow's setting adds two things the public data does not cover, so they are
 modelled from MPS semantics (paper §2.3, §4.3) with named constants rather than
@@ -79,29 +81,6 @@ def colocate(
     return norm_tput, slowdown
 
 
-def parse_gavel_colocation(data: dict, gpu_type: str) -> list[PairMeasurement]:
-    """Pairs of single-GPU jobs with a real measurement (``[0, 0]`` = not measured)."""
-    import ast
-
-    out: list[PairMeasurement] = []
-    table = data[gpu_type]
-    for key, entry in table.items():
-        job, scale = ast.literal_eval(key)
-        solo = entry.get("null")
-        if scale != 1 or not solo or solo <= 0:
-            continue
-        for partner_key, tputs in entry.items():
-            if partner_key == "null" or list(tputs) == [0.0, 0.0]:
-                continue
-            partner, partner_scale = ast.literal_eval(partner_key)
-            if partner_scale != 1:
-                continue
-            x = tputs[0] / solo
-            if 0.0 < x < 1.0:
-                out.append(PairMeasurement(job, partner, x))
-    return out
-
-
 @dataclass(frozen=True)
 class Calibration:
     sensitivity: dict[str, float]
@@ -122,7 +101,9 @@ def calibrate(pairs: list[PairMeasurement], ridge: float = 0.1) -> Calibration:
         X[row, idx[p.workload]] = 1.0
         X[row, n + idx[p.partner]] = 1.0
         X[row, -1] = 1.0
-        y[row] = math.log(1.0 / p.norm_tput - 1.0)
+        # A pair measured at (or, by noise, above) its solo speed has no finite logit.
+        x = min(max(p.norm_tput, 0.005), 0.995)
+        y[row] = math.log(1.0 / x - 1.0)
     reg = ridge * np.eye(X.shape[1])
     reg[-1, -1] = 0.0  # the shared intercept is not shrunk
     w = np.linalg.solve(X.T @ X + reg, X.T @ y)

@@ -26,22 +26,45 @@ def capacity_qps(family: OnlineFamily, spec: GpuTypeSpec) -> float:
 
 
 def load_of(qps: np.ndarray | float, family: OnlineFamily, spec: GpuTypeSpec) -> np.ndarray:
-    return np.clip(np.asarray(qps, dtype=float) / capacity_qps(family, spec), 0.0, 1.0)
+    return load_at(qps, capacity_qps(family, spec))
+
+
+def base_latency_ms(family: OnlineFamily, spec: GpuTypeSpec) -> float:
+    """A request's service time alone on ``spec``, with no queueing: shorter on faster GPUs."""
+    return family.base_latency_ms_p100 / math.sqrt(spec.relative_speed)
 
 
 def solo_gpu_util_pct(load: np.ndarray | float, family: OnlineFamily) -> np.ndarray:
-    # Small-batch inference keeps the GPU busy in time faster than in space.
-    return family.gpu_util_at_peak_pct * np.asarray(load, dtype=float) ** 0.7
+    return util_at_load_pct(load, family.gpu_util_at_peak_pct)
 
 
 def solo_sm_activity_pct(load: np.ndarray | float, family: OnlineFamily) -> np.ndarray:
-    return 100.0 * family.sm_need_at_peak * np.asarray(load, dtype=float)
+    return sm_at_load_pct(load, family.sm_need_at_peak)
 
 
 def solo_latency_ms(load: np.ndarray | float, family: OnlineFamily, spec: GpuTypeSpec) -> np.ndarray:
-    # Service time shrinks on faster GPUs; queueing grows with load.
+    return latency_at_load_ms(load, base_latency_ms(family, spec))
+
+
+# The same relations on their parameters alone (scalars or one value per GPU), for the
+# vectorized simulator and the per-GPU model of scheduler_core.gpu_model.
+def load_at(qps: np.ndarray | float, capacity_qps_: np.ndarray | float) -> np.ndarray:
+    return np.clip(np.asarray(qps, dtype=float) / capacity_qps_, 0.0, 1.0)
+
+
+def util_at_load_pct(load: np.ndarray | float, util_at_peak_pct: np.ndarray | float) -> np.ndarray:
+    # Small-batch inference keeps the GPU busy in time faster than in space.
+    return util_at_peak_pct * np.asarray(load, dtype=float) ** 0.7
+
+
+def sm_at_load_pct(load: np.ndarray | float, sm_need_at_peak: np.ndarray | float) -> np.ndarray:
+    return 100.0 * sm_need_at_peak * np.asarray(load, dtype=float)
+
+
+def latency_at_load_ms(load: np.ndarray | float, base_latency_ms_: np.ndarray | float) -> np.ndarray:
+    # Queueing grows with load (an M/M/1-like term, capped before saturation).
     rho = np.minimum(np.asarray(load, dtype=float), 0.95)
-    return family.base_latency_ms_p100 / math.sqrt(spec.relative_speed) * (1.0 + 0.5 * rho**2 / (1.0 - rho))
+    return base_latency_ms_ * (1.0 + 0.5 * rho**2 / (1.0 - rho))
 
 
 def simulated_sm_trace(

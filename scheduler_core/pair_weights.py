@@ -1,40 +1,46 @@
-"""The round's bipartite graph: predicted weight and feasibility of every (GPU, job) pair (paper §5–6).
+"""The round's bipartite graph: predicted weight and feasibility of every (GPU slot, job) pair (paper §5–6).
 
-Nothing here loops over pairs. A pair's prediction depends only on
+Nothing here loops over pairs. Predictions come per GPU type from
+:mod:`scheduler_core.pair_tables` — once per distinct (GPU input row, profile),
+or, with a factorized predictor, as matrix products of per-row embeddings — and
+jobs are grouped into classes (same memory need, same allowed types, same
+profiles) whose weights are one row of a
+:class:`~scheduler_core.grouped_weights.GroupedWeights`. Columns are *slots*:
+one per GPU, or several on a GPU that hosts several offline jobs
+(:mod:`scheduler_core.slots`).
 
-- the GPU's *input row*: its type's spec (memory, max clock), its online
-  features and its offline SM percentage (dynamic SM, §4.3), and
-- the job's *profile* on that GPU type,
-
-so the predictor runs once per distinct (input row, profile) combination —
-about GPUs × job types instead of GPUs × jobs — and jobs are grouped into
-classes (same memory need, same allowed types, same profiles) whose weights
-are one row of a :class:`~scheduler_core.grouped_weights.GroupedWeights`.
-De-duplication is exact (equal inputs, equal outputs); no feature is rounded.
-
-Feasibility (DESIGN §3.5, issue "Feasibility"): a pair is infeasible when the
-GPU is not Healthy (a running job may stay on an Unhealthy GPU as it runs —
-only Overlimit evicts, §4.1 — but is not restarted there with a smaller
-share), the job's memory exceeds the GPU's offline quota, the
-GPU type is not allowed for the job or it has no profile there, the predicted
-online slowdown exceeds the service's allowance, the predicted throughput is
-0, or the predictor does not accept the features (NaN, out of range).
+Feasibility (DESIGN §3.5): a pair is infeasible when the GPU is not Healthy (a
+running job may stay on an Unhealthy GPU as it runs — only Overlimit evicts,
+§4.1 — but is not restarted there with a smaller share), the job's memory
+exceeds the slot's quota, the GPU type is not allowed for the job or it has no
+profile there, the predicted online slowdown exceeds the slot's budget, the
+predicted throughput is 0, or the predictor does not accept the features (NaN,
+out of range). The online budget is the service's: the smaller of its slowdown
+allowance and what its p99 latency SLO leaves at the forecast load
+(:func:`slo_allowance`), split between a GPU's slots.
 """
 
 from __future__ import annotations
 
+import contextlib
 import time
 from dataclasses import dataclass, field
 
 import numpy as np
 
-from scheduler_core.domain import GpuCandidate, GpuHealth, JobCandidate, OfflineFeatures
+from scheduler_core.domain import GpuCandidate, GpuHealth, JobCandidate
 from scheduler_core.dynamic_sm import offline_sm_pct
-from scheduler_core.features import N_FEATURES, OFFLINE_SLICE, ONLINE_SLICE, SM_COLUMN, offline_vector, online_vector
+from scheduler_core.features import online_vector
 from scheduler_core.grouped_weights import GroupedWeights
+from scheduler_core.pair_tables import EmbeddedTable, profile_index, type_tables
+from scheduler_core.run_as import class_user, gpu_users, mask_classes
+from scheduler_core.slots import SlotLayout, keeps_share, slot_counts, slot_shares
 
-# Largest pair matrix handed to one predict call (rows); above it, chunks.
-PREDICT_BATCH_ROWS = 500_000
+__all__ = ["RoundGraph", "build_graph", "eligible_gpus", "keeps_share", "mem_quota_bytes", "share_levels",
+           "slo_allowance"]
+
+# Largest block of (slot columns × job classes) weighed at once.
+BLOCK_PAIRS = 1 << 18
 
 
 def mem_quota_bytes(gpu: GpuCandidate, cfg) -> int:
@@ -42,9 +48,19 @@ def mem_quota_bytes(gpu: GpuCandidate, cfg) -> int:
     return int(max(0.0, min(cfg.mem_quota_frac * gpu.memory_bytes, free)))
 
 
-def keeps_share(job: JobCandidate, planned_pct: int, cfg) -> bool:
-    """Whether a job staying on its GPU keeps its running MPS share (else it is restarted with the planned one)."""
-    return job.current_sm_pct is not None and job.current_sm_pct - planned_pct <= cfg.resize_threshold_pct
+def slo_allowance(gpu: GpuCandidate) -> float:
+    """The online slowdown the GPU's service tolerates this round.
+
+    Its slowdown allowance, and — when the service declares a p99 latency SLO
+    and the round knows its replica's p99 alone at the forecast load
+    (:mod:`scheduler_core.latency_model`) — no more than the SLO leaves:
+    ``SLO / p99_alone − 1`` (negative: the replica misses its SLO even alone,
+    so no pair is feasible there).
+    """
+    allowance = gpu.slowdown_allowance
+    if gpu.latency_slo_ms is not None and gpu.forecast_p99_ms is not None and gpu.forecast_p99_ms > 0:
+        allowance = min(allowance, gpu.latency_slo_ms / gpu.forecast_p99_ms - 1.0)
+    return float(allowance)
 
 
 def eligible_gpus(gpus: list[GpuCandidate], predictors: dict) -> list[GpuCandidate]:
@@ -57,28 +73,26 @@ def eligible_gpus(gpus: list[GpuCandidate], predictors: dict) -> list[GpuCandida
     ]
 
 
-@dataclass(frozen=True, eq=False)
-class _TypeTable:
-    """Predictions for one GPU type: rows = distinct GPU input rows, columns = distinct profiles."""
-
-    tput: np.ndarray  # (rows, profiles); NaN where the predictor does not accept the pair
-    slowdown: np.ndarray
-
-
 @dataclass(eq=False)
 class RoundGraph:
-    gpus: list[GpuCandidate]  # eligible GPUs, the graph's rows
+    gpus: list[GpuCandidate]  # eligible GPUs
     jobs: list[JobCandidate]
-    weights: GroupedWeights  # penalised weights used by the matching
-    sm_levels: np.ndarray  # (levels, n) MPS share per GPU at each level; level 0 = the dynamic share
-    class_level: np.ndarray  # (classes, n) the level a class's weight on a GPU was predicted at
-    home_level: np.ndarray  # (m,) the level of a running job's weight at its home
+    weights: GroupedWeights  # penalised weights used by the matching; columns = slots
+    layout: SlotLayout  # the slot columns and their GPUs
+    sm_levels: np.ndarray  # (levels, n) one-job MPS share of each GPU at each level; level 0 = the dynamic share
+    slot_pct: np.ndarray  # (levels, c) MPS share of each slot at each level (−1: none)
+    class_level: np.ndarray  # (classes, c) the level a class's weight on a slot was predicted at
+    home_level: np.ndarray  # (m,) the level of a running job's weight at its home slot
     quota: np.ndarray  # (n,) offline memory quota per GPU
+    slot_quota: np.ndarray  # (c,) memory quota per slot
     gpu_type_idx: np.ndarray  # (n,) index into types
-    gpu_rows: np.ndarray  # (levels, n) row of each GPU at each share level in its type's table
+    gpu_rows: np.ndarray  # (levels, n) row of each GPU's one-job share at each level in its type's table
+    tput_rows: np.ndarray  # (levels, c) row of each slot's throughput input (−1: none)
+    slow_rows: np.ndarray  # (levels, c) row of each slot's slowdown input
+    derate: np.ndarray  # (c,) throughput factor for the slot's co-runners
     class_profile: np.ndarray  # (classes, types) column in the type's table, −1 = none
     types: list[str]
-    tables: list[_TypeTable]  # per type, over the distinct (input row, share) of every level
+    tables: list  # per type: DenseTable or EmbeddedTable
     stats: dict = field(default_factory=dict)
 
     @property
@@ -86,45 +100,49 @@ class RoundGraph:
         """(n,) the dynamic share of each GPU (level 0)."""
         return self.sm_levels[0]
 
-    def pair_levels(self, gpu_idx: np.ndarray, job_idx: np.ndarray) -> np.ndarray:
-        gi = np.asarray(gpu_idx, dtype=np.int64)
+    def pair_levels(self, slot_idx: np.ndarray, job_idx: np.ndarray) -> np.ndarray:
+        ci = np.asarray(slot_idx, dtype=np.int64)
         ji = np.asarray(job_idx, dtype=np.int64)
-        at_home = gi == self.weights.home[ji]
-        return np.where(at_home, self.home_level[ji], self.class_level[self.weights.job_class[ji], gi])
+        at_home = ci == self.weights.home[ji]
+        return np.where(at_home, self.home_level[ji], self.class_level[self.weights.job_class[ji], ci])
 
-    def pair_pct(self, gpu_idx: np.ndarray, job_idx: np.ndarray) -> np.ndarray:
-        """MPS share of aligned (GPU, job) pairs: the level their weight was predicted at."""
-        gi = np.asarray(gpu_idx, dtype=np.int64)
-        return self.sm_levels[self.pair_levels(gi, job_idx), gi]
+    def pair_pct(self, slot_idx: np.ndarray, job_idx: np.ndarray) -> np.ndarray:
+        """MPS share of aligned (slot, job) pairs: the level their weight was predicted at."""
+        ci = np.asarray(slot_idx, dtype=np.int64)
+        return self.slot_pct[self.pair_levels(ci, job_idx), ci]
 
-    def predicted(self, gpu_idx: np.ndarray, job_idx: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
-        """(normalized throughput, online slowdown) of aligned pairs at their share, as predicted (no penalty)."""
-        gi = np.asarray(gpu_idx, dtype=np.int64)
+    def predicted(self, slot_idx: np.ndarray, job_idx: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
+        """(normalized throughput, online slowdown) of aligned pairs as their weight was computed (no penalty).
+
+        On a slot of a shared GPU the throughput carries the co-runner factor and the
+        slowdown is the job's part of the GPU's (its predicted slowdown at the whole offline share).
+        """
+        ci = np.asarray(slot_idx, dtype=np.int64)
         ji = np.asarray(job_idx, dtype=np.int64)
-        lv = self.pair_levels(gi, ji)
-        tput = np.full(gi.shape, np.nan)
-        slow = np.full(gi.shape, np.nan)
-        for li in np.unique(lv):
-            sel = lv == li
-            tput[sel], slow[sel] = _lookup(self.tables, self.gpu_type_idx, self.gpu_rows[li],
-                                           self.class_profile, self.weights.job_class[ji[sel]], gi[sel])
+        lv = self.pair_levels(ci, ji)
+        cls = self.weights.job_class[ji]
+        tput, _ = self._lookup(self.tput_rows[lv, ci], cls, ci)
+        _, slow = self._lookup(self.slow_rows[lv, ci], cls, ci)
+        return derated(tput, self.derate[ci]), slow
+
+    def _lookup(self, rows: np.ndarray, classes: np.ndarray, slot_idx: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
+        tput = np.full(rows.shape, np.nan)
+        slow = np.full(rows.shape, np.nan)
+        t_of = self.gpu_type_idx[self.layout.gpu[slot_idx]]
+        for t, table in enumerate(self.tables):
+            cols = self.class_profile[classes, t]
+            sel = np.flatnonzero((t_of == t) & (cols >= 0) & (rows >= 0))
+            if sel.size:
+                tput[sel], slow[sel] = table.at(rows[sel], cols[sel])
         return tput, slow
 
 
-def _lookup(tables, gpu_type_idx, gpu_row, class_profile, classes, gpu_idx) -> tuple[np.ndarray, np.ndarray]:
-    gi = np.asarray(gpu_idx, dtype=np.int64)
-    tput = np.full(gi.shape, np.nan)
-    slow = np.full(gi.shape, np.nan)
-    t_of = gpu_type_idx[gi]
-    for t, table in enumerate(tables):
-        sel = np.flatnonzero(t_of == t)
-        cols = class_profile[classes[sel], t]
-        sel, cols = sel[cols >= 0], cols[cols >= 0]
-        if sel.size:
-            rows = gpu_row[gi[sel]]
-            tput[sel] = table.tput[rows, cols]
-            slow[sel] = table.slowdown[rows, cols]
-    return tput, slow
+def derated(tput: np.ndarray, derate: np.ndarray) -> np.ndarray:
+    """Throughput × co-runner factor, at float32 precision (the predictions' own) where the factor is not 1."""
+    tput = np.asarray(tput, dtype=np.float64)
+    factor = np.broadcast_to(np.asarray(derate, dtype=np.float64), tput.shape)
+    scaled = (tput * factor).astype(np.float32).astype(np.float64)
+    return np.where(factor == 1.0, tput, scaled)
 
 
 def _class_key(job: JobCandidate, types: set[str]) -> tuple:
@@ -132,23 +150,9 @@ def _class_key(job: JobCandidate, types: set[str]) -> tuple:
     return (job.mem_bytes, tuple(usable), tuple(job.profiles[t] for t in usable))
 
 
-def _accept_bounds(model) -> tuple[np.ndarray, np.ndarray]:
-    lo = getattr(model, "accept_lo", None)
-    hi = getattr(model, "accept_hi", None)
-    if lo is None or hi is None:  # a predictor without a declared range (test stubs): finite values only
-        return np.full(N_FEATURES, -np.inf), np.full(N_FEATURES, np.inf)
-    return np.asarray(lo, dtype=float), np.asarray(hi, dtype=float)
-
-
-def _in_bounds(x: np.ndarray, lo: np.ndarray, hi: np.ndarray) -> np.ndarray:
-    with np.errstate(invalid="ignore"):
-        return (np.isfinite(x) & (x >= lo) & (x <= hi)).all(axis=1)
-
-
 def build_graph(gpus: list[GpuCandidate], jobs: list[JobCandidate], predictors: dict, cfg) -> RoundGraph:
     """Predict and check every pair, by distinct inputs, and group jobs into classes."""
     t0 = time.perf_counter()
-    t_predict = 0.0
     elig = eligible_gpus(gpus, predictors)
     n, m = len(elig), len(jobs)
     types = sorted({g.gpu_type for g in elig})
@@ -156,102 +160,229 @@ def build_graph(gpus: list[GpuCandidate], jobs: list[JobCandidate], predictors: 
     sm = offline_sm_pct(np.array([g.forecast_sm_pct for g in elig], dtype=float), cfg.sm) if n else np.zeros(0, int)
     quota = np.array([mem_quota_bytes(g, cfg) for g in elig], dtype=np.int64)
     healthy = np.array([g.health == GpuHealth.HEALTHY for g in elig], dtype=bool)
-    allowance = np.array([g.slowdown_allowance for g in elig], dtype=float)
+    allowance = np.array([slo_allowance(g) for g in elig], dtype=float)
     gpu_type_idx = np.array([type_pos[g.gpu_type] for g in elig], dtype=np.int64)
-    spec_key = {}
+    spec_key: dict[tuple, int] = {}
     gpu_spec = np.array([spec_key.setdefault((g.gpu_type, g.memory_bytes, g.max_sm_clock_mhz), len(spec_key))
                          for g in elig], dtype=np.int64)
-    specs = list(spec_key)
     on = (np.stack([online_vector(g.online, g.memory_bytes, g.max_sm_clock_mhz) for g in elig])
           if n else np.zeros((0, 8)))
 
-    # Job classes and the distinct profiles per GPU type.
+    # Job classes (and the user they run as, scheduler_core.run_as) and the distinct profiles per GPU type.
+    users = gpu_users(elig)
     class_of: dict[tuple, int] = {}
-    job_class = np.array([class_of.setdefault(_class_key(j, set(types)), len(class_of)) for j in jobs], dtype=np.int64)
+    job_class = np.array([class_of.setdefault((*_class_key(j, set(types)), class_user(j.run_as_user, users)),
+                                              len(class_of)) for j in jobs], dtype=np.int64)
     class_keys = list(class_of)
     n_cls = len(class_keys)
-    profiles: list[dict[OfflineFeatures, int]] = [{} for _ in types]
-    class_profile = np.full((n_cls, len(types)), -1, dtype=np.int64)
+    profiles, class_profile = profile_index(types, [key[:3] for key in class_keys])
     class_mem = np.array([key[0] for key in class_keys], dtype=np.int64).reshape(-1)
-    for k, (_mem, usable, profs) in enumerate(class_keys):
-        for t, prof in zip(usable, profs):
-            ti = type_pos[t]
-            class_profile[k, ti] = profiles[ti].setdefault(prof, len(profiles[ti]))
 
-    stats = {"gpus_out_of_range": 0, "profiles_out_of_range": 0, "predicted_pairs": 0, "distinct_gpu_rows": 0}
+    # Shares: the one-job levels of every GPU, the slots of GPUs split between several jobs.
     levels = share_levels(sm, cfg.sm) if n else np.zeros((1, 0), dtype=np.int64)
-    # One table per GPU type over the distinct (input row, share) of every level: one predict call per type.
-    tables, gpu_rows, t_predict = _type_tables(types, gpu_type_idx, gpu_spec, specs, on, levels, profiles,
-                                               predictors, stats)
+    n_levels = levels.shape[0]
+    layout = SlotLayout.of(slot_counts(elig, jobs, levels[0], quota, cfg))
+    slot_pct, slow_pct = slot_shares(levels, layout, cfg.sm.min_pct)
+    multi = layout.count > 1
+    split_share = np.full(n, -1, dtype=np.int64)
+    split_share[layout.gpu[multi]] = slot_pct[0, multi]
+    shares = np.vstack([levels, split_share[None, :]]) if multi.any() else levels
+    stats = {"gpus_out_of_range": 0, "profiles_out_of_range": 0, "predicted_pairs": 0, "distinct_gpu_rows": 0}
+    tables, rows_by_share, t_predict = type_tables(types, gpu_type_idx, gpu_spec, list(spec_key), on, shares,
+                                                   profiles, predictors, stats)
+    if any(isinstance(t, EmbeddedTable) for t in tables):
+        from scheduler_core.predictor import one_torch_thread
+        threads = one_torch_thread()
+    else:
+        threads = contextlib.nullcontext()
+    gpu_rows = rows_by_share[:n_levels]
+    g_of = layout.gpu
+    tput_rows = np.where(slot_pct >= 0, gpu_rows[:, g_of], -1)
+    slow_rows = tput_rows.copy()
+    if multi.any():
+        tput_rows[0, multi] = np.where(slot_pct[0, multi] >= 0, rows_by_share[n_levels, g_of[multi]], -1)
+        slow_rows[0, multi] = np.where(slow_pct[0, multi] >= 0, gpu_rows[0, g_of[multi]], -1)
+    derate = cfg.corunner_efficiency ** (layout.count - 1).astype(float)
+    slot_quota = quota[g_of] // layout.count
+    slot_allowance = allowance[g_of] / layout.count
+    slot_healthy = healthy[g_of]
 
     t_tables = time.perf_counter()
-    # Class rows: base[k, i] = the best predicted throughput over the GPU's share levels
-    # where the pair is feasible at that level; level[k, i] says which level.
-    base = np.full((n_cls, n), -np.inf)
-    level = np.zeros((n_cls, n), dtype=np.int8)
-    for li in range(levels.shape[0]):
-        gpu_row = gpu_rows[li]
-        for ti in range(len(types)):
-            idx = np.flatnonzero(gpu_type_idx == ti)
-            ks = np.flatnonzero(class_profile[:, ti] >= 0)
-            if not idx.size or not ks.size:
-                continue
-            rows, cols = gpu_row[idx], class_profile[ks, ti]
-            tp = tables[ti].tput[np.ix_(rows, cols)]  # (gpus of type, classes)
-            sl = tables[ti].slowdown[np.ix_(rows, cols)]
-            with np.errstate(invalid="ignore"):
-                feasible_pred = (sl - 1.0 <= allowance[idx, None]) & (tp > 0)
-            ok = (
-                feasible_pred
-                & (class_mem[ks][None, :] <= quota[idx, None])
-                & healthy[idx, None]
-            )
-            cand = np.where(ok, tp, -np.inf).T  # (classes, gpus of type)
-            cur = base[np.ix_(ks, idx)]
-            better = cand > cur
-            base[np.ix_(ks, idx)] = np.where(better, cand, cur)
-            level[np.ix_(ks, idx)] = np.where(better, li, level[np.ix_(ks, idx)])
+    with threads:  # thin matrix products: one BLAS thread (see EmbeddedTable.fill)
+        base, class_level, t_blocks = _class_weights(
+            tables, types, gpu_type_idx[g_of], class_profile, class_mem, tput_rows, slow_rows, derate, slot_quota,
+            slot_allowance, slot_healthy, n_cls)
+    t_predict += t_blocks
+    user_mask = mask_classes(base, [key[3] for key in class_keys], g_of, elig)
 
-    # Running jobs: where they are (their home) and the migration penalty.
+    home, home_w, home_level, penalty = _homes(elig, jobs, layout, base, class_level, job_class, class_mem,
+                                               slot_pct, tput_rows, slow_rows, derate, slot_quota, slot_allowance,
+                                               slot_healthy, class_profile, gpu_type_idx, tables, cfg)
+    if user_mask.any():  # a running job whose user may not share its GPU cannot stay there either
+        at = np.flatnonzero(home >= 0)
+        home_w[at[user_mask[job_class[at], home[at]]]] = -np.inf
+    weights = GroupedWeights(base, job_class, home, home_w, penalty)
+    stats.update({"gpus": n, "jobs": m, "classes": n_cls, "types": len(types), "share_levels": int(n_levels),
+                  "slots": layout.n_slots, "gpus_split": int((np.bincount(g_of, minlength=n) > 1).sum()) if n else 0,
+                  "distinct_profiles": int(sum(len(p) for p in profiles)),
+                  "timings_s": {"features": t_tables - t0 - t_predict + t_blocks, "prediction": t_predict,
+                                "feasibility": time.perf_counter() - t_tables - t_blocks}})
+    return RoundGraph(elig, jobs, weights, layout, levels, slot_pct, class_level, home_level, quota, slot_quota,
+                      gpu_type_idx, gpu_rows, tput_rows, slow_rows, derate, class_profile, types, tables, stats)
+
+
+def slowdown_limit32(budget: np.ndarray) -> np.ndarray:
+    """Per budget ``a``, the largest float32 ``y`` with ``y − 1 ≤ a`` (in float64).
+
+    Predictions are float32 numbers, so ``slowdown − 1 ≤ a`` is exactly ``slowdown ≤ limit``: one
+    float32 comparison per pair instead of a float64 subtraction and comparison.
+    """
+    a = np.asarray(budget, dtype=np.float64)
+    with np.errstate(over="ignore", invalid="ignore"):
+        y = (1.0 + a).astype(np.float32)
+        for _ in range(3):
+            too_big = y.astype(np.float64) - 1.0 > a
+            y = np.where(too_big, np.nextafter(y, np.float32(-np.inf)), y)
+        for _ in range(3):
+            up = np.nextafter(y, np.float32(np.inf))
+            y = np.where(up.astype(np.float64) - 1.0 <= a, up, y)
+    return np.where(np.isnan(a), np.float32(-np.inf), y).astype(np.float32)
+
+
+def _class_weights(tables, types, slot_type, class_profile, class_mem, tput_rows, slow_rows, derate, slot_quota,
+                   slot_allowance, slot_healthy, n_cls):
+    """(classes × slots) best feasible weight over the share levels, its level, and the seconds spent predicting.
+
+    A slot's weight for a class is its best predicted throughput (× co-runner factor) over
+    the levels at which the pair is feasible. Blocks of slots × classes small enough to stay
+    in cache, with buffers reused across blocks: at 20,000 GPUs × 10,000 profiles this is
+    a few hundred million pairs per share level.
+    """
+    n_levels, c = tput_rows.shape
+    # Float32 when every prediction is a float32 number (half the memory, exact comparisons against
+    # slowdown_limit32); float64 for a predictor whose outputs are not (test stubs).
+    f32 = all(t.float32_exact for t in tables)
+    dt = np.float32 if f32 else np.float64
+    base = np.full((n_cls, c), -np.inf, dtype=dt)
+    level = np.zeros((n_cls, c), dtype=np.int8)
+    limit = slowdown_limit32(slot_allowance) if f32 else 1.0 + np.asarray(slot_allowance, dtype=np.float64)
+    t_blocks = 0.0
+    neg_inf = dt(-np.inf)
+    for ti in range(len(types)):
+        ks = np.flatnonzero(class_profile[:, ti] >= 0)
+        slots = np.flatnonzero(slot_type == ti)
+        if not ks.size or not slots.size:
+            continue
+        t = time.perf_counter()
+        prepared = tables[ti].prepare(class_profile[ks, ti])
+        t_blocks += time.perf_counter() - t
+        mem_k = class_mem[ks]
+        step = int(max(8, min(slots.size, BLOCK_PAIRS // ks.size)))
+        shape = (step, ks.size)
+        t32, s32, t2, s2 = (np.empty(shape, dt) for _ in range(4))
+        ok, tmp = np.empty(shape, bool), np.empty(shape, bool)
+        best, best_lv = np.empty(shape, dt), np.empty(shape, np.int8)
+        for start in range(0, slots.size, step):
+            sl_idx = slots[start : start + step]
+            r = sl_idx.size
+            bt, blv, bt32, bs32, bok, btmp = best[:r], best_lv[:r], t32[:r], s32[:r], ok[:r], tmp[:r]
+            bt.fill(neg_inf)
+            blv.fill(0)
+            fits = (mem_k[None, :] <= slot_quota[sl_idx, None]) & slot_healthy[sl_idx, None]
+            for li in range(n_levels):
+                tr, sr = tput_rows[li, sl_idx], slow_rows[li, sl_idx]
+                have = (tr >= 0) & (sr >= 0)
+                if not have.any():
+                    continue
+                t = time.perf_counter()
+                tables[ti].fill(np.where(have, tr, 0), prepared, bt32, bs32)
+                other = np.flatnonzero(have & (tr != sr))  # slots of split GPUs: slowdown at the whole share
+                if other.size:
+                    tables[ti].fill(sr[other], prepared, t2[: other.size], s2[: other.size])
+                    bs32[other] = s2[: other.size]
+                t_blocks += time.perf_counter() - t
+                d = derate[sl_idx]
+                if np.any(d != 1.0):
+                    bt32[...] = derated(bt32, d[:, None])
+                if f32:
+                    np.less_equal(bs32, limit[sl_idx, None], out=bok)
+                else:  # the dense reference's own arithmetic: slowdown − 1 ≤ budget
+                    np.less_equal(bs32 - 1.0, slot_allowance[sl_idx, None], out=bok)
+                np.greater(bt32, 0.0, out=btmp)
+                bok &= btmp
+                bok &= fits
+                bok &= have[:, None]
+                np.greater(bt32, bt, out=btmp)
+                btmp &= bok
+                np.copyto(bt, bt32, where=btmp)
+                blv[btmp] = li
+            base[np.ix_(ks, sl_idx)] = bt.T
+            level[np.ix_(ks, sl_idx)] = blv.T
+    return base, level, t_blocks
+
+
+def _homes(elig, jobs, layout, base, class_level, job_class, class_mem, slot_pct, tput_rows, slow_rows, derate,
+           slot_quota, slot_allowance, slot_healthy, class_profile, gpu_type_idx, tables, cfg):
+    """Running jobs: their home slot, their weight there, its level, and the migration penalty.
+
+    On a Healthy GPU a job's home weight is its class's weight on that slot. On an
+    Unhealthy GPU no new work may start, so the class row is −inf there; the job may
+    still stay as it runs, at a level where it keeps its share (a restart would be new work).
+    """
+    m = len(jobs)
     pos = {g.gpu_id: i for i, g in enumerate(elig)}
     home = np.full(m, -1, dtype=np.int64)
     home_w = np.full(m, -np.inf)
     home_level = np.zeros(m, dtype=np.int8)
     penalty = np.zeros(m)
+    used = np.zeros(len(elig), dtype=np.int64)
+    counts = np.bincount(layout.gpu, minlength=len(elig)) if len(elig) else np.zeros(0, dtype=np.int64)
     for j, job in enumerate(jobs):
         if job.current_gpu_id is None:
             continue
         penalty[j] = cfg.migration_penalty
         i = pos.get(job.current_gpu_id)
-        if i is None:
+        if i is None or used[i] >= counts[i]:
             continue
-        home[j] = i
+        home[j] = layout.first[i] + used[i]
+        used[i] += 1
     has = np.flatnonzero(home >= 0)
-    if has.size:
-        hi_ = home[has]
-        for li in range(levels.shape[0]):
-            tp, sl = _lookup(tables, gpu_type_idx, gpu_rows[li], class_profile, job_class[has], hi_)
-            with np.errstate(invalid="ignore"):  # NaN: no profile for the type, or not accepted
-                ok = (sl - 1.0 <= allowance[hi_]) & (tp > 0) & (class_mem[job_class[has]] <= quota[hi_])
-            # On a GPU that is not Healthy a job may only stay as it runs: a restart with a
-            # smaller share (see round.diff_plan) would be new work there.
-            ok &= healthy[hi_] | np.array([keeps_share(jobs[j], int(levels[li, i]), cfg) for j, i in zip(has, hi_)],
-                                          dtype=bool)
+    if not has.size:
+        return home, home_w, home_level, penalty
+    hc, kc = home[has], job_class[has]
+    good = slot_healthy[hc]
+    home_w[has[good]] = base[kc[good], hc[good]]
+    home_level[has[good]] = class_level[kc[good], hc[good]]
+    rest = has[~good]
+    if rest.size:
+        hc, kc = home[rest], job_class[rest]
+        b = layout.count[hc]
+        for li in range(slot_pct.shape[0]):
+            rows_t, rows_s = tput_rows[li, hc], slow_rows[li, hc]
+            tp = np.full(rest.size, np.nan)
+            sw = np.full(rest.size, np.nan)
+            t_of = gpu_type_idx[layout.gpu[hc]]
+            for t, table in enumerate(tables):
+                cols = class_profile[kc, t]
+                sel = np.flatnonzero((t_of == t) & (cols >= 0) & (rows_t >= 0) & (rows_s >= 0))
+                if sel.size:
+                    tp[sel], _ = table.at(rows_t[sel], cols[sel])
+                    _, sw[sel] = table.at(rows_s[sel], cols[sel])
+            tp = derated(tp, derate[hc])
+            keep = np.array([keeps_share(jobs[j], int(slot_pct[li, c]), cfg, int(bb))
+                             for j, c, bb in zip(rest, hc, b)], dtype=bool)
+            with np.errstate(invalid="ignore"):
+                ok = (sw - 1.0 <= slot_allowance[hc]) & (tp > 0) & (class_mem[kc] <= slot_quota[hc]) & keep
+            ok &= slot_pct[li, hc] >= 0
             cand = np.where(ok, tp, -np.inf)
-            better = cand > home_w[has]
-            home_w[has] = np.where(better, cand, home_w[has])
-            home_level[has] = np.where(better, li, home_level[has])
-    weights = GroupedWeights(base, job_class, home, home_w, penalty)
-    stats.update({"gpus": n, "jobs": m, "classes": n_cls, "types": len(types), "share_levels": int(levels.shape[0]),
-                  "distinct_profiles": int(sum(len(p) for p in profiles)),
-                  "timings_s": {"features": t_tables - t0 - t_predict, "prediction": t_predict,
-                                "feasibility": time.perf_counter() - t_tables}})
-    return RoundGraph(elig, jobs, weights, levels, level, home_level, quota, gpu_type_idx, gpu_rows, class_profile,
-                      types, tables, stats)
+            better = cand > home_w[rest]
+            home_w[rest] = np.where(better, cand, home_w[rest])
+            home_level[rest] = np.where(better, li, home_level[rest])
+    return home, home_w, home_level, penalty
 
 
 def share_levels(sm: np.ndarray, policy) -> np.ndarray:
-    """(levels × GPUs) MPS shares a round may give: the dynamic share, then ``fallback_levels`` smaller ones.
+    """(levels × GPUs) MPS shares a round may give one job: the dynamic share, then ``fallback_levels`` smaller ones.
 
     Level 0 is the dynamic share (paper §4.3). Each further level is
     ``fallback_step_pct`` lower, never below ``min_pct``: a job whose predicted
@@ -262,68 +393,3 @@ def share_levels(sm: np.ndarray, policy) -> np.ndarray:
     n_levels = 1 if policy.fixed_pct is not None else 1 + policy.fallback_levels
     steps = np.arange(n_levels, dtype=np.int64)[:, None] * policy.fallback_step_pct
     return np.maximum(policy.min_pct, sm[None, :] - steps)
-
-
-def _type_tables(types, gpu_type_idx, gpu_spec, specs, on, levels, profiles, predictors, stats):
-    """Per GPU type, predictions for each distinct (GPU input row, share) × profile over all share levels.
-
-    Returns (tables by type, (levels × n) row of each GPU at each level, prediction seconds).
-    """
-    n_levels, n = levels.shape
-    gpu_rows = np.zeros((n_levels, n), dtype=np.int64)
-    tables: list[_TypeTable] = []
-    t_predict = 0.0
-    for ti, gtype in enumerate(types):
-        model = predictors[gtype]
-        lo, hi = _accept_bounds(model)
-        idx = np.flatnonzero(gpu_type_idx == ti)
-        key = np.vstack([np.column_stack([gpu_spec[idx].astype(float), on[idx], lv[idx].astype(float)])
-                         for lv in levels])
-        uniq, inv = np.unique(key, axis=0, return_inverse=True)
-        gpu_rows[:, idx] = inv.reshape(n_levels, idx.size)
-        row_spec = uniq[:, 0].astype(np.int64)
-        row_on, row_sm = uniq[:, 1:9], uniq[:, 9]
-        on_ok = _in_bounds(np.column_stack([row_on, row_sm]),
-                           np.r_[lo[ONLINE_SLICE], lo[SM_COLUMN]], np.r_[hi[ONLINE_SLICE], hi[SM_COLUMN]])
-        prof_list = list(profiles[ti])
-        n_rows, n_prof = uniq.shape[0], len(prof_list)
-        tput = np.full((n_rows, n_prof), np.nan)
-        slow = np.full((n_rows, n_prof), np.nan)
-        stats["distinct_gpu_rows"] += n_rows
-        # A GPU is out of range when its input at the dynamic share (level 0) is.
-        stats["gpus_out_of_range"] += int((~on_ok[gpu_rows[0, idx]]).sum())
-        if n_rows and n_prof:
-            # Offline vectors depend on the GPU spec (memory and clock normalise them).
-            off = {}
-            prof_ok = np.ones(n_prof, dtype=bool)
-            for s in np.unique(row_spec):
-                _t, mem_b, clk = specs[s]
-                off[s] = np.stack([offline_vector(p, mem_b, clk) for p in prof_list])
-                prof_ok &= _in_bounds(off[s], lo[OFFLINE_SLICE], hi[OFFLINE_SLICE])
-            stats["profiles_out_of_range"] += int((~prof_ok).sum())
-            good_rows, good_prof = np.flatnonzero(on_ok), np.flatnonzero(prof_ok)
-            t_start = time.perf_counter()
-            _predict_table(model, row_on, row_sm, row_spec, off, good_rows, good_prof, tput, slow)
-            t_predict += time.perf_counter() - t_start
-            stats["predicted_pairs"] += good_rows.size * good_prof.size
-        tables.append(_TypeTable(tput, slow))
-    return tables, gpu_rows, t_predict
-
-
-def _predict_table(model, row_on, row_sm, row_spec, off, good_rows, good_prof, tput, slow) -> None:
-    """Fill ``tput``/``slow`` at (good_rows × good_prof) with one predict call per batch of pairs."""
-    if not good_rows.size or not good_prof.size:
-        return
-    per_batch = max(1, PREDICT_BATCH_ROWS // good_prof.size)
-    for start in range(0, good_rows.size, per_batch):
-        rows = good_rows[start : start + per_batch]
-        r, p = np.repeat(rows, good_prof.size), np.tile(good_prof, rows.size)
-        x = np.empty((r.size, N_FEATURES))
-        x[:, ONLINE_SLICE] = row_on[r]
-        x[:, SM_COLUMN] = row_sm[r]
-        for s in np.unique(row_spec[rows]):
-            sel = row_spec[r] == s
-            x[sel, OFFLINE_SLICE] = off[s][p[sel]]
-        t_hat, s_hat = model.predict(x)
-        tput[r, p] = t_hat
-        slow[r, p] = s_hat

@@ -3,7 +3,11 @@
 Used by the Dagster asset check on every placement plan (and by tests): it
 re-derives each constraint from the snapshot rather than trusting the planner.
 
-* each offline job is placed at most once, each GPU hosts at most one job;
+* each offline job is placed at most once, each GPU hosts at most ``max_jobs_per_gpu`` jobs (one by
+  default, the paper), each in its own slot;
+* on a GPU with several jobs (scheduler_core.slots) their MPS shares together stay within the GPU's
+  offline share (dynamic SM, re-derived from the forecast) and their memory quotas together within the
+  memory the online service is forecast to leave free;
 * SM percentages lie within the policy's bounds (a kept job keeps the share it
   was started with, which lay within the bounds of its own round);
 * the memory quota handed to xCUDA fits in the memory the online service is
@@ -18,7 +22,7 @@ from __future__ import annotations
 from collections import Counter
 
 from scheduler_core.domain import Action, GpuCandidate, GpuHealth, JobCandidate, PlanAction, PlannedPlacement
-from scheduler_core.dynamic_sm import SmPolicy
+from scheduler_core.dynamic_sm import SmPolicy, offline_sm_pct
 
 
 def plan_violations(
@@ -27,6 +31,7 @@ def plan_violations(
     placements: list[PlannedPlacement],
     actions: list[PlanAction],
     sm: SmPolicy,
+    max_jobs_per_gpu: int = 1,
 ) -> list[str]:
     """Every constraint the plan breaks, one line each (empty = feasible)."""
     out: list[str] = []
@@ -36,9 +41,27 @@ def plan_violations(
     for job_id, n in Counter(p.job_id for p in placements).items():
         if n > 1:
             out.append(f"job {job_id} placed {n} times")
-    for gpu_id, n in Counter(p.gpu_id for p in placements).items():
-        if n > 1:
-            out.append(f"GPU {gpu_id} hosts {n} offline jobs")
+    by_gpu: dict[int, list[PlannedPlacement]] = {}
+    for p in placements:
+        by_gpu.setdefault(p.gpu_id, []).append(p)
+    for gpu_id, ps in by_gpu.items():
+        if len(ps) > max_jobs_per_gpu:
+            out.append(f"GPU {gpu_id} hosts {len(ps)} offline jobs (at most {max_jobs_per_gpu})")
+        slots = Counter(p.slot for p in ps)
+        for slot, n in slots.items():
+            if n > 1:
+                out.append(f"GPU {gpu_id}: {n} jobs in slot {slot}")
+        g = gpu_by_id.get(gpu_id)
+        if len(ps) > 1 and g is not None:
+            whole = int(offline_sm_pct(g.forecast_sm_pct, sm))
+            total = sum(p.sm_pct for p in ps)
+            if total > whole:
+                out.append(f"GPU {gpu_id}: its {len(ps)} jobs' shares add up to {total}% over its offline share {whole}%")
+            quota = sum(p.mem_quota_bytes for p in ps)
+            free = g.memory_bytes - g.forecast_mem_bytes
+            if quota > free:
+                out.append(f"GPU {gpu_id}: its {len(ps)} jobs' memory quotas add up to {quota} B over the "
+                           f"{int(free)} B forecast free")
     for p in placements:
         g, j = gpu_by_id.get(p.gpu_id), job_by_id.get(p.job_id)
         if g is None or j is None:

@@ -1,10 +1,18 @@
-"""Speed predictor: one MLP per GPU type (paper §5–6, Figure 12).
+"""Speed predictor: one model per GPU type (paper §5–6, Figure 12).
 
 Inputs are the 16 pair features of :mod:`scheduler_core.features`; outputs are
 the offline job's normalized throughput and the online service's latency
-slowdown factor. Paper default: 4 linear layers, hidden 64×64, momentum SGD.
-The saved model carries its input normalization and the range of its training
-data; training is reproducible from its seed.
+slowdown factor. Two networks (:mod:`scheduler_core.predictor_nets`): the
+paper's MLP (4 linear layers, hidden 64×64, momentum SGD; ``arch="mlp"``, the
+default) and a ``factorized`` one — a GPU tower and a job tower of the same depth
+and width meeting in dot products, trained with Adam — whose pairs cost one
+entry of a matrix product, so a round can evaluate every (GPU, job) pair even
+when every job has its own profile. The factorized net is opt-in: its job tower
+sees only the job profiles it was trained on (a dozen job types in a sampling
+run) and extrapolates poorly to a new job's profile, where the MLP, which sees
+every feature together, does not (docs/BENCHMARKS.md, "Predictor"). The saved model carries its architecture,
+input normalization and the range of its training data; training is
+reproducible from its seed.
 
 A model refuses input it cannot vouch for: NaN or infinite values, values no
 GPU can report (:data:`~scheduler_core.features.PHYSICAL_BOUNDS`), and values
@@ -23,8 +31,19 @@ import torch
 from torch import nn
 
 from scheduler_core.features import FEATURE_NAMES, N_FEATURES, PHYSICAL_BOUNDS, FeatureError, describe_bad_rows
+from scheduler_core.predictor_nets import (
+    ARCHS,
+    GPU_COLUMNS,
+    JOB_COLUMNS,
+    FactorizedNet,
+    combine_rows,
+    combine_tables,
+    finish,
+    mlp,
+)
 
-BLOB_FORMAT = 2
+# 3: the architecture is saved with the model (blobs without one are MLPs).
+BLOB_FORMAT = 3
 # Rows per forward pass. Every pass has exactly this shape (the last one is
 # padded): BLAS kernels are chosen by matrix shape, and a row's result may
 # differ in the last bit between shapes. With one shape, a row's prediction
@@ -41,9 +60,14 @@ _PHYS_HI = np.array([PHYSICAL_BOUNDS[n][1] for n in FEATURE_NAMES])
 
 @dataclass(frozen=True)
 class PredictorConfig:
-    layers: int = 4
+    # "mlp" (default): the paper's network; "factorized": GPU and job towers meeting in dot products.
+    arch: str = "mlp"
+    layers: int = 4  # per tower for "factorized"
     hidden: int = 64
-    lr: float = 0.02
+    embed_dim: int = 32  # "factorized": rank of each output's GPU × job interaction
+    # None: the architecture's own — momentum SGD at 0.02 for "mlp" (paper), Adam at 0.003 for "factorized".
+    optimizer: str | None = None
+    lr: float | None = None
     momentum: float = 0.9
     epochs: int = 250
     batch_size: int = 64
@@ -53,6 +77,22 @@ class PredictorConfig:
     range_margin_frac: float = 0.5
     # Record the held-out error every this many epochs (0 = only at the end), for Figure 12's curves.
     eval_every: int = 0
+
+    def __post_init__(self) -> None:
+        if self.arch not in ARCHS:
+            raise ValueError(f"arch must be one of {', '.join(ARCHS)}, got {self.arch!r}")
+        if self.optimizer not in (None, "sgd", "adam"):
+            raise ValueError(f"optimizer must be sgd or adam, got {self.optimizer!r}")
+
+    @property
+    def optimizer_name(self) -> str:
+        return self.optimizer or ("sgd" if self.arch == "mlp" else "adam")
+
+    @property
+    def learning_rate(self) -> float:
+        if self.lr is not None:
+            return self.lr
+        return 0.02 if self.optimizer_name == "sgd" else 0.003
 
 
 @contextlib.contextmanager
@@ -67,16 +107,31 @@ def one_torch_thread():
         torch.set_num_threads(threads)
 
 
-def _mlp(cfg: PredictorConfig) -> nn.Sequential:
-    if cfg.layers < 2:
-        raise ValueError("an MLP needs at least 2 layers")
-    if cfg.hidden < 1:
-        raise ValueError("hidden size must be >= 1")
-    mods: list[nn.Module] = [nn.Linear(N_FEATURES, cfg.hidden), nn.ReLU()]
-    for _ in range(cfg.layers - 2):
-        mods += [nn.Linear(cfg.hidden, cfg.hidden), nn.ReLU()]
-    mods.append(nn.Linear(cfg.hidden, 2))
-    return nn.Sequential(*mods)
+def _mlp(cfg: PredictorConfig) -> nn.Module:
+    """The network of ``cfg.arch`` (the name predates the factorized one)."""
+    if cfg.arch == "mlp":
+        return mlp(cfg.hidden, cfg.layers)
+    return FactorizedNet(cfg.hidden, cfg.layers, cfg.embed_dim)
+
+
+def _optimizer(cfg: PredictorConfig, params) -> torch.optim.Optimizer:
+    if cfg.optimizer_name == "sgd":
+        return torch.optim.SGD(params, lr=cfg.learning_rate, momentum=cfg.momentum)
+    return torch.optim.Adam(params, lr=cfg.learning_rate)
+
+
+def _fixed_shape(net: nn.Module, z: np.ndarray, n_out: int) -> np.ndarray:
+    """``net`` over the rows of ``z`` in passes of exactly PREDICT_CHUNK_ROWS rows (the last one padded)."""
+    rows = PREDICT_CHUNK_ROWS
+    out = np.empty((z.shape[0], n_out), dtype=np.float32)
+    buf = np.zeros((rows, z.shape[1]), dtype=np.float32)
+    with torch.no_grad():
+        for start in range(0, z.shape[0], rows):
+            k = min(rows, z.shape[0] - start)
+            buf[:k] = z[start : start + k]
+            buf[k:] = 0.0
+            out[start : start + k] = net(torch.from_numpy(buf)).numpy()[:k]
+    return out
 
 
 @dataclass(frozen=True)
@@ -102,12 +157,12 @@ class PredictionErrors:
 
 
 class SpeedPredictor:
-    """A trained MLP with its input normalization and accepted input range."""
+    """A trained network with its input normalization and accepted input range."""
 
     def __init__(
         self,
         cfg: PredictorConfig,
-        net: nn.Sequential,
+        net: nn.Module,
         mean: np.ndarray,
         std: np.ndarray,
         train_min: np.ndarray | None = None,
@@ -150,6 +205,11 @@ class SpeedPredictor:
                                + describe_bad_rows(x, self.accept_lo, self.accept_hi))
         return x
 
+    @property
+    def factorized(self) -> bool:
+        """Whether pairs can be predicted as matrix products of per-row embeddings (:meth:`pair_tables`)."""
+        return self.cfg.arch == "factorized"
+
     def predict(self, x: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
         """(normalized throughput in [0, 1], online slowdown factor ≥ 1) for each row.
 
@@ -159,18 +219,37 @@ class SpeedPredictor:
         x = self.check(x)
         if x.shape[0] == 0:
             return np.zeros(0), np.ones(0)
-        rows = PREDICT_CHUNK_ROWS
-        z_all = ((x - self.mean) / self.std).astype(np.float32)
-        out = np.empty((x.shape[0], 2), dtype=np.float32)
-        buf = np.zeros((rows, N_FEATURES), dtype=np.float32)
-        with torch.no_grad():
-            for start in range(0, x.shape[0], rows):
-                k = min(rows, x.shape[0] - start)
-                buf[:k] = z_all[start : start + k]
-                buf[k:] = 0.0
-                out[start : start + k] = self.net(torch.from_numpy(buf)).numpy()[:k]
-        out64 = out.astype(np.float64)
-        return np.clip(out64[:, 0], 0.0, 1.0), 1.0 + np.maximum(out64[:, 1], 0.0)
+        if self.factorized:
+            a = self.embed_gpu(x[:, GPU_COLUMNS])
+            b = self.embed_job(x[:, JOB_COLUMNS])
+            return finish(*combine_rows(a, b, self.cfg.embed_dim))
+        z = ((x - self.mean) / self.std).astype(np.float32)
+        out64 = _fixed_shape(self.net, z, 2).astype(np.float64)
+        return finish(out64[:, 0].copy(), out64[:, 1].copy())
+
+    def embed_gpu(self, x_gpu: np.ndarray) -> np.ndarray:
+        """GPU-side embeddings (float64) of rows of the GPU columns (8 online features, then the SM share)."""
+        return self._embed("gpu", x_gpu, GPU_COLUMNS)
+
+    def embed_job(self, x_job: np.ndarray) -> np.ndarray:
+        """Job-side embeddings (float64) of rows of the 7 offline features."""
+        return self._embed("job", x_job, JOB_COLUMNS)
+
+    def _embed(self, side: str, x_side: np.ndarray, cols: np.ndarray) -> np.ndarray:
+        if not self.factorized:
+            raise TypeError("only a factorized predictor has per-side embeddings")
+        tower = getattr(self.net, side)
+        x_side = np.asarray(x_side, dtype=np.float64).reshape(-1, cols.size)
+        z = ((x_side - self.mean[cols]) / self.std[cols]).astype(np.float32)
+        return _fixed_shape(tower, z, 2 * self.cfg.embed_dim + 2).astype(np.float64)
+
+    def pair_tables(self, gpu_emb: np.ndarray, job_emb: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
+        """(tput, slowdown) as float32 of every (GPU row, job row) of two embedding blocks: two matrix products.
+
+        Equal to :meth:`predict` on the same pairs (both are rounded to float32, see
+        :func:`~scheduler_core.predictor_nets.finish`).
+        """
+        return finish(*combine_tables(gpu_emb, job_emb, self.cfg.embed_dim), dtype=np.float32)
 
     def errors(self, x: np.ndarray, y_tput: np.ndarray, y_slowdown: np.ndarray) -> PredictionErrors:
         """Held-out style errors of this model on labelled samples."""
@@ -194,10 +273,12 @@ class SpeedPredictor:
 
     @classmethod
     def from_bytes(cls, blob: bytes) -> SpeedPredictor:
-        """Load a saved model; blobs from before format 2 carry no training range (physical bounds only)."""
+        """Load a saved model; blobs from before format 2 carry no training range (physical bounds only),
+        from before format 3 no architecture (they are MLPs)."""
         obj = torch.load(io.BytesIO(blob), weights_only=True)
         known = PredictorConfig.__dataclass_fields__
-        cfg = PredictorConfig(**{k: v for k, v in obj["config"].items() if k in known})
+        saved = {"arch": "mlp", **obj["config"]}
+        cfg = PredictorConfig(**{k: v for k, v in saved.items() if k in known})
         net = _mlp(cfg)
         net.load_state_dict(obj["state"])
         lo = obj["train_min"].numpy() if "train_min" in obj else None
@@ -238,7 +319,7 @@ def train(
 
     torch.manual_seed(cfg.seed)
     net = _mlp(cfg)
-    opt = torch.optim.SGD(net.parameters(), lr=cfg.lr, momentum=cfg.momentum)
+    opt = _optimizer(cfg, net.parameters())
     xt = torch.from_numpy(((x[tr] - mean) / std).astype(np.float32))
     yt = torch.from_numpy(targets[tr].astype(np.float32))
     xh = torch.from_numpy(((x[hold] - mean) / std).astype(np.float32))
@@ -284,7 +365,7 @@ def _predict_unchecked(model: SpeedPredictor, x: np.ndarray) -> tuple[np.ndarray
     with torch.no_grad():
         out = model.net(torch.from_numpy(((x - model.mean) / model.std).astype(np.float32))).numpy()
     out = out.astype(np.float64)
-    return np.clip(out[:, 0], 0.0, 1.0), 1.0 + np.maximum(out[:, 1], 0.0)
+    return finish(out[:, 0].copy(), out[:, 1].copy())
 
 
 def should_promote(candidate: TrainingReport, current_holdout_mae: float | None, tolerance: float = 0.0) -> bool:

@@ -33,7 +33,9 @@ from scheduler_core.domain import (
 )
 from scheduler_core.dynamic_sm import SmPolicy
 from scheduler_core.first_fit import first_fit
-from scheduler_core.pair_weights import build_graph, keeps_share, mem_quota_bytes
+from scheduler_core.pair_weights import build_graph, mem_quota_bytes
+from scheduler_core.slots import keeps_share
+from scheduler_core.unplaced import unplaced_reasons
 
 MATCHERS = ("km", "first_fit")
 
@@ -56,10 +58,18 @@ class RoundConfig:
     # "km": maximum-weight matching (paper §5). "first_fit": the MuxFlow-M
     # ablation (paper §7.4) — same feasibility, no optimisation.
     matcher: str = "km"
+    # Most offline jobs on one GPU (scheduler_core.slots); 1 = the paper.
+    max_jobs_per_gpu: int = 1
+    # Throughput an offline job keeps per offline co-runner on its GPU (MPS isolation; scheduler_core.slots).
+    corunner_efficiency: float = 0.75
 
     def __post_init__(self) -> None:
         if self.matcher not in MATCHERS:
             raise ValueError(f"matcher must be one of {', '.join(MATCHERS)}, got {self.matcher!r}")
+        if self.max_jobs_per_gpu < 1:
+            raise ValueError(f"max_jobs_per_gpu must be >= 1, got {self.max_jobs_per_gpu}")
+        if not 0.0 < self.corunner_efficiency <= 1.0:
+            raise ValueError(f"corunner_efficiency must lie in (0, 1], got {self.corunner_efficiency}")
         # Stored rounds keep their config as JSON (dataclasses.asdict): nested settings come back as dicts.
         if isinstance(self.sm, dict):
             object.__setattr__(self, "sm", SmPolicy(**self.sm))
@@ -89,9 +99,13 @@ def plan_round(
         stats["solver"] = {k: v for k, v in sol.stats.items() if k != "history"}
         stats["certificate"] = sol.certificate.as_dict()
     t_match = time.perf_counter()
-    gi, ji = _as_arrays(pairs)
-    placements, actions = diff_plan(graph.gpus, jobs, pairs, graph.pair_pct(gi, ji), graph.quota,
-                                    *graph.predicted(gi, ji), cfg)
+    ci, ji = _as_arrays(pairs)
+    slot_pairs = list(zip(graph.layout.gpu[ci].tolist(), ji.tolist()))
+    placements, actions = diff_plan(graph.gpus, jobs, slot_pairs, graph.pair_pct(ci, ji), graph.slot_quota[ci],
+                                    *graph.predicted(ci, ji), cfg, graph.layout.count[ci])
+    t_plan = time.perf_counter()
+    # Why each job the plan leaves out is not placed (`muxflow jobs list`, the round's metadata).
+    stats["unplaced"] = unplaced_reasons(gpus, jobs, predictors, graph, {p.job_id for p in placements})
     t_end = time.perf_counter()
     return RoundResult(
         placements=placements,
@@ -105,7 +119,8 @@ def plan_round(
             "prediction": gt.get("prediction", 0.0),
             "feasibility": gt.get("feasibility", 0.0),
             "matching": t_match - t_graph,
-            "plan": t_end - t_match,
+            "plan": t_plan - t_match,
+            "unplaced": t_end - t_plan,
             "total": t_end - t0,
         },
         certified_optimal=certified,
@@ -125,16 +140,20 @@ def diff_plan(
     jobs: list[JobCandidate],
     pairs: list[tuple[int, int]],
     pair_pct: np.ndarray,
-    quota: np.ndarray,
+    pair_quota: np.ndarray,
     tput: np.ndarray,
     slowdown: np.ndarray,
     cfg: RoundConfig,
+    slots_on_gpu: np.ndarray | None = None,
 ) -> tuple[list[PlannedPlacement], list[PlanAction]]:
-    """Matched (GPU index, job index) pairs, with each pair's planned MPS share, → placements and actions."""
+    """Matched (GPU index, job index) pairs, with each pair's planned MPS share and memory quota, → placements
+    and actions. ``slots_on_gpu``: the slots the pair's GPU was opened with (1 when omitted)."""
     placements: list[PlannedPlacement] = []
     actions: list[PlanAction] = []
     matched_jobs = set()
-    for (i, j), pct, t_hat, s_hat in zip(pairs, pair_pct, tput, slowdown):
+    slots_on_gpu = np.ones(len(pairs), dtype=np.int64) if slots_on_gpu is None else slots_on_gpu
+    taken: dict[int, int] = {}
+    for (i, j), pct, q, t_hat, s_hat, b in zip(pairs, pair_pct, pair_quota, tput, slowdown, slots_on_gpu):
         g, job = gpus[i], jobs[j]
         matched_jobs.add(job.job_id)
         pct = int(pct)
@@ -142,14 +161,16 @@ def diff_plan(
             action = Action.START
         elif job.current_gpu_id != g.gpu_id:
             action = Action.MIGRATE
-        elif keeps_share(job, pct, cfg):
+        elif keeps_share(job, pct, cfg, int(b)):
             # An MPS share is fixed for the life of a process: keep the running one
             # unless it now exceeds the planned share by more than the threshold
             # (then the online service needs the SMs back).
             action, pct = Action.KEEP, job.current_sm_pct
         else:
             action = Action.MIGRATE  # same GPU, restarted with the smaller MPS share
-        placements.append(PlannedPlacement(job.job_id, g.gpu_id, pct, int(quota[i]), float(t_hat), float(s_hat)))
+        slot = taken.get(g.gpu_id, 0)
+        taken[g.gpu_id] = slot + 1
+        placements.append(PlannedPlacement(job.job_id, g.gpu_id, pct, int(q), float(t_hat), float(s_hat), slot))
         actions.append(PlanAction(action, job.job_id, g.gpu_id, job.current_gpu_id, pct))
     for job in jobs:
         if job.current_gpu_id is not None and job.job_id not in matched_jobs:

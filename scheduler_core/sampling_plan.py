@@ -1,4 +1,4 @@
-"""Which co-location points to measure next, within a GPU-time budget (paper §6; issue 8).
+"""Which co-location points to measure next, within a GPU-time budget (paper §6).
 
 A *point* is (GPU type, online service, offline job type, SM %). Points are
 measured in *runs*: one session on one GPU measures a (service, job type) pair's

@@ -1,16 +1,19 @@
-"""Workload catalog: traits of offline job types and online service families.
+"""Workload catalog: traits of offline job types and online service families, on one GPU type.
 
 Offline job types are the Gavel/Philly job types; their sensitivity and
-pressure come from the calibrated interference model, their solo throughput
-from the measured solo runs. What the public data lacks (SM footprint, memory
-need) is derived by documented rules so that every trait is traceable.
+pressure come from an interference calibration on the GPU type in question
+(executors/simulated/calibration.py, docs/CALIBRATION.md), their solo
+throughput from the measured solo runs. What the public data lacks (SM
+footprint, memory need) is derived by documented rules so that every trait is
+traceable.
 """
 
 from __future__ import annotations
 
 import math
 import re
-from dataclasses import dataclass
+from collections.abc import Mapping
+from dataclasses import dataclass, field
 
 from scheduler_core.gpu_specs import GIB
 from scheduler_core.interference import Calibration, WorkloadTraits
@@ -80,6 +83,13 @@ ONLINE_FAMILIES: dict[str, OnlineFamily] = {
 class WorkloadCatalog:
     offline: dict[str, OfflineWorkload]
     online: dict[str, WorkloadTraits]  # by family
+    gpu_type: str | None = None  # the GPU type these traits hold on (None: the same on every type)
+    calibration: str = ""  # which calibration they come from (executors/simulated/calibration.py)
+    per_type: Mapping[str, WorkloadCatalog] = field(default_factory=dict, compare=False, repr=False)
+
+    def for_gpu(self, gpu_type: str) -> WorkloadCatalog:
+        """The traits on ``gpu_type``: its own catalog where one exists, these otherwise."""
+        return self.per_type.get(gpu_type.lower(), self)
 
     def offline_workload(self, job_type: str) -> OfflineWorkload:
         try:
@@ -90,8 +100,9 @@ class WorkloadCatalog:
             ) from None
 
 
-def build_catalog(calibration: Calibration, solo_steps_per_s: dict[str, float]) -> WorkloadCatalog:
-    """Traits for every calibrated job type and online family.
+def build_catalog(calibration: Calibration, solo_steps_per_s: dict[str, float], gpu_type: str | None = None,
+                  calibration_name: str = "") -> WorkloadCatalog:
+    """Traits for every calibrated job type and online family (on ``gpu_type``, when the calibration is per type).
 
     SM footprint and memory-bandwidth share are monotone in the calibrated
     pressure (a job that slows others down occupies more of the GPU): ranked
@@ -118,4 +129,4 @@ def build_catalog(calibration: Calibration, solo_steps_per_s: dict[str, float]) 
             sm_need=fam.sm_need_at_peak,
             mem_bw=0.2 + 0.7 * rank[fam.analogue],
         )
-    return WorkloadCatalog(offline, online)
+    return WorkloadCatalog(offline, online, gpu_type, calibration_name)

@@ -99,6 +99,11 @@ class SimConfig:
     # None: the throughput a restart costs over one interval, restart_s / interval (0.1 by default);
     # 0 reproduces the paper, whose matching ignores restart costs (docs/EVALUATION.md).
     migration_penalty: float | None = None
+    # Users of the online replicas and offline jobs (scheduler_core.simulator.users): 0 = none declared (every
+    # job may share every GPU), else that many teams with Zipf(users_zipf_s) weights; MPS policies then pair a
+    # job only with a GPU whose replica runs as its team (scheduler_core.run_as).
+    users: int = 0
+    users_zipf_s: float = 1.0
 
     def __post_init__(self) -> None:
         if self.gpus < 1:
@@ -124,6 +129,10 @@ class SimConfig:
             raise ValueError("migration_penalty must be >= 0")
         if not 1 <= self.fixed_sm_pct <= 100:
             raise ValueError("fixed_sm_pct must lie in [1, 100]")
+        if self.users < 0:
+            raise ValueError("users must be >= 0")
+        if not self.users_zipf_s >= 0:
+            raise ValueError("users_zipf_s must be >= 0")
 
     def round_migration_penalty(self) -> float:
         if self.migration_penalty is not None:

@@ -62,7 +62,7 @@ def run_simulation(trace: list[TraceJob], inputs: SimInputs, cfg: SimConfig, pol
     n_rounds = -(-total // cfg.round_minutes)
     rec = _Recorder(total, cfg.gpus)
     inv = {"max_offline_jobs_per_gpu": 0, "max_active_jobs_per_gpu": 0, "sm_pct_out_of_bounds": 0,
-           "refused_actions": 0}
+           "refused_actions": 0, "jobs_next_to_another_user": 0}
     rounds: list[dict] = []
     for minute in range(-cfg.warmup_minutes, total):
         now_s = minute * 60.0
@@ -79,6 +79,9 @@ def run_simulation(trace: list[TraceJob], inputs: SimInputs, cfg: SimConfig, pol
             if run.size:
                 inv["max_offline_jobs_per_gpu"] = max(inv["max_offline_jobs_per_gpu"],
                                                       int(np.bincount(fleet.gpu[run]).max()))
+                # Under MPS a job next to a replica of another user would wait for it (scheduler_core.run_as).
+                gu, ju = fleet.gpu_user[fleet.gpu[run]], fleet.job_user[run]
+                inv["jobs_next_to_another_user"] += int(((gu >= 0) & (ju >= 0) & (gu != ju)).sum())
             rounds.append({**stats, **applied, "round_s": time.perf_counter() - t, "queued": int(fleet.queued().size),
                            "running": int(run.size)})
             if progress is not None:

@@ -13,8 +13,9 @@ mechanisms:
   remaining time first (Salus).
 - ``none``: no offline work (Online-only).
 
-Device metrics follow :mod:`scheduler_core.gpu_model` (the same model as the
-per-GPU simulated cluster behind the pipeline); protected policies run one
+Under ``mps`` the GPU is :mod:`scheduler_core.gpu_model` (the one simulated GPU
+of the pipeline's cluster and the node agent too); the other mechanisms are
+modelled here; protected policies run one
 :class:`scheduler_core.sysmonitor.SysMonitor` per GPU — the production state
 machine, stepped only where a sample could change its state.
 
@@ -32,12 +33,13 @@ import numpy as np
 
 from scheduler_core.domain import Action, GpuHealth, PlanAction
 from scheduler_core.features import RECENT_ONLINE_KEYS
-from scheduler_core.gpu_model import clock_frac, shared_metrics
+from scheduler_core.gpu_model import OnlineModel, clock_frac, online_alone, with_offline
 from scheduler_core.gpu_specs import get_spec
-from scheduler_core.interference import WorkloadTraits, colocate
+from scheduler_core.interference import WorkloadTraits
 from scheduler_core.online_load import diurnal_qps
 from scheduler_core.rng import rng_stream
 from scheduler_core.simulator.config import SimConfig
+from scheduler_core.simulator.users import assign_users
 from scheduler_core.simulator.workload import JobTable
 from scheduler_core.sysmonitor import GpuSample, SysMonitor, Thresholds
 from scheduler_core.workloads import ONLINE_FAMILIES, WorkloadCatalog
@@ -102,14 +104,13 @@ class Fleet:
         self.qps_max = np.array([s.qps_max for s in svc])
         self.peak_hour = np.array([s.peak_hour_utc for s in svc])
         self.allowance = np.array([s.slowdown_allowance for s in svc])
-        self.cap_qps = np.array([f.peak_qps_capacity_p100 for f in fam]) * self.rel_speed
-        self.util_peak = np.array([f.gpu_util_at_peak_pct for f in fam])
-        self.base_lat = np.array([f.base_latency_ms_p100 for f in fam]) / np.sqrt(self.rel_speed)
-        self.svc_mem = np.array([f.mem_bytes for f in fam], dtype=float)
-        on = [catalog.online[f.name] for f in fam]
-        self.on_traits = WorkloadTraits(
-            np.array([t.sensitivity for t in on]), np.array([t.pressure for t in on]),
-            np.array([f.sm_need_at_peak for f in fam]), np.array([t.mem_bw for t in on]))
+        # One online model per (family, GPU type), stacked over the GPUs.
+        per_kind = {(f.name, t): OnlineModel.of(f, catalog.online[f.name], sp)
+                    for f, t, sp in zip(fam, names, specs)}
+        self.online = OnlineModel.stack([per_kind[(f.name, t)] for f, t in zip(fam, names)])
+        self.svc_mem = self.online.mem_bytes
+        # Who the replicas and the jobs run as (−1: not declared; scheduler_core.simulator.users).
+        self.gpu_user, self.job_user = assign_users(cfg.seed, cfg.users, cfg.users_zipf_s, n, jobs.size)
         # Offline job-type traits, by the job table's type index.
         wl = [catalog.offline[t] for t in jobs.types]
         self.off_sens = np.array([w.traits.sensitivity for w in wl])
@@ -271,13 +272,8 @@ class Fleet:
     def step(self, minute: int, hour: float, now_s: float) -> Minute:
         c, sh = self.cfg, self.cfg.sharing
         qps = self._online_qps(hour)
-        load = np.clip(qps / self.cap_qps, 0.0, 1.0)
-        on_util = self.util_peak * load ** 0.7
-        on_sm = 100.0 * self.on_traits.sm_need * load
-        rho = np.minimum(load, 0.95)
-        lat_solo = self.base_lat * (1.0 + 0.5 * rho ** 2 / (1.0 - rho))
-        on_bw = 100.0 * self.on_traits.mem_bw * load
-        on_mem = self.svc_mem
+        on = online_alone(self.online, qps)
+        on_util, on_sm, on_bw, on_mem, lat_solo = on.util_pct, on.sm_pct, on.bw_pct, on.mem_bytes, on.latency_ms
         solo_clock = clock_frac(on_sm, self.clock_drop)
         util, sm, bw = on_util.copy(), on_sm.copy(), on_bw.copy()
         mem = on_mem.copy()
@@ -295,14 +291,13 @@ class Fleet:
             active_s = np.maximum(0.0, 60.0 - self.warmup_s[act])
             duty = active_s / 60.0
             u = on_util[g] / 100.0
-            sm_used = np.minimum(self.sm_pct[act] / 100.0, self.off_sm_need[t])
             if self.sharing == "mps":
-                on_tr = WorkloadTraits(self.on_traits.sensitivity[g], self.on_traits.pressure[g],
-                                       self.on_traits.sm_need[g], self.on_traits.mem_bw[g])
                 off_tr = WorkloadTraits(self.off_sens[t], self.off_pres[t], self.off_sm_need[t], self.off_mem_bw[t])
-                tput, s = colocate(on_tr, load[g], off_tr, self.sm_pct[act], c.interference)
-                u_g, sm_g, _, bw_g = shared_metrics(on_util[g], on_sm[g], 0.0, on_bw[g], 0.0, sm_used,
-                                                    self.off_mem_bw[t], duty, tput)
+                # memory is added above for every placed job (Salus keeps several resident)
+                shared = with_offline(on.take(g), self.online.take(g), off_tr, self.sm_pct[act], duty, 0.0,
+                                      c.interference)
+                u_g, sm_g, bw_g, tput = shared.util_pct, shared.sm_pct, shared.bw_pct, shared.norm_tput
+                slow[g] = shared.slowdown
             else:
                 if self.sharing == "time":
                     busy_on = np.minimum(0.95, u * (1.0 + sh.ts_online_wait))
@@ -318,8 +313,8 @@ class Fleet:
                 u_g = 100.0 * np.minimum(1.0, u + duty * tput)
                 sm_g = np.minimum(100.0, on_sm[g] + 100.0 * self.off_sm_need[t] * duty * tput)
                 bw_g = np.minimum(100.0, on_bw[g] + 100.0 * self.off_mem_bw[t] * duty * tput)
+                slow[g] = 1.0 + (s - 1.0) * duty
             util[g], sm[g], bw[g] = u_g, sm_g, bw_g
-            slow[g] = 1.0 + (s - 1.0) * duty
             # Progress, with completions inside the minute.
             sps = self.solo_sps(act, g)
             rate = tput * sps

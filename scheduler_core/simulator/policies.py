@@ -39,6 +39,7 @@ from scheduler_core.features import round_online_features
 from scheduler_core.forecast import ForecastPolicy, forecast_many
 from scheduler_core.round import RoundConfig, plan_round
 from scheduler_core.simulator.config import SimConfig
+from scheduler_core.simulator.users import user_name
 
 
 @dataclass
@@ -114,6 +115,7 @@ class _MuxFlowPlanner:
                 forecast_sm_pct=float(fc[i]), forecast_mem_bytes=float(f.svc_mem[i]),
                 slowdown_allowance=float(f.allowance[i]),
                 current_job_id=cur, current_sm_pct=int(f.sm_pct[cur]) if cur is not None else None,
+                run_as_user=user_name(int(f.gpu_user[i])),
             ))
         all_types = frozenset(f.type_names)
         jobs = []
@@ -126,6 +128,7 @@ class _MuxFlowPlanner:
                 profiles=self.profiles(f, int(f.jobs.job_type[j])),
                 current_gpu_id=int(f.gpu[j]) if running else None,
                 current_sm_pct=int(f.sm_pct[j]) if running else None,
+                run_as_user=user_name(int(f.job_user[j])),
             ))
         result = plan_round(gpus, jobs, self.inputs.predictors, self.round_cfg)
         sm = self.round_cfg.sm
