@@ -86,8 +86,29 @@ class IntervalReport:
     health: dict[int, str] = field(default_factory=dict)  # gpu → SysMonitor state at the end
 
 
+@dataclass
+class JobSyncReport:
+    """What one job-state synchronisation changed (executors.slurm.sync; the simulated cluster's requeue)."""
+
+    transitions: dict[str, int] = field(default_factory=dict)  # target state → count
+    held: list[int] = field(default_factory=list)              # cluster job ids held by the sync
+    executions: int = 0
+    skipped_in_flight: int = 0
+    errors: list[str] = field(default_factory=list)
+
+    @property
+    def changed(self) -> int:
+        return sum(self.transitions.values()) + len(self.held)
+
+    def count(self, target: str, n: int = 1) -> None:
+        self.transitions[target] = self.transitions.get(target, 0) + n
+
+
 class Cluster(Protocol):
     simulated: bool
+    # True when a dispatched START runs at once (the simulated cluster); False when the cluster starts
+    # released jobs itself later (Slurm), so a placed job is PLACED until the job-state sync sees it run.
+    starts_jobs_at_once: bool
 
     def dispatch(self, actions: list[PlanAction], now_utc: dt.datetime) -> list[DispatchResult]:
         """Carry out plan actions. Idempotent per action: repeating one changes nothing."""
@@ -97,15 +118,14 @@ class Cluster(Protocol):
         ...
 
 
-class ClusterBackend(Protocol):
-    """A cluster as the pipeline uses it across processes: every call works from the store.
+class Profiler(Protocol):
+    """Where offline jobs are profiled and co-location samples measured (paper §6): the predictor's inputs.
 
-    The Dagster cluster resource hands out one of these (simulated or Slurm);
-    the CLI and the main job use the same ones.
+    Slurm: ``executors.profiling.backend.SlurmProfiler`` (the profile partition); the simulated
+    cluster's backend is its own profiler (its GPU model).
     """
 
-    simulated: bool
-    source: str  # label of the rows it produces: 'simulated' | 'measured'
+    simulated: bool  # profiles and samples from a model, not from runs
 
     def profile_new_jobs(self, store, seed: int) -> int:
         """Solo-profile newly submitted offline jobs; return how many were profiled."""
@@ -115,8 +135,23 @@ class ClusterBackend(Protocol):
         """Top each GPU type's co-location samples up to ``per_type``; return how many were added."""
         ...
 
+
+class ClusterBackend(Protocol):
+    """A cluster as the pipeline dispatches to and observes it across processes: every call works from the store.
+
+    The Dagster cluster resource hands out one of these (simulated or Slurm);
+    the CLI and the main job use the same ones.
+    """
+
+    simulated: bool
+    source: str  # label of the rows it produces: 'simulated' | 'measured'
+
     def cluster(self, store) -> Cluster:
         """The live cluster, for reading what runs now."""
+        ...
+
+    def sync_jobs(self, store, now: dt.datetime) -> JobSyncReport:
+        """Make the store's job states follow the cluster (started, finished, requeued, evicted → queue)."""
         ...
 
     def ensure_history(self, store, window_start: dt.datetime) -> int:

@@ -14,22 +14,24 @@ from collections.abc import Callable
 from dataclasses import asdict, dataclass, fields
 
 import numpy as np
-from sqlalchemy import func, select
-from sqlalchemy.orm import Session
 
 from executors.cluster import Cluster, IntervalReport
+from executors.store import dispatch as dispatch_log
+from executors.store import inventory
 from executors.store import models as m
 from executors.store import repo
-from executors.store.db import Store
+from executors.store.db import Session, Store
 from executors.store.jobs import transition
+from executors.store.rounds import latest_round_window, round_for_window, stored_result
 from scheduler_core.domain import (
+    SCHEDULABLE_JOB_STATES,
     Action,
+    IllegalTransition,
     GpuCandidate,
     GpuHealth,
     JobCandidate,
     JobState,
     PlanAction,
-    PlannedPlacement,
     RoundResult,
 )
 from scheduler_core.dynamic_sm import SmPolicy
@@ -52,22 +54,22 @@ class NoPredictorError(RuntimeError):
 
 
 def _gpu_candidates(s, now: dt.datetime, running: dict, policy: ForecastPolicy) -> list[GpuCandidate]:
-    rows = s.execute(
-        select(m.Gpu, m.GpuType, m.OnlineService)
-        .join(m.GpuType, m.Gpu.gpu_type == m.GpuType.name)
-        .join(m.ServiceInstance, m.ServiceInstance.gpu_id == m.Gpu.id)
-        .join(m.OnlineService, m.OnlineService.id == m.ServiceInstance.service_id)
-        .order_by(m.Gpu.id)
-    ).all()
-    series = repo.recent_online_series(s, [g.id for g, _, _ in rows], now - HISTORY)
+    rows = inventory.served_gpus(s)
+    series = repo.recent_online_series(s, [g.id for g, _, _, _ in rows], now - HISTORY)
     on_gpu = {r.gpu_id: r for r in running.values()}
     out = []
-    for gpu, gtype, svc in rows:
+    for gpu, gtype, svc, replica in rows:
         ser = series[gpu.id]
-        recent = {k: v[-FEATURE_WINDOW_MIN:] for k, v in ser.items()}
-        if recent["sm"].size == 0 or not np.isfinite(recent["sm"]).any():
-            log.warning("GPU %s has no recent online metrics; left out of this round", gpu.id)
+        known = np.isfinite(ser["sm"])
+        if not known.any():
+            log.warning("GPU %s has no online metrics in the last %s; left out of this round", gpu.id, HISTORY)
             continue
+        # The service's own load from its last minutes that have it: a minute whose split is a labelled gap
+        # (the node could not attribute the GPU while an offline job ran) does not hide the GPU.
+        recent = {k: v[known][-FEATURE_WINDOW_MIN:] for k, v in ser.items()}
+        if not known[-FEATURE_WINDOW_MIN:].any():
+            log.info("GPU %s: no online split in its latest minutes; features from its last %d known ones",
+                     gpu.id, len(recent["sm"]))
         mean = {k: float(np.nanmean(v)) if np.isfinite(v).any() else 0.0 for k, v in recent.items()}
         fc_sm = forecast_next(ser["sm"], policy)
         current = on_gpu.get(gpu.id)
@@ -81,13 +83,14 @@ def _gpu_candidates(s, now: dt.datetime, running: dict, policy: ForecastPolicy) 
                 slowdown_allowance=svc.slowdown_allowance,
                 current_job_id=current.job_id if current else None,
                 current_sm_pct=current.sm_pct if current else None,
+                run_as_user=replica.run_as_user,
             )
         )
     return out
 
 
 def _job_candidates(s, running: dict) -> list[JobCandidate]:
-    jobs = repo.jobs_in_states(s, [JobState.PENDING, JobState.RUNNING])
+    jobs = repo.jobs_in_states(s, SCHEDULABLE_JOB_STATES)
     profiles = repo.profiles_by_job(s, [j.id for j in jobs])
     out = []
     for j in jobs:
@@ -99,6 +102,7 @@ def _job_candidates(s, running: dict) -> list[JobCandidate]:
                 job_id=j.id, mem_bytes=j.mem_bytes, allowed_gpu_types=frozenset(j.allowed_gpu_types),
                 profiles=profiles[j.id], priority=j.priority,
                 current_gpu_id=cur.gpu_id if cur else None, current_sm_pct=cur.sm_pct if cur else None,
+                run_as_user=j.run_as_user,
             )
         )
     return out
@@ -116,22 +120,9 @@ def round_config_from_json(d: dict) -> RoundConfig:
     return RoundConfig(sm=sm, **{k: v for k, v in d.items() if k in known})
 
 
-def _as_utc(t: dt.datetime) -> dt.datetime:
-    return t if t.tzinfo else t.replace(tzinfo=dt.timezone.utc)
-
-
-def latest_round_window(s) -> dt.datetime | None:
-    t = s.scalar(select(func.max(m.SchedulingRound.window_start_utc)))
-    return _as_utc(t) if t is not None else None
-
-
-def round_for_window(s, window_start: dt.datetime) -> m.SchedulingRound | None:
-    return s.scalars(select(m.SchedulingRound).where(m.SchedulingRound.window_start_utc == window_start)).first()
-
-
 def plan_and_record(
     store: Store, cluster: Cluster, window_start: dt.datetime, cfg: RoundConfig,
-    policy: ForecastPolicy = ForecastPolicy(),
+    policy: ForecastPolicy = ForecastPolicy(), period_s: int = 900,
 ) -> tuple[int, RoundResult]:
     """Plan the round of ``window_start`` from the live state and store it with everything needed to replay it.
 
@@ -158,7 +149,7 @@ def plan_and_record(
         snap = snapshot(gpus, jobs)
         snap["predictor_versions"] = {t: v for t, (v, _) in sorted(models.items())}
         snap["config"] = round_config_to_json(cfg)
-        rnd = repo.record_round(s, window_start, result, snap, cluster.simulated, pending, action_of)
+        rnd = repo.record_round(s, window_start, result, snap, cluster.simulated, pending, action_of, period_s)
         return rnd.id, result
 
 
@@ -189,22 +180,6 @@ def replay_round(store: Store, window_start: dt.datetime) -> Replay:
     gpus, jobs = from_snapshot(snap)
     replayed = plan_round(gpus, jobs, predictors, round_config_from_json(snap.get("config", {})))
     return Replay(round_id, stored, replayed, compare_plans(stored, replayed))
-
-
-def stored_result(s, rnd: m.SchedulingRound) -> RoundResult:
-    rows = s.scalars(select(m.Placement).where(m.Placement.round_id == rnd.id).order_by(m.Placement.job_id)).all()
-    placements = [
-        PlannedPlacement(p.job_id, p.gpu_id, p.sm_pct, p.mem_quota_bytes, p.predicted_norm_tput,
-                         p.predicted_online_slowdown)
-        for p in rows
-    ]
-    actions = [
-        PlanAction(Action(a["action"]), a["job_id"], a["gpu_id"], a["from_gpu_id"], a["sm_pct"])
-        for a in rnd.plan_actions or []
-    ]
-    jobs = len(rnd.snapshot.get("jobs", [])) if rnd.snapshot else 0
-    return RoundResult(placements, actions, rnd.objective, rnd.gpus_considered, jobs, rnd.feasible_pairs,
-                       dict(rnd.timings_s or {}))
 
 
 def compare_plans(stored: RoundResult, replayed: RoundResult, tol: float = 1e-9) -> list[str]:
@@ -260,31 +235,35 @@ def dispatch_round(
     """
     todo: list[tuple[str, PlanAction]] = []
     with store.session() as s:
-        logged = _dispatch_log(s, round_id)
+        logged = dispatch_log.log_by_key(s, round_id)
         for act in result.actions:
             key = _action_key(round_id, act)
             row = logged.get(key)
             if row is None:
-                s.add(m.DispatchLog(
-                    round_id=round_id, action_key=key, action=act.action.value, job_id=act.job_id,
-                    gpu_id=act.gpu_id, payload={"sm_pct": act.sm_pct, "from_gpu_id": act.from_gpu_id},
-                ))
+                dispatch_log.add_intent(s, round_id, key, act)
             elif row.status in ("done", "failed"):
                 continue
             todo.append((key, act))
     results = cluster.dispatch([a for _, a in todo], now) if todo else []
     still_running = cluster.running()
+    started = getattr(cluster, "starts_jobs_at_once", False)
     ok_n = failed_n = 0
     with store.session() as s:
-        logged = _dispatch_log(s, round_id)
+        logged = dispatch_log.log_by_key(s, round_id)
         for (key, act), res in zip(todo, results):
             row = logged[key]
             row.status, row.error, row.updated_utc = ("done", None, now) if res.ok else ("failed", res.detail, now)
-            if res.ok:
-                _book_action(s, act, now)
-            elif act.action == Action.MIGRATE and act.job_id not in still_running:
-                transition(s, act.job_id, JobState.MIGRATING, "checkpoint for move", at_utc=now)
-                transition(s, act.job_id, JobState.PENDING, f"restart failed: {res.detail}", at_utc=now)
+            try:
+                if res.ok:
+                    _book_action(s, act, now, started)
+                elif act.action == Action.MIGRATE and act.job_id not in still_running:
+                    _move(s, act.job_id, [(JobState.MIGRATING, "checkpoint for move"),
+                                          (JobState.PENDING, f"restart failed: {res.detail}")], now)
+            except IllegalTransition as exc:
+                # The job moved meanwhile (the cluster finished or requeued it and the job-state sync saw it
+                # first): the action stands in the log, the store keeps the newer truth.
+                row.error = f"not booked: {exc}"[:2000]
+                log.warning("dispatch of %s: not booked: %s", key, exc)
             ok_n += res.ok
             failed_n += not res.ok
         rnd = s.get(m.SchedulingRound, round_id)
@@ -294,20 +273,33 @@ def dispatch_round(
     return ok_n, failed_n
 
 
-def _dispatch_log(s, round_id: int) -> dict[str, m.DispatchLog]:
-    """The round's dispatch log by action key, in one query (keys name their round)."""
-    return {r.action_key: r for r in s.scalars(select(m.DispatchLog).where(m.DispatchLog.round_id == round_id))}
+def _move(s, job_id: int, steps: list[tuple[JobState, str]], now: dt.datetime) -> None:
+    """Several transitions in a row from the job's current state (one compare-and-set each)."""
+    for target, reason in steps:
+        transition(s, job_id, target, reason, at_utc=now)
 
 
-def _book_action(s, act: PlanAction, now: dt.datetime) -> None:
+def _book_action(s, act: PlanAction, now: dt.datetime, started: bool) -> None:
+    """The store's side of an action the cluster carried out.
+
+    A cluster that starts jobs at once (the simulated one) makes a placed job RUNNING;
+    on Slurm it is PLACED until Slurm starts it (the job-state sync sees that).
+    """
+    placed = JobState.RUNNING if started else JobState.PLACED
+    where = f"GPU {act.gpu_id} at {act.sm_pct}% SM"
     if act.action == Action.START:
-        transition(s, act.job_id, JobState.RUNNING, f"placed on GPU {act.gpu_id} at {act.sm_pct}% SM", at_utc=now)
+        transition(s, act.job_id, placed, f"placed on {where}", expected=JobState.PENDING, at_utc=now)
     elif act.action == Action.MIGRATE:
-        transition(s, act.job_id, JobState.MIGRATING, f"checkpoint for move to GPU {act.gpu_id}", at_utc=now)
-        transition(s, act.job_id, JobState.RUNNING, f"restarted on GPU {act.gpu_id} at {act.sm_pct}% SM", at_utc=now)
+        _move(s, act.job_id, [(JobState.MIGRATING, f"checkpoint for move to GPU {act.gpu_id}"),
+                              (placed, f"restarted on {where}" if started else f"placed again on {where}")], now)
     elif act.action == Action.EVICT:
-        transition(s, act.job_id, JobState.EVICTED, "not in this round's plan", at_utc=now)
-        transition(s, act.job_id, JobState.PENDING, "requeued after plan eviction", at_utc=now)
+        job = s.get(m.OfflineJob, act.job_id)
+        if job is not None and job.state == JobState.PLACED.value:
+            transition(s, act.job_id, JobState.PENDING, "held again before it started: not in this round's plan",
+                       at_utc=now)
+        else:
+            _move(s, act.job_id, [(JobState.EVICTED, "not in this round's plan"),
+                                  (JobState.PENDING, "requeued after plan eviction")], now)
 
 
 def book_interval(

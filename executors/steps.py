@@ -11,10 +11,9 @@ import logging
 from dataclasses import dataclass, replace
 
 import numpy as np
-from sqlalchemy import select
-
 from executors.simulated.cluster import rng_stream
 from executors.simulated.profiling import colocation_samples, offline_profile
+from executors.store import inventory
 from executors.store import models as m
 from executors.store import repo
 from executors.store.db import Store
@@ -54,7 +53,7 @@ def collect_samples(
     """Simulated co-location samples per GPU type: ``per_type`` more, or (``top_up``) up to ``per_type`` in all."""
     counts = {}
     with store.session() as s:
-        services = [(v.name, v.model_family, float(v.mem_bytes)) for v in s.scalars(select(m.OnlineService))]
+        services = [(v.name, v.model_family, float(v.mem_bytes)) for v in inventory.online_services(s, by="id")]
         gtypes = sorted(repo.gpu_type_names(s))
         for gtype in gtypes:
             have = repo.sample_count(s, gtype)

@@ -1,14 +1,19 @@
-"""Offline job submission: validation at the edge, then one transactional insert."""
+"""Offline job submission: validation at the edge, then one transactional insert.
+
+A job's type is a label. On the simulated cluster it names the catalog workload the
+simulator models (``known_job_types``); on a real cluster it is free and optional (``""``:
+none): what the predictor sees comes from profiling the job itself (docs/PROFILING.md).
+"""
 
 from __future__ import annotations
 
 import re
+from collections.abc import Mapping
 from dataclasses import dataclass
 
-from sqlalchemy.orm import Session
-
 from executors.store import models as m
-from executors.store import repo
+from executors.store.db import Session
+from executors.store.inventory import gpu_type_memory
 from scheduler_core.trace import TraceJob
 
 _SIZE = re.compile(r"^\s*(\d+(?:\.\d+)?)\s*([KMGT]i?B?|B)?\s*$", re.IGNORECASE)
@@ -22,6 +27,15 @@ class SubmissionError(ValueError):
     def __init__(self, field: str, message: str):
         super().__init__(f"{field}: {message}")
         self.field = field
+
+
+def format_bytes(n: float) -> str:
+    """``17179869184`` → ``16 GiB``: sizes in messages, in the units users write."""
+    for unit, size in (("TiB", 1024**4), ("GiB", 1024**3), ("MiB", 1024**2), ("KiB", 1024)):
+        if n >= size:
+            v = n / size
+            return f"{v:,.0f} {unit}" if v >= 100 else f"{v:.3g} {unit}"
+    return f"{int(n)} B"
 
 
 def parse_size_bytes(text: str, field: str = "mem") -> int:
@@ -47,13 +61,17 @@ class JobSpec:
     gpus: int = 1
 
 
-def validate(spec: JobSpec, known_gpu_types: set[str], known_job_types: set[str] | None) -> None:
+def validate(spec: JobSpec, known_gpu_types: Mapping[str, int], known_job_types: set[str] | None) -> None:
+    """Refuse a spec that cannot run, naming the field. ``known_gpu_types``: GPU type → memory of one GPU;
+    ``known_job_types``: the labels a simulated cluster models, None where any label (or none) goes."""
     if not spec.name.strip():
         raise SubmissionError("name", "must not be empty")
     if len(spec.name) > 128:
         raise SubmissionError("name", "at most 128 characters")
     if not spec.command.strip():
         raise SubmissionError("command", "must not be empty")
+    if len(spec.job_type) > 64:
+        raise SubmissionError("job_type", "at most 64 characters")
     if known_job_types is not None and spec.job_type not in known_job_types:
         raise SubmissionError(
             "job_type", f"unknown job type {spec.job_type!r} (the simulated cluster models: "
@@ -63,11 +81,16 @@ def validate(spec: JobSpec, known_gpu_types: set[str], known_job_types: set[str]
         raise SubmissionError("mem", "must be positive")
     if not spec.allowed_gpu_types:
         raise SubmissionError("gpu_types", "name at least one GPU type")
-    unknown = sorted(set(spec.allowed_gpu_types) - known_gpu_types)
+    unknown = sorted(set(spec.allowed_gpu_types) - set(known_gpu_types))
     if unknown:
         raise SubmissionError(
             "gpu_types", f"unknown GPU type(s) {', '.join(unknown)} (cluster has: {', '.join(sorted(known_gpu_types)) or 'none'})"
         )
+    allowed = sorted(set(spec.allowed_gpu_types))
+    if spec.mem_bytes > max(known_gpu_types[t] for t in allowed):
+        # No GPU it may run on has that much memory: it would wait forever.
+        raise SubmissionError("mem", f"{format_bytes(spec.mem_bytes)} is more than any allowed GPU type has ("
+                              + ", ".join(f"{t} {format_bytes(known_gpu_types[t])}" for t in allowed) + ")")
     if not spec.checkpoint_dir.startswith("/"):
         raise SubmissionError("checkpoint_dir", f"must be an absolute path, got {spec.checkpoint_dir!r}")
     if spec.total_steps <= 0:
@@ -81,7 +104,7 @@ def validate(spec: JobSpec, known_gpu_types: set[str], known_job_types: set[str]
 
 
 def submit(s: Session, spec: JobSpec, known_job_types: set[str] | None) -> m.OfflineJob:
-    validate(spec, repo.gpu_type_names(s), known_job_types)
+    validate(spec, gpu_type_memory(s), known_job_types)
     job = m.OfflineJob(
         name=spec.name, job_type=spec.job_type, command=spec.command, mem_bytes=spec.mem_bytes,
         allowed_gpu_types=sorted(set(spec.allowed_gpu_types)), checkpoint_dir=spec.checkpoint_dir,

@@ -4,8 +4,10 @@ One sampling thread ticks every ``interval_s``: for each GPU it reads a sample, 
 it to the GPU's ring, publishes the xCUDA shared-memory record, steps SysMonitor (evicting
 on entry to Overlimit) and runs the error detector. Store writes (health changes,
 evictions, device errors, per-minute metrics) go through a queue to a writer thread, so
-a slow database never delays sampling. ``stop()`` ends sampling, flushes the current
-minute, drains the queue and closes the sampler (NVML).
+a slow database never delays sampling; so do the replicas' endpoint scrapes and the
+placement polls (``executors.node.scrape``, ``executors.node.placements``), on threads of
+their own. ``stop()`` ends sampling, flushes the current minute, drains the queue and
+closes the sampler (NVML).
 
 Time: ``Clock`` gives monotonic seconds for pacing and epoch seconds for minutes and
 SysMonitor; ``ScaledClock`` runs agent time faster than real time, so tests see a
@@ -21,13 +23,15 @@ import queue
 import threading
 import time
 from collections.abc import Callable
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, replace
 from pathlib import Path
 from typing import Protocol
 
 from executors.node.aggregate import aggregate_minute, minute_floor
 from executors.node.detector import ErrorDetector, Fault
 from executors.node.evictor import Evictor
+from executors.node.online import OnlineAccounting
+from executors.node.placements import Placements, StaticPlacements
 from executors.node.ring import SampleRing
 from executors.node.sampler import GpuSampler, RawSample
 from executors.xcuda import shm
@@ -78,11 +82,12 @@ class GpuBinding:
 
 @dataclass(frozen=True)
 class AgentConfig:
-    interval_s: float = 0.01           # sampling period (≤ 10 ms, issue 6)
+    interval_s: float = 0.01           # sampling period (≤ 10 ms)
     ring_window_s: float = 300.0       # raw samples kept (paper: "several minutes")
     time_scale: float = 1.0            # agent seconds per real second (tests)
     sysmonitor: SysMonitorConfig = field(default_factory=SysMonitorConfig)
     idle_util_pct: float = 5.0         # below this, a low clock is idling, not throttling
+    partial_every_s: float | None = None  # also write the minute in progress this often (agent seconds)
 
 
 # -- events to the store ------------------------------------------------------------------------
@@ -103,6 +108,7 @@ class EvictionEvent:
     reason: str
     health: str
     ok: bool
+    slurm_job_id: int | None = None   # set when a Slurm job was requeued: the store moves the job to EVICTED
 
 
 @dataclass(frozen=True)
@@ -142,7 +148,9 @@ class MemorySink:
         self.errors.append(ev)
 
     def metrics(self, rows: list, source: str) -> None:
-        self.rows.extend(rows)
+        keys = {(r.gpu_id, r.minute_utc) for r in rows}
+        # the minute in progress written again replaces its earlier version, as in the store
+        self.rows = [r for r in self.rows if (r.gpu_id, r.minute_utc) not in keys] + list(rows)
         self.sources.add(source)
 
     def close(self) -> None:
@@ -155,6 +163,7 @@ class StoreSink:
     def __init__(self, store, source: str):
         self.store = store
         self.source = source
+        self._own: dict[tuple[int, dt.datetime], None] = {}  # minute rows this agent wrote (oldest first)
         self._q: queue.Queue = queue.Queue()
         self._t = threading.Thread(target=self._run, name="node-agent-store", daemon=True)
         self.errors = 0
@@ -178,6 +187,7 @@ class StoreSink:
         self._t.join()
 
     BATCH = 256  # events written in one transaction when the writer has fallen behind
+    OWN_KEPT = 4096  # (GPU, minute) keys remembered as this agent's own rows
 
     def _run(self) -> None:
         done = False
@@ -214,8 +224,6 @@ class StoreSink:
             self._apply(s, kind, payload)
 
     def _apply(self, s, kind: str, payload) -> None:
-        from sqlalchemy import select, tuple_
-
         from executors.store import models as m
         from executors.store import repo
 
@@ -228,23 +236,41 @@ class StoreSink:
             if payload.job_id is not None:
                 s.add(m.Eviction(job_id=payload.job_id, gpu_id=payload.gpu_id, at_utc=payload.at_utc,
                                  reason=payload.reason, health=payload.health, source=self.source))
+                if payload.ok and payload.slurm_job_id is not None:
+                    _mark_evicted(s, payload)
         elif kind == "error":
             s.add(m.DeviceError(gpu_id=payload.gpu_id, at_utc=payload.at_utc, kind=payload.kind,
                                 xid=payload.xid, detail=payload.detail, source=self.source))
         elif kind == "metrics":
             rows, source = payload
-            keys = [(r.gpu_id, r.minute_utc) for r in rows]
-            have = set()
-            for gid, minute in s.execute(
-                select(m.GpuMetricMinute.gpu_id, m.GpuMetricMinute.minute_utc)
-                .where(tuple_(m.GpuMetricMinute.gpu_id, m.GpuMetricMinute.minute_utc).in_(keys))
-            ):
-                have.add((gid, minute.replace(tzinfo=dt.timezone.utc) if minute.tzinfo is None else minute))
-            fresh = [r for r in rows if (r.gpu_id, r.minute_utc) not in have]
-            if len(fresh) < len(rows):
+            skipped = repo.write_agent_metrics(s, rows, source, own=self._own)
+            if skipped:
                 log.warning("%d minute row(s) already in the store (agent restarted within a minute?): kept",
-                            len(rows) - len(fresh))
-            repo.write_metrics(s, fresh, source)
+                            skipped)
+            while len(self._own) > self.OWN_KEPT:  # only the last minutes are ever written again
+                self._own.pop(next(iter(self._own)))
+
+
+def _mark_evicted(s, ev: EvictionEvent) -> None:
+    """The evicted job is EVICTED in the transaction that records the eviction (the job-state sync takes
+    it from there: requeue-hold → PENDING). A job that moved meanwhile is logged, not fatal."""
+    from executors.store import models as m
+    from executors.store.jobs import transition
+    from scheduler_core.domain import IllegalTransition, JobState
+
+    job = s.get(m.OfflineJob, ev.job_id)
+    if job is None:
+        return
+    seen = JobState(job.state)
+    if seen not in (JobState.RUNNING, JobState.PLACED):
+        log.warning("job %d evicted from GPU %d while %s in the store: state left as it is", ev.job_id, ev.gpu_id,
+                    seen.value)
+        return
+    try:
+        transition(s, ev.job_id, JobState.EVICTED, f"node agent: {ev.reason}"[:2000], expected=seen,
+                   at_utc=ev.at_utc)
+    except IllegalTransition as exc:  # ConcurrentTransition included: another writer moved it first
+        log.warning("job %d: EVICTED not recorded: %s", ev.job_id, exc)
 
 
 # -- per-GPU loop -------------------------------------------------------------------------------
@@ -275,8 +301,15 @@ class GpuLoop:
     """Everything the agent does for one GPU, one ``tick`` per sample (single-threaded)."""
 
     def __init__(self, binding: GpuBinding, cfg: AgentConfig, evictor: Evictor, sink: Sink,
-                 detector: ErrorDetector | None, source: str, monitor: SysMonitor | None = None):
+                 detector: ErrorDetector | None, source: str, monitor: SysMonitor | None = None,
+                 placements: Placements | None = None, accounting: OnlineAccounting | None = None,
+                 split_gap: Callable[[], str | None] = lambda: None):
         self.b = binding
+        self.placements = placements or StaticPlacements()
+        self.accounting = accounting
+        self.split_gap = split_gap
+        self.minute_job: int | None = None   # the offline job seen on the GPU in the minute (the last one)
+        self._partial_at_s: float | None = None
         self.cfg = cfg
         self.evictor = evictor
         self.sink = sink
@@ -294,9 +327,9 @@ class GpuLoop:
         self.last_health = self.monitor.state.value
         self.coverage_log: list[tuple[dt.datetime, float]] = []
 
-    # expected samples in one minute of agent time
-    def _expected(self) -> int:
-        return max(1, int(round(60.0 / (self.cfg.interval_s * self.cfg.time_scale))))
+    # expected samples in ``span_s`` of agent time
+    def _expected(self, span_s: float = 60.0) -> int:
+        return max(1, int(round(span_s / (self.cfg.interval_s * self.cfg.time_scale))))
 
     def tick(self, now_epoch: float, mono_ns: int, sample: RawSample | None, xids: list) -> None:
         minute = minute_floor(now_epoch)
@@ -304,7 +337,15 @@ class GpuLoop:
             self.minute = minute
         elif minute != self.minute:
             self.flush_minute()
-            self.minute = minute
+            self.minute, self.minute_job, self._partial_at_s = minute, None, None
+        jobs = self.placements.on_gpu(self.b.gpu_index)
+        if jobs:
+            self.minute_job = jobs[0].job_id
+        every = self.cfg.partial_every_s
+        if every and (self._partial_at_s is None or now_epoch - self._partial_at_s >= every):
+            if self._partial_at_s is not None:
+                self.flush_minute(end_s=now_epoch, partial=True)
+            self._partial_at_s = now_epoch
         if sample is None:
             self.gaps += 1
         else:
@@ -390,7 +431,7 @@ class GpuLoop:
         log.warning("GPU %d: evicted %s — %s", self.b.gpu_id, [e.job_id for e in done], reason)
         for e in done:
             self.sink.eviction(EvictionEvent(self.b.gpu_id, e.job_id, at, reason if e.ok else f"{reason} (failed: {e.detail})",
-                                             health, e.ok))
+                                             health, e.ok, e.slurm_job_id))
 
     def _note_health(self, now_epoch: float) -> None:
         state = self.monitor.state.value
@@ -400,21 +441,35 @@ class GpuLoop:
             entries = tuple(_utc(t) for t in self.monitor.overlimit_entries_s)
             self.sink.health(HealthChange(self.b.gpu_id, state, _utc(now_epoch), entries))
 
-    def flush_minute(self) -> None:
-        """Aggregate the samples of the current minute and hand the row to the sink."""
+    def flush_minute(self, end_s: float | None = None, partial: bool = False) -> None:
+        """Aggregate the samples of the current minute and hand the row to the sink.
+
+        ``partial``: the minute so far (up to ``end_s``), written again later; its samples stay
+        the minute's. ``end_s`` defaults to the minute's end."""
         if self.minute is None:
             return
         _, data = self.ring.since(self.minute_start_count)
-        self.minute_start_count = self.ring.count
-        agg = aggregate_minute(self.b.gpu_id, self.minute, data, self._expected(), self.last_health)
-        self.coverage_log.append((self.minute, agg.coverage))
+        if not partial:
+            self.minute_start_count = self.ring.count
+        start = self.minute.timestamp()
+        end = start + 60.0 if end_s is None else min(end_s, start + 60.0)
+        agg = aggregate_minute(self.b.gpu_id, self.minute, data, self._expected(end - start), self.last_health)
+        if not partial:
+            self.coverage_log.append((self.minute, agg.coverage))
         if agg.row is None:
-            log.warning("GPU %d minute %s skipped: %s", self.b.gpu_id, self.minute.isoformat(), agg.skipped_reason)
+            if not partial:
+                log.warning("GPU %d minute %s skipped: %s", self.b.gpu_id, self.minute.isoformat(),
+                            agg.skipped_reason)
             return
-        lvl = logging.INFO if agg.coverage >= 0.9 else logging.WARNING
-        log.log(lvl, "GPU %d minute %s: %d samples, coverage %.2f", self.b.gpu_id, self.minute.isoformat(),
-                agg.samples, agg.coverage)
-        self.sink.metrics([agg.row], self.source)
+        lvl = logging.DEBUG if partial else logging.INFO if agg.coverage >= 0.9 else logging.WARNING
+        log.log(lvl, "GPU %d minute %s%s: %d samples, coverage %.2f", self.b.gpu_id, self.minute.isoformat(),
+                " (so far)" if partial else "", agg.samples, agg.coverage)
+        row = agg.row
+        if self.accounting is not None:
+            row = self.accounting.complete(self.b.gpu_index, row, start, end, self.minute_job, self.split_gap())
+        else:
+            row = replace(row, offline_job_id=self.minute_job)
+        self.sink.metrics([row], self.source)
 
     def close(self) -> None:
         if self.writer is not None:
@@ -427,15 +482,20 @@ class NodeAgent:
     def __init__(self, sampler: GpuSampler, bindings: list[GpuBinding], evictor: Evictor, sink: Sink,
                  cfg: AgentConfig = AgentConfig(), clock: Clock | None = None,
                  detectors: dict[int, ErrorDetector] | None = None,
-                 monitors: dict[int, SysMonitor] | None = None):
+                 monitors: dict[int, SysMonitor] | None = None, placements: Placements | None = None,
+                 accounting: OnlineAccounting | None = None, closers: list[Callable[[], None]] | None = None):
         self.sampler = sampler
         self.cfg = cfg
         self.clock = clock or (ScaledClock(cfg.time_scale) if cfg.time_scale != 1.0 else RealClock())
         self.sink = sink
+        self.placements = placements or StaticPlacements()
+        self.closers = list(closers or [])  # the scrapers and placement pollers, stopped at shutdown
+        self.stoppers: list[Callable[[], None]] = []  # threads that write to the sink: stopped before it closes
         detectors = detectors or {}
         monitors = monitors or {}
         self.loops = {b.gpu_index: GpuLoop(b, cfg, evictor, sink, detectors.get(b.gpu_index), sampler.source,
-                                           monitors.get(b.gpu_index))
+                                           monitors.get(b.gpu_index), self.placements, accounting,
+                                           lambda i=b.gpu_index: _split_gap(sampler, i))
                       for b in bindings}
         self._stop = threading.Event()
         self.ticks = 0
@@ -483,12 +543,30 @@ class NodeAgent:
         self._stop.set()
 
     def shutdown(self) -> None:
+        for stop in self.stoppers:
+            try:
+                stop()
+            except Exception:
+                log.exception("stopping %s failed", stop)
+        now = self.clock.epoch()
         for loop in self.loops.values():
             try:
-                loop.flush_minute()
+                loop.flush_minute(end_s=now)
             finally:
                 loop.close()
         try:
             self.sink.close()
         finally:
-            self.sampler.close()
+            try:
+                self.sampler.close()
+            finally:
+                for close in self.closers:
+                    try:
+                        close()
+                    except Exception:
+                        log.exception("closing %s failed", close)
+
+
+def _split_gap(sampler: GpuSampler, gpu_index: int) -> str | None:
+    gap = getattr(sampler, "online_gap", None)  # samplers written before per-process accounting have none
+    return gap(gpu_index) if gap is not None else None

@@ -1,8 +1,10 @@
-"""Per-minute aggregation of ring samples into ``executors.cluster.MetricRow``.
+"""Per-minute aggregation of ring samples into a ``gpu_metrics_minute`` row.
 
 A minute with missing samples is written with what exists (NaN readings ignored per
 metric) and its coverage — valid samples / expected samples — logged; a minute with
-no usable utilization, SM activity, memory or clock reading is skipped.
+no usable utilization, SM activity, memory or clock reading is skipped. The online
+columns the samples carry (the replica's share, a simulated replica's load) are averaged
+the same way; the rest of them come from the replica's endpoint (``executors.node.online``).
 """
 
 from __future__ import annotations
@@ -23,9 +25,17 @@ REQUIRED = ("gpu_util_pct", "sm_activity_pct", "mem_used_bytes", "sm_clock_mhz")
 _COL = {f: i for i, f in enumerate(FIELDS)}
 
 
+@dataclass
+class AgentMetricRow(MetricRow):
+    """A node agent's minute: the shared row plus what only the agent measures."""
+
+    online_latency_p99_ms: float | None = None
+    online_gap_reason: str | None = None   # why online columns are None (stored, docs/NODE_AGENT.md)
+
+
 @dataclass(frozen=True)
 class MinuteAggregate:
-    row: MetricRow | None
+    row: AgentMetricRow | None
     samples: int
     expected: int
     coverage: float   # valid samples / expected, in [0, 1]
@@ -55,7 +65,7 @@ def aggregate_minute(
     def opt(f: str) -> float | None:
         return None if math.isnan(means[f]) else means[f]
 
-    row = MetricRow(
+    row = AgentMetricRow(
         gpu_id=gpu_id, minute_utc=minute_utc, gpu_util_pct=means["gpu_util_pct"],
         sm_activity_pct=means["sm_activity_pct"],
         # occupancy needs GPM (Hopper+); without it the column (NOT NULL) gets 0 and the log says so
@@ -63,9 +73,11 @@ def aggregate_minute(
         mem_used_bytes=means["mem_used_bytes"],
         mem_total_bytes=0.0 if math.isnan(means["mem_total_bytes"]) else means["mem_total_bytes"],
         mem_bw_util_pct=opt("mem_bw_util_pct"), sm_clock_mhz=means["sm_clock_mhz"], power_w=opt("power_w"),
-        temperature_c=opt("temperature_c"), online_gpu_util_pct=None, online_sm_activity_pct=None,
-        online_mem_used_bytes=None, online_mem_bw_util_pct=None, online_qps=None, online_latency_ms=None,
-        online_solo_latency_ms=None, offline_job_id=None, health=health,
+        temperature_c=opt("temperature_c"), online_gpu_util_pct=opt("online_gpu_util_pct"),
+        online_sm_activity_pct=opt("online_sm_activity_pct"), online_mem_used_bytes=opt("online_mem_used_bytes"),
+        online_mem_bw_util_pct=opt("online_mem_bw_util_pct"), online_qps=opt("online_qps"),
+        online_latency_ms=opt("online_latency_ms"), online_solo_latency_ms=opt("online_solo_latency_ms"),
+        offline_job_id=None, health=health,
     )
     return MinuteAggregate(row, n, expected, coverage)
 

@@ -45,37 +45,27 @@ class SlurmEvictor:
         self._requeue = requeue
 
     def evict(self, gpu_id: int, reason: str) -> list[Evicted]:
-        out = []
-        for job_id, slurm_id in self._jobs_on_gpu(gpu_id):
-            try:
-                self._requeue(slurm_id)
-                out.append(Evicted(job_id, slurm_id))
-            except Exception as exc:  # one failed requeue must not stop the others
-                log.error("requeue of Slurm job %s on GPU %d failed: %s", slurm_id, gpu_id, exc)
-                out.append(Evicted(job_id, slurm_id, ok=False, detail=str(exc)))
-        return out
+        return [self.evict_job(job_id, slurm_id) for job_id, slurm_id in self._jobs_on_gpu(gpu_id)]
+
+    def evict_job(self, job_id: int | None, slurm_id: int) -> Evicted:
+        """Stop one job (the xCUDA check evicts only the job that broke the plan, not its GPU's others)."""
+        try:
+            self._requeue(slurm_id)
+            return Evicted(job_id, slurm_id)
+        except Exception as exc:  # one failed requeue must not stop the others
+            log.error("requeue of Slurm job %s failed: %s", slurm_id, exc)
+            return Evicted(job_id, slurm_id, ok=False, detail=str(exc))
 
 
 def store_jobs_on_gpu(store, with_slurm_id: bool = True) -> Callable[[int], list[tuple[int | None, int | None]]]:
     """RUNNING offline jobs placed on a GPU by the latest dispatched round, with their Slurm ids
     (only jobs that have one unless ``with_slurm_id`` is False)."""
-    from sqlalchemy import func, select
-
-    from executors.store import models as m
-    from scheduler_core.domain import JobState
+    from executors.store.rounds import running_in_latest_dispatch
 
     def lookup(gpu_id: int) -> list[tuple[int | None, int | None]]:
         with store.session() as s:
-            latest = s.scalar(select(func.max(m.SchedulingRound.id)).where(m.SchedulingRound.status == "dispatched"))
-            if latest is None:
-                return []
-            rows = s.execute(
-                select(m.OfflineJob.id, m.OfflineJob.slurm_job_id)
-                .join(m.Placement, m.Placement.job_id == m.OfflineJob.id)
-                .where(m.Placement.round_id == latest, m.Placement.gpu_id == gpu_id,
-                       m.OfflineJob.state == JobState.RUNNING.value)
-                .order_by(m.OfflineJob.id)
-            ).all()
-            return [(j, None if sid is None else int(sid)) for j, sid in rows if sid is not None or not with_slurm_id]
+            rows = running_in_latest_dispatch(s, [gpu_id])
+        return [(r.job_id, None if r.slurm_job_id is None else int(r.slurm_job_id)) for r in rows
+                if r.slurm_job_id is not None or not with_slurm_id]
 
     return lookup

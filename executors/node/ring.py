@@ -6,11 +6,14 @@ arrays); the oldest samples are overwritten once full.
 
 from __future__ import annotations
 
+from operator import attrgetter
+
 import numpy as np
 
 from executors.node.sampler import FIELDS, RawSample
 
 NAN = float("nan")
+_VALUES = attrgetter(*FIELDS)
 
 
 class SampleRing:
@@ -31,17 +34,7 @@ class SampleRing:
     def append(self, t_s: float, s: RawSample) -> None:
         i = self.count % self.capacity
         self.t_s[i] = t_s
-        row = self.data[i]
-        row[0] = s.gpu_util_pct
-        row[1] = s.sm_activity_pct
-        row[2] = s.sm_occupancy_pct
-        row[3] = s.mem_used_bytes
-        row[4] = s.mem_total_bytes
-        row[5] = s.mem_bw_util_pct
-        row[6] = s.sm_clock_mhz
-        row[7] = s.sm_clock_max_mhz
-        row[8] = s.power_w
-        row[9] = s.temperature_c
+        self.data[i] = _VALUES(s)
         self.count += 1
 
     def __len__(self) -> int:

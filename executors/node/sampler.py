@@ -1,17 +1,23 @@
 """GPU samplers: the one interface the node agent reads GPUs through.
 
-``NvmlSampler`` reads real GPUs through nvidia-ml-py (``pynvml``); ``SimulatedSampler``
-has the same interface and drives values from a model or a replayed sequence, for
-machines without GPUs. Values are floats; a metric a GPU cannot report is NaN.
+``NvmlSampler`` reads real GPUs through nvidia-ml-py (``pynvml``), with the online
+replica's share from NVML's per-process accounting (``executors.node.attribution``);
+``SimulatedSampler`` has the same interface and drives values from a model
+(``executors.node.simgpu``: the one simulated GPU, following what really runs) or a
+replayed sequence, for machines without GPUs. Values are floats; a metric a GPU
+cannot report is NaN.
 """
 
 from __future__ import annotations
 
 import logging
 import math
-from collections.abc import Callable, Iterable, Iterator, Sequence
+from collections.abc import Callable, Iterable, Sequence
 from dataclasses import dataclass
-from typing import Protocol
+from typing import TYPE_CHECKING, Protocol
+
+if TYPE_CHECKING:
+    from executors.node.attribution import ProcessAttribution
 
 log = logging.getLogger(__name__)
 
@@ -33,12 +39,24 @@ class RawSample:
     power_w: float = NAN
     temperature_c: float = NAN
     clock_idle: bool = False          # clocks are low because the GPU is idle, not throttled
+    # The online replica's own share of the GPU (per-process accounting, or the simulated split)
+    online_gpu_util_pct: float = NAN
+    online_sm_activity_pct: float = NAN
+    online_mem_used_bytes: float = NAN
+    online_mem_bw_util_pct: float = NAN
+    # A simulated replica without a metrics endpoint: its modelled load (else the endpoint's)
+    online_qps: float = NAN
+    online_latency_ms: float = NAN
+    online_solo_latency_ms: float = NAN
 
 
 FIELDS: tuple[str, ...] = (
     "gpu_util_pct", "sm_activity_pct", "sm_occupancy_pct", "mem_used_bytes", "mem_total_bytes",
     "mem_bw_util_pct", "sm_clock_mhz", "sm_clock_max_mhz", "power_w", "temperature_c",
+    "online_gpu_util_pct", "online_sm_activity_pct", "online_mem_used_bytes", "online_mem_bw_util_pct",
+    "online_qps", "online_latency_ms", "online_solo_latency_ms",
 )
+ONLINE_SPLIT = ("online_gpu_util_pct", "online_sm_activity_pct", "online_mem_used_bytes", "online_mem_bw_util_pct")
 
 
 @dataclass(frozen=True)
@@ -63,18 +81,23 @@ class GpuSampler(Protocol):
         """XID events since the last call (never blocks)."""
         ...
 
+    def online_gap(self, gpu_index: int) -> str | None:
+        """Why the online split of that GPU's samples is NaN now (None: it is not)."""
+        ...
+
     def close(self) -> None:
         ...
 
 
 # -- NVML ---------------------------------------------------------------------------------------
 
-def nvml_available() -> tuple[bool, str]:
+def nvml_available(nvml=None) -> tuple[bool, str]:
     """(True, driver version) when NVML initialises here, else (False, why)."""
     try:
         import pynvml
     except ImportError as exc:  # pragma: no cover - it is a dependency
         return False, f"nvidia-ml-py not installed: {exc}"
+    pynvml = nvml or pynvml
     try:
         pynvml.nvmlInit()
     except Exception as exc:  # NVMLError_LibraryNotFound, DriverNotLoaded, ...
@@ -97,10 +120,13 @@ class NvmlSampler:
 
     source = "measured"
 
-    def __init__(self, indices: Sequence[int] | None = None, gpm_interval_s: float = 0.1):
-        import pynvml
-
+    def __init__(self, indices: Sequence[int] | None = None, gpm_interval_s: float = 0.1, *,
+                 attribution: ProcessAttribution | None = None, nvml=None):
+        if nvml is None:
+            import pynvml as nvml
+        pynvml = nvml
         self._nv = pynvml
+        self.attribution = attribution
         pynvml.nvmlInit()
         self._closed = False
         try:
@@ -205,7 +231,31 @@ class NvmlSampler:
             sm, occ = gpu_util, NAN  # without GPM, NVML utilization is the SM-activity proxy
         if all(math.isnan(v) for v in (gpu_util, used, clock)):
             return None
-        return RawSample(gpu_util, sm, occ, used, total, bw, clock, self._max_clock[gpu_index], power, temp, idle)
+        on = (NAN, NAN, NAN, NAN)
+        if self.attribution is not None:
+            on = self.attribution.online(gpu_index, h, now_s, gpu_util, sm, used, bw)
+        return RawSample(gpu_util, sm, occ, used, total, bw, clock, self._max_clock[gpu_index], power, temp, idle, *on)
+
+    def online_gap(self, gpu_index: int) -> str | None:
+        if self.attribution is None:
+            return "GPU split: per-process accounting is off"
+        return self.attribution.gap(gpu_index)
+
+    def compute_pids(self) -> set[int]:
+        """PIDs with a CUDA context on the sampled GPUs: NVML's compute processes and, under MPS, the MPS
+        server's clients (``nvmlDeviceGetMPSComputeRunningProcesses``). NVML is thread-safe: the xCUDA check
+        calls this from its own thread."""
+        out: set[int] = set()
+        for i, h in self._handles.items():
+            for name in ("nvmlDeviceGetComputeRunningProcesses", "nvmlDeviceGetMPSComputeRunningProcesses"):
+                fn = getattr(self._nv, name, None)
+                if fn is None:
+                    continue
+                try:
+                    out.update(int(p.pid) for p in fn(h))
+                except Exception as exc:  # not supported here, or the GPU is briefly unreadable
+                    log.debug("GPU %d: %s failed: %s", i, name, exc)
+        return out
 
     def poll_xids(self, now_s: float) -> list[XidEvent]:
         if self._events is None:
@@ -251,39 +301,10 @@ class NvmlSampler:
 
 # -- simulated ----------------------------------------------------------------------------------
 
-@dataclass(frozen=True)
-class SimGpuModel:
-    """A GPU running an online service with a daily-periodic load, plus an offline share."""
-
-    mem_total_bytes: float = 24 * 1024**3
-    max_clock_mhz: float = 1695.0
-    online_sm_pct: float = 30.0       # mean online SM activity
-    online_swing_pct: float = 15.0    # amplitude of its periodic swing
-    period_s: float = 600.0
-    offline_sm_pct: float = 25.0
-    online_mem_bytes: float = 6 * 1024**3
-    offline_mem_bytes: float = 4 * 1024**3
-    noise_pct: float = 2.0
-    phase: float = 0.0
-
-    def at(self, t_s: float, noise: float) -> RawSample:
-        online = self.online_sm_pct + self.online_swing_pct * math.sin(2 * math.pi * t_s / self.period_s + self.phase)
-        sm = min(100.0, max(0.0, online + self.offline_sm_pct + self.noise_pct * noise))
-        util = min(100.0, sm * 1.3 + (5.0 if sm > 0 else 0.0))
-        # clock drops as load grows (the effect xCUDA's a_C reacts to, paper §4.1)
-        clock = self.max_clock_mhz * (1.0 - 0.12 * max(0.0, sm - 50.0) / 50.0)
-        mem = self.online_mem_bytes + (self.offline_mem_bytes if self.offline_sm_pct > 0 else 0.0)
-        return RawSample(
-            gpu_util_pct=util, sm_activity_pct=sm, sm_occupancy_pct=sm * 0.6, mem_used_bytes=mem,
-            mem_total_bytes=self.mem_total_bytes, mem_bw_util_pct=sm * 0.5, sm_clock_mhz=clock,
-            sm_clock_max_mhz=self.max_clock_mhz, power_w=70.0 + 2.0 * sm, temperature_c=40.0 + 0.4 * sm,
-        )
-
-
 class SimulatedSampler:
     """Simulated GPUs behind the sampler interface (labelled 'simulated').
 
-    Per GPU either a model (``SimGpuModel``, or any ``f(t_s) -> RawSample``) or a replayed
+    Per GPU either a model (``executors.node.simgpu.SimulatedGpu``, or any ``f(t_s) -> RawSample``) or a replayed
     sequence of samples (``None`` entries are gaps). A replay past its end repeats its last
     sample unless ``loop`` is set. ``xids`` is a list of (at_s, gpu_index, xid) events handed
     out by ``poll_xids`` once their time has come. ``faults`` can be set at run time by tests
@@ -294,20 +315,16 @@ class SimulatedSampler:
 
     def __init__(
         self,
-        models: dict[int, SimGpuModel | Callable[[float], RawSample]] | None = None,
+        models: dict[int, Callable[[float], RawSample]] | None = None,
         replay: dict[int, Sequence[RawSample | None]] | None = None,
         xids: Iterable[tuple[float, int, int]] = (),
         loop: bool = False,
-        seed: int = 0,
     ):
-        import numpy as np
-
         self._models = dict(models or {})
         self._replay = {i: list(seq) for i, seq in (replay or {}).items()}
         self._pos = {i: 0 for i in self._replay}
         self._loop = loop
         self._xids = sorted(xids)
-        self._rng = np.random.default_rng(seed)
         self._overrides: dict[int, RawSample | None] = {}
         self.closed = False
         if set(self._models) & set(self._replay):
@@ -337,10 +354,13 @@ class SimulatedSampler:
                 k = k % len(seq) if self._loop else len(seq) - 1
             self._pos[gpu_index] = k + 1
             return seq[k]
-        model = self._models[gpu_index]
-        if isinstance(model, SimGpuModel):
-            return model.at(now_s, float(self._rng.standard_normal()))
-        return model(now_s)
+        return self._models[gpu_index](now_s)
+
+    def online_gap(self, gpu_index: int) -> str | None:
+        if gpu_index in self._replay or gpu_index in self._overrides:
+            return "GPU split: a replayed sample carries none"
+        gap = getattr(self._models.get(gpu_index), "online_gap", None)
+        return gap() if callable(gap) else None
 
     def poll_xids(self, now_s: float) -> list[XidEvent]:
         out = []
@@ -353,17 +373,5 @@ class SimulatedSampler:
         self.closed = True
 
 
-def model_for_gpu_type(max_clock_mhz: float, memory_bytes: float, seed: int, index: int) -> SimGpuModel:
-    """A plausible per-GPU model, varied by index so GPUs of one node differ."""
-    phase = (seed * 7919 + index * 104729) % 628 / 100.0
-    return SimGpuModel(mem_total_bytes=float(memory_bytes), max_clock_mhz=float(max_clock_mhz),
-                       online_sm_pct=20.0 + 5.0 * (index % 4), phase=phase)
-
-
-def iter_fields(s: RawSample) -> Iterator[float]:
-    for f in FIELDS:
-        yield getattr(s, f)
-
-
-__all__ = ["FIELDS", "GpuSampler", "NvmlSampler", "RawSample", "SimGpuModel", "SimulatedSampler", "XidEvent",
-           "model_for_gpu_type", "nvml_available"]
+__all__ = ["FIELDS", "ONLINE_SPLIT", "GpuSampler", "NvmlSampler", "RawSample", "SimulatedSampler", "XidEvent",
+           "nvml_available"]

@@ -1,36 +1,87 @@
-"""Builds a node agent for one node of the feature store (simulated or NVML)."""
+"""Builds a node agent for one node of the feature store (simulated or NVML).
+
+From the store: the node's GPUs and types, the online replica on each GPU (service, model
+family, memory, daily cycle, metrics endpoint). Around them: a scraper per registered
+endpoint, the placement source (Slurm or the store's latest round), the sampler (NVML with
+per-process accounting, or the simulated GPU following those placements and scraped
+rates), the evictor and the store writer.
+"""
 
 from __future__ import annotations
 
 import datetime as dt
 import logging
 from collections.abc import Callable
+from dataclasses import dataclass
 from pathlib import Path
 
-from sqlalchemy import select
-
-from executors.node.agent import AgentConfig, GpuBinding, NodeAgent, StoreSink
+from executors.node.agent import AgentConfig, EvictionEvent, GpuBinding, NodeAgent, StoreSink
 from executors.node.detector import ErrorDetector, FakeMpsControl, MpsControl, SubprocessMpsControl
 from executors.node.evictor import CallbackEvictor, Evictor, SlurmEvictor, store_jobs_on_gpu
-from executors.node.sampler import GpuSampler, NvmlSampler, SimulatedSampler, model_for_gpu_type
+from executors.node.online import OnlineAccounting
+from executors.node.placements import (
+    JobInfoLoader,
+    Placements,
+    PolledPlacements,
+    StaticPlacements,
+    slurm_reader,
+    store_reader,
+)
+from executors.node.sampler import GpuSampler, NvmlSampler, SimulatedSampler
+from executors.node.scrape import ReplicaScraper, Scrapers
+from executors.node.simgpu import Replica, SimulatedGpu
+from executors.node.xcuda_check import Violation, XcudaCheck, XcudaWatch
+from executors.store import inventory
 from executors.store import models as m
-from scheduler_core.domain import GpuHealth
+from scheduler_core.domain import GpuHealth, GpuTypeSpec
 from scheduler_core.sysmonitor import SysMonitor
 
 log = logging.getLogger(__name__)
 
 
+@dataclass(frozen=True)
+class SourceConfig:
+    """Where the agent learns what runs and how loaded the replicas are."""
+
+    placements: str = "store"          # 'slurm' | 'store' | 'none'
+    slurm_client: Callable[[], object] | None = None   # a SlurmRestClient factory, for 'slurm'
+    poll_s: float = 5.0                # placement poll period (s)
+    scrape_s: float = 5.0              # endpoint scrape period (s)
+    scrape_timeout_s: float = 2.0
+    solo_window_s: float = 3600.0
+    noise_pct: float = 1.0             # simulated GPUs' measurement noise
+    warmup_s: float = 0.0              # simulated GPUs: seconds a started job runs no kernels
+    partition: str | None = None       # only Slurm jobs of this partition are offline work (None: any)
+    xcuda_check_s: float = 0.0         # period of the check for offline processes without xCUDA (0: off; CLI: 5 s)
+    xcuda_grace_s: float = 5.0         # a process younger than this is not judged yet (TaskProlog, Epilog)
+    proc_root: str = "/proc"
+
+
 def node_gpus(store, node: str) -> list[tuple[m.Gpu, m.GpuType]]:
     with store.session() as s:
-        node_row = s.scalars(select(m.Node).where(m.Node.name == node)).first()
+        node_row = inventory.node_named(s, node)
         if node_row is None:
-            known = ", ".join(s.scalars(select(m.Node.name).order_by(m.Node.name))) or "none"
+            known = ", ".join(inventory.node_names(s)) or "none"
             raise ValueError(f"node {node!r} is not in the store (nodes: {known})")
-        rows = s.execute(
-            select(m.Gpu, m.GpuType).join(m.GpuType, m.GpuType.name == m.Gpu.gpu_type)
-            .where(m.Gpu.node_id == node_row.id).order_by(m.Gpu.gpu_index)
-        ).all()
-        return [(g, t) for g, t in rows]
+        return inventory.node_gpus(s, node_row.id)
+
+
+def node_replicas(store, gpu_ids: list[int]) -> dict[int, Replica]:
+    """The online replica on each of these GPUs (by GPU id), as registered."""
+    with store.session() as s:
+        return {gid: Replica(svc.name, svc.model_family, float(svc.mem_bytes), svc.qps_min, svc.qps_max,
+                             svc.peak_hour_utc, url) for gid, url, svc in inventory.replicas_on(s, gpu_ids)}
+
+
+def type_spec(t: m.GpuType) -> GpuTypeSpec:
+    """The GPU type's public spec; a type the spec table lacks keeps the store's figures (P100 speed, mild clock sag)."""
+    from scheduler_core.gpu_specs import get_spec
+
+    try:
+        return get_spec(t.name)
+    except KeyError:
+        log.warning("GPU type %r has no spec: simulated with relative speed 1.0 and clock drop 0.1", t.name)
+        return GpuTypeSpec(t.name, t.sm_count, t.memory_bytes, t.max_sm_clock_mhz, 1.0, 0.1)
 
 
 def restored_monitor(gpu: m.Gpu, cfg: AgentConfig) -> SysMonitor:
@@ -50,24 +101,107 @@ def restored_monitor(gpu: m.Gpu, cfg: AgentConfig) -> SysMonitor:
     return mon
 
 
+def _placements(store, node: str, pairs, src: SourceConfig, catalog) -> Placements:
+    gpu_types = {t.name for _, t in pairs}
+    if src.placements == "none":
+        return StaticPlacements()
+    # one GPU type per node (the usual case); a mixed node looks profiles up for its first type
+    jobs = JobInfoLoader(store, sorted(gpu_types)[0], catalog)
+    if src.placements == "slurm":
+        if src.slurm_client is None:
+            raise ValueError("placements from Slurm need a Slurm REST client (MUXFLOW_SLURM_URL)")
+        return PolledPlacements(slurm_reader(src.slurm_client, node, jobs, src.partition), src.poll_s,
+                                "Slurm").start()
+    if src.placements == "store":
+        index_of = {g.id: g.gpu_index for g, _ in pairs}
+        return PolledPlacements(store_reader(store, index_of, jobs), src.poll_s, "the store").start()
+    raise ValueError(f"placements: expected slurm, store or none, got {src.placements!r}")
+
+
 def build_agent(
     store, node: str, *, simulated: bool, cfg: AgentConfig, shm_dir: Path | None,
     requeue: Callable[[int], object] | None = None, evict_callback: Callable[[int, str], list[int] | None] | None = None,
     mps_pipe_dir: str | None = None, sampler: GpuSampler | None = None, seed: int = 0, clock=None,
+    sources: SourceConfig | None = None, placements: Placements | None = None,
 ) -> NodeAgent:
+    from executors.simulated.calibration import default_catalog
+
+    src = sources or SourceConfig(placements="slurm" if requeue is not None else "store")
     pairs = node_gpus(store, node)
     if not pairs:
         raise ValueError(f"node {node!r} has no GPUs in the store")
+    catalog = default_catalog()
+    by_id = node_replicas(store, [g.id for g, _ in pairs])
+    replicas = {g.gpu_index: by_id[g.id] for g, _ in pairs if g.id in by_id}
+    closers: list[Callable[[], None]] = []
+    if placements is None:
+        placements = _placements(store, node, pairs, src, catalog)
+        closers.append(placements.close)
+    try:
+        return _assemble(store, pairs, replicas, placements, closers, catalog, src, simulated=simulated, cfg=cfg,
+                         shm_dir=shm_dir, requeue=requeue, evict_callback=evict_callback, mps_pipe_dir=mps_pipe_dir,
+                         sampler=sampler, seed=seed, clock=clock)
+    except BaseException:
+        for close in closers:
+            close()
+        raise
+
+
+def _assemble(store, pairs, replicas: dict[int, Replica], placements: Placements, closers: list, catalog,
+              src: SourceConfig, *, simulated: bool, cfg: AgentConfig, shm_dir: Path | None, requeue, evict_callback,
+              mps_pipe_dir: str | None, sampler: GpuSampler | None, seed: int, clock) -> NodeAgent:
+    from scheduler_core.gpu_model import OnlineModel
+    from scheduler_core.workloads import ONLINE_FAMILIES
+
+    agent_clock = clock
+    if agent_clock is None:
+        from executors.node.agent import RealClock, ScaledClock
+
+        agent_clock = ScaledClock(cfg.time_scale) if cfg.time_scale != 1.0 else RealClock()
+    scrapers = Scrapers({
+        idx: ReplicaScraper(r.metrics_url, interval_s=src.scrape_s, timeout_s=src.scrape_timeout_s,
+                            keep_s=src.solo_window_s + 300.0, clock=agent_clock.epoch,
+                            solo=lambda i=idx: not placements.on_gpu(i))
+        for idx, r in replicas.items() if r.metrics_url
+    })
     if sampler is None:
         if simulated:
-            sampler = SimulatedSampler(models={
-                g.gpu_index: model_for_gpu_type(t.max_sm_clock_mhz, t.memory_bytes, seed, g.gpu_index) for g, t in pairs
-            }, seed=seed)
+            models = {}
+            for g, t in pairs:
+                spec, rep = type_spec(t), replicas.get(g.gpu_index)
+                online = None
+                if rep is not None and rep.family in ONLINE_FAMILIES:
+                    fam = ONLINE_FAMILIES[rep.family]
+                    online = OnlineModel.of(fam, catalog.online[fam.name], spec, rep.mem_bytes)
+                elif rep is not None:
+                    log.warning("GPU %d: service %s has family %r, which the simulated GPU does not model",
+                                g.gpu_index, rep.service, rep.family)
+                sc = scrapers.get(g.gpu_index)
+                models[g.gpu_index] = SimulatedGpu(
+                    g.gpu_index, spec, online, rep, placements, None if sc is None else sc.current_qps,
+                    noise_pct=src.noise_pct, warmup_s=src.warmup_s, seed=seed)
+            sampler = SimulatedSampler(models=models)
         else:
-            sampler = NvmlSampler([g.gpu_index for g, _ in pairs])
+            from executors.node.attribution import ProcessAttribution
+
+            def offline_slurm_jobs(gpu_index: int) -> set[int]:
+                return {o.slurm_job_id for o in placements.on_gpu(gpu_index) if o.slurm_job_id is not None}
+
+            import pynvml
+
+            sampler = NvmlSampler([g.gpu_index for g, _ in pairs],
+                                  attribution=ProcessAttribution(pynvml, offline_slurm_jobs))
     evictor: Evictor
+    index_of = {g.id: g.gpu_index for g, _ in pairs}
     if requeue is not None:
-        evictor = SlurmEvictor(store_jobs_on_gpu(store), requeue)
+        if src.placements != "store":  # Slurm's (or a given) view of what runs, not the store's last round
+            def jobs_on_gpu(gpu_id: int) -> list[tuple[int | None, int]]:
+                placements.refresh()  # evicting: Slurm's view of now, not the last poll's
+                return [(o.job_id, o.slurm_job_id) for o in placements.on_gpu(index_of[gpu_id])
+                        if o.slurm_job_id is not None]
+            evictor = SlurmEvictor(jobs_on_gpu, requeue)
+        else:
+            evictor = SlurmEvictor(store_jobs_on_gpu(store), requeue)
     else:
         lookup = store_jobs_on_gpu(store, with_slurm_id=False)
         evictor = CallbackEvictor(evict_callback or (lambda gpu_id, reason: [j for j, _ in lookup(gpu_id) if j is not None]))
@@ -79,4 +213,30 @@ def build_agent(
         detectors[g.gpu_index] = ErrorDetector(mps)
         monitors[g.gpu_index] = restored_monitor(g, cfg)
     sink = StoreSink(store, sampler.source)
-    return NodeAgent(sampler, bindings, evictor, sink, cfg, clock=clock, detectors=detectors, monitors=monitors)
+    accounting = OnlineAccounting(replicas, scrapers, src.solo_window_s)
+    scrapers.start()
+    closers.insert(0, scrapers.close)
+    agent = NodeAgent(sampler, bindings, evictor, sink, cfg, clock=agent_clock, detectors=detectors,
+                      monitors=monitors, placements=placements, accounting=accounting, closers=closers)
+    if isinstance(evictor, SlurmEvictor) and src.xcuda_check_s > 0:
+        agent.stoppers.append(_xcuda_watch(agent, evictor, sink, placements, pairs, src).close)
+    return agent
+
+
+def _xcuda_watch(agent: NodeAgent, evictor: SlurmEvictor, sink, placements: Placements, pairs,
+                 src: SourceConfig) -> XcudaWatch:
+    """The xCUDA check of the node's offline Slurm jobs (executors.node.xcuda_check), evicting through the agent's
+    evictor and recording in its sink: real GPUs judge the processes NVML sees on a GPU, simulated ones every
+    process of the job."""
+    gpu_id_of = {g.gpu_index: g.id for g, _ in pairs}
+    gpu_pids = getattr(agent.sampler, "compute_pids", None)
+    check = XcudaCheck(placements, list(gpu_id_of), gpu_pids, src.proc_root, src.xcuda_grace_s)
+
+    def evict(v: Violation) -> None:
+        loop = agent.loops[v.gpu_index]
+        done = evictor.evict_job(v.job_id, v.slurm_job_id)
+        reason = v.reason if done.ok else f"{v.reason} (failed: {done.detail})"
+        sink.eviction(EvictionEvent(gpu_id_of[v.gpu_index], v.job_id, dt.datetime.fromtimestamp(agent.clock.epoch(), tz=dt.UTC), reason,
+                                    loop.monitor.state.value, done.ok, done.slurm_job_id))
+
+    return XcudaWatch(check, evict, src.xcuda_check_s).start()

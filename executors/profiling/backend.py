@@ -1,19 +1,22 @@
-"""Profiling and sampling as a cluster backend does them (``SlurmBackend.profile_new_jobs`` /
-``collect_samples`` delegate here): the controllers of this package with an executor — the profile
-partition for Slurm. Settings come from ``MUXFLOW_PROFILING_*`` / ``MUXFLOW_SAMPLING_*`` when the
-step runs (docs/PROFILING.md), unless given.
+"""Profiling and sampling as a deployment does them: the controllers of this package with an executor — the
+profile partition for Slurm (:class:`SlurmProfiler`, the :class:`executors.cluster.Profiler` of a Slurm
+deployment). Settings are given (the deployment's, pipelines/settings.py); ``MUXFLOW_PROFILING_*`` /
+``MUXFLOW_SAMPLING_*`` are read only by callers that have none (docs/PROFILING.md).
 """
 
 from __future__ import annotations
 
 import logging
 import os
+from collections.abc import Callable
+from dataclasses import dataclass, field
 
 from executors.profiling.runs import ProfileExecutor
 from executors.profiling.sampling import ColocationSampler, SamplingSummary
 from executors.profiling.settings import ProfilingSettings, SamplingSettings
 from executors.profiling.slurm_exec import ScontrolScripts, SlurmProfileExecutor
 from executors.profiling.solo import ProfilingSummary, SoloProfiler
+from executors.slurm.config import SlurmConfig
 from executors.store import repo
 from executors.store.db import Store
 
@@ -76,3 +79,28 @@ def sample_on_slurm(backend, store: Store, per_type: int, seed: int,
         log.warning("co-location sampling skipped: cannot list the %s partition: %s", settings.partition, exc)
         types = []
     return sample_with(ex, types, store, per_type, seed, settings)
+
+
+@dataclass
+class SlurmProfiler:
+    """Solo profiles and co-location samples on Slurm's profile partition (:class:`executors.cluster.Profiler`)."""
+
+    client_factory: Callable[[], object]
+    retry_deadline_s: float = 60.0
+    simulated = False  # profiles measured on the partition's nodes (GPU metrics simulated where they have no GPU)
+    profiling: ProfilingSettings = field(default_factory=ProfilingSettings)
+    sampling: SamplingSettings = field(default_factory=SamplingSettings)
+
+    @classmethod
+    def from_config(cls, config: SlurmConfig) -> SlurmProfiler:
+        """The profiler of a deployment's Slurm configuration (its client, retry deadline, profiling and sampling)."""
+        return cls(config.client, config.retry_deadline_s, config.profiling, config.sampling)
+
+    def profile_new_jobs(self, store: Store, seed: int) -> int:
+        """Dry runs of new jobs on the profile partition (docs/PROFILING.md); how many were profiled."""
+        return len(profile_on_slurm(self, store, seed, self.profiling).profiled)
+
+    def collect_samples(self, store: Store, per_type: int, seed: int) -> dict[str, int]:
+        """Samples measured on the profile partition within the GPU-time budget, topped up with simulated ones
+        while a GPU type has fewer than ``per_type``; how many were added per GPU type."""
+        return sample_on_slurm(self, store, per_type, seed, self.sampling)[0]

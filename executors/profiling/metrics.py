@@ -219,28 +219,74 @@ def _raw(gpu_util: float, sm: float, occ: float, mem: float, bw: float, clock: f
                      sm_clock_mhz=clock, sm_clock_max_mhz=float(spec.max_sm_clock_mhz))
 
 
-def simulated_offline_model(job_type: str, gpu_type: str, seed: int) -> Callable[[float], RawSample]:
-    """Per-sample readings of the simulated GPU running ``job_type`` alone (measurement noise included)."""
+GENERIC_JOB = "(generic offline job)"
+
+
+@dataclass(frozen=True)
+class SimulatedJobModel:
+    """Which simulated GPU model stands for a job on a node without a GPU (docs/PROFILING.md).
+
+    A job whose type is a catalog workload is modelled as that workload. Any other label (or
+    none: on a real cluster a job type is a free label) gets the *generic offline job*: per
+    trait (SM need, memory bandwidth, sensitivity, pressure, solo speed) the median of the
+    catalog's workloads, with the job's own memory need — nothing about the job's GPU use is
+    known without a GPU, so it is profiled as a typical one, and labelled so (``generic``).
+    """
+
+    catalog: object  # WorkloadCatalog holding ``key``
+    key: str
+    generic: bool
+    note: str
+
+
+def simulated_job_model(job_type: str, mem_bytes: float | None = None) -> SimulatedJobModel:
+    from dataclasses import replace
+
     from executors.simulated.calibration import default_catalog
-    from executors.simulated.profiling import offline_profile
+    from scheduler_core.interference import WorkloadTraits
+    from scheduler_core.workloads import OfflineWorkload
 
     catalog = default_catalog()
-    catalog.offline_workload(job_type)  # unknown job types fail here, before the run
+    if job_type in catalog.offline:
+        return SimulatedJobModel(catalog, job_type, False, f"the simulated model of {job_type!r}")
+    wls = list(catalog.offline.values())
+
+    def med(values) -> float:
+        return float(np.median(list(values)))
+
+    traits = WorkloadTraits(sensitivity=med(w.traits.sensitivity for w in wls),
+                            pressure=med(w.traits.pressure for w in wls),
+                            sm_need=med(w.traits.sm_need for w in wls), mem_bw=med(w.traits.mem_bw for w in wls))
+    mem = int(mem_bytes) if mem_bytes else int(med(w.mem_bytes for w in wls))
+    generic = OfflineWorkload(GENERIC_JOB, traits, med(w.solo_steps_per_s_p100 for w in wls), mem)
+    label = f"label {job_type!r}" if job_type else "no label"
+    return SimulatedJobModel(replace(catalog, offline={**catalog.offline, GENERIC_JOB: generic}), GENERIC_JOB, True,
+                             f"a generic offline job ({label}: no simulated model; the catalog's median traits, "
+                             f"the job's {mem / 1024**3:.3g} GiB)")
+
+
+def simulated_offline_model(job_type: str, gpu_type: str, seed: int,
+                            mem_bytes: float | None = None) -> Callable[[float], RawSample]:
+    """Per-sample readings of the simulated GPU running ``job_type`` alone (measurement noise included);
+    a label the catalog does not model gets the generic job (:func:`simulated_job_model`)."""
+    from executors.simulated.profiling import offline_profile
+
+    model = simulated_job_model(job_type, mem_bytes)
     rng = np.random.default_rng(seed)
 
     def at(_t: float) -> RawSample:
-        f = offline_profile(catalog, job_type, gpu_type, rng)
+        f = offline_profile(model.catalog, model.key, gpu_type, rng)
         return _raw(f.gpu_util_pct, f.sm_activity_pct, f.sm_occupancy_pct, f.mem_used_bytes, f.mem_bw_util_pct,
                     f.sm_clock_mhz, gpu_type)
     return at
 
 
-def simulated_offline_iter_time_s(job_type: str, gpu_type: str) -> float:
+def simulated_offline_iter_time_s(job_type: str, gpu_type: str, mem_bytes: float | None = None) -> float:
     """The simulated model's solo iteration time of ``job_type`` on ``gpu_type`` (no noise)."""
-    from executors.simulated.calibration import default_catalog
     from executors.simulated.profiling import offline_profile
 
-    return offline_profile(default_catalog(), job_type, gpu_type, None).iter_time_s
+    model = simulated_job_model(job_type, mem_bytes)
+    return offline_profile(model.catalog, model.key, gpu_type, None).iter_time_s
 
 
 def simulated_online_model(family: str, gpu_type: str, load: float, mem_bytes: float,

@@ -96,7 +96,8 @@ def features_from(probe: dict[str, Any], device: str | None = None) -> ProfileOu
         "profiling_s": float(probe.get("elapsed_s") or 0.0), "device": (device or probe.get("device") or
                                                                          probe.get("metrics_note") or "")[:128],
     }
-    label = "NVML" if measured_gpu else "simulated GPU metrics"
+    label = "NVML" if measured_gpu else ("simulated GPU metrics of a generic job" if probe.get("metrics_generic")
+                                         else "simulated GPU metrics")
     summary = (f"{it['iterations']} iterations, mean {1000 * float(it['mean_s']):.2f} ms "
                f"(p95 {1000 * float(it.get('p95_s') or 0):.2f} ms), {label}")
     return ProfileOutcome(True, summary, f, "measured" if measured_gpu else "simulated",

@@ -1,6 +1,6 @@
 """The solo-profiling wrapper that runs on a profile node, around a copy of the job's script.
 
-    python -m executors.profiling.probe --run-dir DIR --job-type T --gpu-type G \\
+    python -m executors.profiling.probe --run-dir DIR --job-type T --gpu-type G [--mem-bytes B] \\
         [--metrics auto|nvml|simulated] [--iters 20] [--seconds 120] [--warmup 2] [--deadline 570] -- job.sh
 
 It starts the job in profiling mode (``MUXFLOW_PROFILE_*``: a dry run that
@@ -32,6 +32,7 @@ from executors.profiling.metrics import (
     MetricsUnavailable,
     WindowRecorder,
     open_sampler,
+    simulated_job_model,
     simulated_offline_iter_time_s,
     simulated_offline_model,
 )
@@ -54,7 +55,7 @@ def read_json(path: Path) -> dict[str, Any] | None:
 
 def run_probe(run_dir: Path, command: list[str], *, job_type: str, gpu_type: str, metrics: str = "auto",
               iterations: int = 20, seconds: float = 120.0, warmup: int = 2, deadline_s: float = 570.0,
-              seed: int = 0, interval_s: float = 0.05, cwd: str | None = None,
+              seed: int = 0, interval_s: float = 0.05, cwd: str | None = None, mem_bytes: float | None = None,
               stop: Any = lambda: False) -> dict[str, Any]:
     run_dir.mkdir(parents=True, exist_ok=True)
     iteration_path = run_dir / ITERATION_FILE
@@ -69,11 +70,13 @@ def run_probe(run_dir: Path, command: list[str], *, job_type: str, gpu_type: str
     recorder = None
     model_iter_time_s = None
     try:
-        opened = open_sampler(metrics, lambda: simulated_offline_model(job_type, gpu_type, seed))
+        opened = open_sampler(metrics, lambda: simulated_offline_model(job_type, gpu_type, seed, mem_bytes))
         recorder = WindowRecorder(opened.sampler, opened.gpu_index, interval_s, max_s=deadline_s + 60).start()
         report["metrics_note"], report["device"] = opened.note, opened.device
         if opened.sampler.source == "simulated":
-            model_iter_time_s = simulated_offline_iter_time_s(job_type, gpu_type)
+            model = simulated_job_model(job_type, mem_bytes)
+            report["metrics_model"], report["metrics_generic"] = model.note, model.generic
+            model_iter_time_s = simulated_offline_iter_time_s(job_type, gpu_type, mem_bytes)
     except (MetricsUnavailable, KeyError, ValueError) as exc:
         report["metrics_error"] = str(exc.args[0] if isinstance(exc, KeyError) and exc.args else exc)
     try:
@@ -120,6 +123,7 @@ def main(argv: list[str] | None = None) -> int:
     ap.add_argument("--run-dir", required=True)
     ap.add_argument("--job-type", required=True)
     ap.add_argument("--gpu-type", required=True)
+    ap.add_argument("--mem-bytes", type=float, default=None, help="the job's GPU memory need (the generic model's)")
     ap.add_argument("--metrics", choices=("auto", "nvml", "simulated"), default="auto")
     ap.add_argument("--iters", type=int, default=20)
     ap.add_argument("--seconds", type=float, default=120.0)
@@ -140,7 +144,7 @@ def main(argv: list[str] | None = None) -> int:
     cwd = a.cwd if a.cwd and os.path.isdir(a.cwd) and os.access(a.cwd, os.X_OK) else None
     rep = run_probe(Path(a.run_dir), command, job_type=a.job_type, gpu_type=a.gpu_type, metrics=a.metrics,
                     iterations=a.iters, seconds=a.seconds, warmup=a.warmup, deadline_s=a.deadline, seed=a.seed,
-                    interval_s=a.interval_ms / 1000.0, cwd=cwd, stop=lambda: bool(stop))
+                    interval_s=a.interval_ms / 1000.0, cwd=cwd, mem_bytes=a.mem_bytes, stop=lambda: bool(stop))
     it = rep.get("iteration_report") or {}
     print(f"probe: exit {rep.get('exit_code')}, {it.get('iterations', 0)} iterations, "
           f"mean {it.get('mean_s')} s, metrics {rep.get('metrics_source') or rep.get('metrics_error')}", flush=True)

@@ -4,10 +4,9 @@ from __future__ import annotations
 
 import datetime as dt
 
-from sqlalchemy import func, select
-from sqlalchemy.orm import Session
-
 from executors.store import models as m
+from executors.store import profiling as profstore
+from executors.store.db import Session
 
 
 def _seconds(a: dt.datetime | None, b: dt.datetime | None) -> float | None:
@@ -15,37 +14,29 @@ def _seconds(a: dt.datetime | None, b: dt.datetime | None) -> float | None:
 
 
 def recent_profiling_runs(s: Session, since_utc: dt.datetime | None = None, limit: int = 200) -> list[dict]:
-    q = select(m.ProfilingRun).order_by(m.ProfilingRun.id.desc()).limit(limit)
-    if since_utc is not None:
-        q = q.where(m.ProfilingRun.finished_utc >= since_utc)
     out = []
-    for r in s.scalars(q):
+    for r in profstore.recent_runs(s, m.ProfilingRun, since_utc, limit):
         rep = r.report or {}
         out.append({"run": r.id, "what": f"job {r.job_id}", "gpu_type": r.gpu_type, "state": r.state,
                     "slurm_job": r.slurm_job_id, "node": r.node,
                     "seconds": rep.get("elapsed_s") or _seconds(r.started_utc, r.finished_utc),
                     "reason": r.reason or ""})
-    return out[::-1]
+    return out
 
 
 def recent_sampling_runs(s: Session, since_utc: dt.datetime | None = None, limit: int = 200) -> list[dict]:
-    q = select(m.SamplingRun).order_by(m.SamplingRun.id.desc()).limit(limit)
-    if since_utc is not None:
-        q = q.where(m.SamplingRun.finished_utc >= since_utc)
     out = []
-    for r in s.scalars(q):
+    for r in profstore.recent_runs(s, m.SamplingRun, since_utc, limit):
         out.append({"run": r.id, "what": f"{r.service_name} @ {r.qps:g} QPS + {r.job_type} at "
                                          f"{','.join(str(p) for p in r.sm_pcts)} %",
                     "gpu_type": r.gpu_type, "state": r.state, "slurm_job": r.slurm_job_id, "node": r.node,
                     "method": r.method, "samples": r.samples, "seconds": r.used_gpu_s, "reason": r.reason or ""})
-    return out[::-1]
+    return out
 
 
 def profile_methods(s: Session) -> dict[str, int]:
     """Stored profiles per ``method/source``."""
-    q = select(m.JobProfile.method, m.JobProfile.source, func.count()).group_by(m.JobProfile.method,
-                                                                                m.JobProfile.source)
-    return {f"{meth}/{src}": n for meth, src, n in s.execute(q)}
+    return {f"{meth}/{src}": n for (meth, src), n in profstore.profile_counts(s).items()}
 
 
 def runs_markdown(runs: list[dict], title: str) -> str:

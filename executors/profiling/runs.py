@@ -117,7 +117,7 @@ def write_executable(path: Path, text: str) -> Path:
 
 def probe_script(*, python: str, run_dir: Path, job_script: Path, job_type: str, gpu_type: str, metrics: str,
                  iterations: int, seconds: float, warmup: int, deadline_s: float, seed: int, interval_ms: float,
-                 working_dir: str | None, header: str) -> str:
+                 working_dir: str | None, header: str, mem_bytes: int | None = None) -> str:
     """The profiling job: the probe around a copy of the job's script, in the job's working directory."""
     q = shlex.quote
     args = [q(python), "-m", "executors.profiling.probe", "--run-dir", q(str(run_dir)), "--job-type", q(job_type),
@@ -126,6 +126,8 @@ def probe_script(*, python: str, run_dir: Path, job_script: Path, job_type: str,
             repr(interval_ms)]
     if working_dir:
         args += ["--cwd", q(working_dir)]
+    if mem_bytes:
+        args += ["--mem-bytes", str(int(mem_bytes))]
     return ("#!/bin/sh\n" + "".join(f"# {line}\n" for line in header.splitlines())
             + f"cd {q(str(run_dir))} || exit 1\n"
             + "exec " + " ".join(args) + " -- " + q(str(job_script)) + "\n")
@@ -142,11 +144,6 @@ def run_log_tail(run_dir: Path, limit: int = 300) -> str:
         if lines:
             return lines[-1][:limit]
     return ""
-
-
-def utc(t: dt.datetime | None) -> dt.datetime | None:
-    """A stored time as aware UTC (SQLite gives naive datetimes back)."""
-    return t if t is None or t.tzinfo else t.replace(tzinfo=dt.UTC)
 
 
 class RunHandles:

@@ -27,8 +27,6 @@ from dataclasses import asdict, dataclass, field
 from pathlib import Path
 from typing import Any
 
-from sqlalchemy import func, select
-
 from executors.profiling.colocate import REPORT_FILE
 from executors.profiling.probe import read_json
 from executors.profiling.runs import (
@@ -40,17 +38,17 @@ from executors.profiling.runs import (
     RunSpec,
     prepare_run_dir,
     run_log_tail,
-    utc,
 )
 from executors.profiling.settings import SamplingSettings
+from executors.store import inventory
 from executors.store import models as m
+from executors.store import profiling as profstore
 from executors.store.db import Store
 from executors.workloads.models import FAMILIES, workload_size
 from scheduler_core.domain import OfflineFeatures, OnlineFeatures
 from scheduler_core.sampling_plan import PairCandidate, SamplingCost, SamplingPlan, plan_sampling
 
 log = logging.getLogger(__name__)
-OPEN = ("submitted", "running")
 
 
 @dataclass
@@ -131,7 +129,7 @@ class ColocationSampler:
         """(name, family, qps, mem_bytes) of the services a reference workload can stand in for; skipped names."""
         ok, skipped = [], []
         with self.store.session() as s:
-            for v in s.scalars(select(m.OnlineService).order_by(m.OnlineService.name)):
+            for v in inventory.online_services(s):
                 if v.model_family not in FAMILIES:
                     skipped.append(f"{v.name} ({v.model_family})")
                     continue
@@ -143,15 +141,8 @@ class ColocationSampler:
         return ok, skipped
 
     def measured(self, gpu_types: list[str]) -> dict[tuple[str, str, str], dict[int, int]]:
-        out: dict[tuple[str, str, str], dict[int, int]] = {}
-        c = m.ColocationSample
-        q = (select(c.gpu_type, c.service_name, c.job_type, c.sm_pct, func.count())
-             .where(c.method != "simulated", c.gpu_type.in_(gpu_types))
-             .group_by(c.gpu_type, c.service_name, c.job_type, c.sm_pct))
         with self.store.session() as s:
-            for g, svc, job, sm, n in s.execute(q):
-                out.setdefault((g, svc, job), {})[int(round(sm))] = int(n)
-        return out
+            return profstore.measured_sample_counts(s, gpu_types)
 
     def plan(self, gpu_types: list[str], budget_s: float | None = None) -> tuple[SamplingPlan, list[str]]:
         services, skipped = self.services()
@@ -174,7 +165,7 @@ class ColocationSampler:
         while self.poll_once(summary) and self.monotonic() < end:
             self.sleep(self.settings.poll_s)  # polling the runs' state with a deadline
         with self.store.session() as s:
-            summary.in_progress = list(s.scalars(select(m.SamplingRun.id).where(m.SamplingRun.state.in_(OPEN))))
+            summary.in_progress = [r.id for r in profstore.open_sampling_runs(s)]
         return summary
 
     def _time_limit_s(self, points: int, cost_s: float) -> float:
@@ -223,9 +214,8 @@ class ColocationSampler:
 
     def poll_once(self, summary: SamplingSummary) -> int:
         with self.store.session() as s:
-            runs = [(r.id, r.slurm_job_id, r.state, utc(r.submitted_utc), utc(r.started_utc), r.planned_gpu_s,
-                     len(r.sm_pcts), r.node) for r in
-                    s.scalars(select(m.SamplingRun).where(m.SamplingRun.state.in_(OPEN)).order_by(m.SamplingRun.id))]
+            runs = [(r.id, r.slurm_job_id, r.state, r.submitted_utc, r.started_utc, r.planned_gpu_s,
+                     len(r.sm_pcts), r.node) for r in profstore.open_sampling_runs(s)]
         left = 0
         for run_id, sid, state, submitted, started, planned_s, points, node in runs:
             handle = self.handles.lookup(run_id, sid)

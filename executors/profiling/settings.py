@@ -72,7 +72,7 @@ class ProfilingSettings:
 
     @classmethod
     def from_env(cls, env: Mapping[str, str], **overrides: Any) -> ProfilingSettings:
-        return replace(cls(), **_from_env(cls, "MUXFLOW_PROFILING_", env), **overrides)
+        return replace(cls(), **overrides_from_env(cls, "MUXFLOW_PROFILING_", env), **overrides)
 
 
 @dataclass(frozen=True)
@@ -117,10 +117,10 @@ class SamplingSettings:
 
     @classmethod
     def from_env(cls, env: Mapping[str, str], **overrides: Any) -> SamplingSettings:
-        return replace(cls(), **_from_env(cls, "MUXFLOW_SAMPLING_", env), **overrides)
+        return replace(cls(), **overrides_from_env(cls, "MUXFLOW_SAMPLING_", env), **overrides)
 
 
-def _from_env(cls: type, prefix: str, env: Mapping[str, str]) -> dict[str, Any]:
+def overrides_from_env(cls: type, prefix: str, env: Mapping[str, str]) -> dict[str, Any]:
     """``<prefix><FIELD>`` for every field, parsed by the field's type."""
     out: dict[str, Any] = {}
     for f in fields(cls):

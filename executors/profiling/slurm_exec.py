@@ -1,6 +1,7 @@
 """Profiling and sampling jobs on the Slurm ``profile`` partition, through slurmrestd.
 
-Each run is one batch job with a whole GPU of the run's type (``--gres=gpu:<type>:1``:
+Each run is one batch job with a whole GPU of the run's type (``--gres=gpu:<type>:1``, or
+``--gres=gpu:1`` on a node of that type where the nodes have one gres Type per GPU:
 profiling is solo, sampling controls the GPU's sharing itself), a time limit a
 minute above the run's bound, output into the run directory, and the run's key
 in its comment (``muxflow-profile-run=<run directory>``), by which a run submitted just
@@ -33,15 +34,29 @@ from executors.profiling.runs import (
     RunSpec,
     command_script,
 )
-from executors.slurm.backend import Retry, SlurmUnavailable
+from executors.slurm.retry import Retry, SlurmUnavailable
 from executors.slurm.client import SlurmNotFound
 from executors.slurm.errors import SlurmError
-from executors.slurm.models import PENDING
+from executors.slurm.models import PENDING, Node
 from executors.slurm.scontrol import ScontrolError, run_scontrol
 from executors.slurm.spec import JobSpec
 
 log = logging.getLogger(__name__)
 _RUNNING_STATES = frozenset({"RUNNING", "CONFIGURING", "COMPLETING", "SUSPENDED", "STOPPED"})
+
+
+def whole_gpu_request(nodes: list[Node], partition: str, model: str) -> tuple[str, str | None]:
+    """``(--gres, node list)`` for one whole GPU of ``model`` in ``partition``.
+
+    ``gpu:<model>:1`` where a node of the partition has the classic ``gpu:<model>:<n>``. Where
+    every such node has one gres Type per GPU (``gpu:t4g0:1,…``; docs/SLURM.md) no GPU has the
+    Type ``<model>``: then ``gpu:1`` on the usable node of that model with the most GPUs free.
+    """
+    of_model = [n for n in nodes if partition in n.partitions and n.gpu_type == model]
+    if not of_model or any(not n.per_gpu_types for n in of_model):
+        return f"gpu:{model}:1", None
+    best = max(of_model, key=lambda n: (n.usable, len(n.gpus) - n.gres_in_use("gpu"), n.name))
+    return "gpu:1", best.name
 
 
 class ScontrolScripts:
@@ -93,9 +108,11 @@ class SlurmProfileExecutor:
             raise ExecutorError(f"{what}: {exc}") from exc
 
     def submit(self, spec: RunSpec) -> int:
+        nodes = self._call(f"list the {self.partition} partition's nodes", self.client.list_nodes)
+        gres, nodelist = whole_gpu_request(nodes, self.partition, spec.gpu_type)
         job = JobSpec(
             name=spec.name, script=spec.script, partition=self.partition, environment=self.environment,
-            working_dir=str(spec.run_dir), gres_per_node=f"gpu:{spec.gpu_type}:1", requeue=False,
+            working_dir=str(spec.run_dir), gres_per_node=gres, nodelist=nodelist, requeue=False,
             stdout_path=str(spec.run_dir / "slurm-%j.out"), stderr_path=str(spec.run_dir / "slurm-%j.out"),
             time_limit_min=max(1, math.ceil(spec.time_limit_s / 60.0)), comment=spec.key,
         )

@@ -4,7 +4,10 @@ For every SUBMITTED job and each GPU type it may run on, one *profiling run*: a
 copy of the job's script (its Slurm batch script, or its command) runs under the
 probe (:mod:`executors.profiling.probe`) on a dedicated GPU of that type, in the
 runtime's profiling mode, and the probe's report becomes the job's profile on
-that type (:mod:`executors.profiling.outcome`). The job goes SUBMITTED →
+that type (:mod:`executors.profiling.outcome`). The job's type is only a label: on a node
+without a GPU the metrics come from the simulated model of a catalog type, or of a generic
+job for any other label (:func:`executors.profiling.metrics.simulated_job_model`), said in
+the job's reason. The job goes SUBMITTED →
 PROFILING → PENDING, or FAILED with the reason (``muxflow jobs list`` shows it)
 when a run crashes, reports no iterations or exceeds the bound.
 
@@ -27,8 +30,6 @@ from collections.abc import Callable
 from dataclasses import dataclass, field
 from pathlib import Path
 
-from sqlalchemy import select
-
 from executors.profiling.outcome import classify
 from executors.profiling.probe import PROBE_FILE, read_json
 from executors.profiling.runs import (
@@ -42,19 +43,17 @@ from executors.profiling.runs import (
     prepare_run_dir,
     probe_script,
     run_log_tail,
-    utc,
     write_executable,
 )
 from executors.profiling.settings import ProfilingSettings
 from executors.store import models as m
+from executors.store import profiling as profstore
 from executors.store import repo
 from executors.store.db import Store
 from executors.store.jobs import transition
 from scheduler_core.domain import JobState, OfflineFeatures
 
 log = logging.getLogger(__name__)
-OPEN = ("submitted", "running")
-REUSABLE_METHODS = ("nvml", "simulated-metrics")
 
 
 @dataclass
@@ -97,15 +96,17 @@ class SoloProfiler:
     def start_new(self, summary: ProfilingSummary) -> None:
         """Runs for SUBMITTED jobs, and for PROFILING jobs that lack one (a profiler stopped in between)."""
         with self.store.session() as s:
-            jobs = [(j.id, j.state, j.job_type, list(j.allowed_gpu_types), j.slurm_job_id, j.command)
+            jobs = [(j.id, j.state, j.job_type, list(j.allowed_gpu_types), j.slurm_job_id, j.command, j.mem_bytes)
                     for j in repo.jobs_in_states(s, [JobState.SUBMITTED, JobState.PROFILING])]
-        for job_id, state, job_type, gpu_types, slurm_id, command in jobs:
+        for job_id, state, job_type, gpu_types, slurm_id, command, mem_bytes in jobs:
             if state == JobState.SUBMITTED.value:
                 with self.store.session() as s:
                     transition(s, job_id, JobState.PROFILING, f"solo profiling on the {self.settings.partition} "
                                                               f"partition ({', '.join(gpu_types)})")
             missing = self._missing(job_id, gpu_types)
-            reused = self._reuse(job_id, job_type, missing) if self.settings.reuse_profiles and missing else set()
+            # an empty label says nothing about the job: no other job's profile stands for it
+            reuse = self.settings.reuse_profiles and missing and job_type
+            reused = self._reuse(job_id, job_type, missing) if reuse else set()
             todo = [g for g in missing if g not in reused]
             if not todo:
                 self._finish_job(job_id, summary)
@@ -121,25 +122,19 @@ class SoloProfiler:
                 self._fail_job(job_id, f"profiling failed: {exc}", summary)
                 continue
             for gtype in todo:
-                self._submit(job_id, job_type, gtype, script.text, script.working_dir, summary)
+                self._submit(job_id, job_type, gtype, script.text, script.working_dir, summary, mem_bytes)
 
     def _missing(self, job_id: int, gpu_types: list[str]) -> list[str]:
         """Allowed GPU types with neither a profile nor an open run."""
         with self.store.session() as s:
-            have = set(s.scalars(select(m.JobProfile.gpu_type).where(m.JobProfile.job_id == job_id)))
-            have |= set(s.scalars(select(m.ProfilingRun.gpu_type).where(m.ProfilingRun.job_id == job_id,
-                                                                        m.ProfilingRun.state.in_(OPEN))))
+            have = profstore.profiled_gpu_types(s, job_id) | profstore.profiling_gpu_types(s, job_id)
         return [g for g in gpu_types if g not in have]
 
     def _reuse(self, job_id: int, job_type: str, gpu_types: list[str]) -> set[str]:
         done = set()
         with self.store.session() as s:
             for gtype in gpu_types:
-                src = s.scalars(
-                    select(m.JobProfile).join(m.OfflineJob, m.OfflineJob.id == m.JobProfile.job_id)
-                    .where(m.OfflineJob.job_type == job_type, m.JobProfile.gpu_type == gtype,
-                           m.JobProfile.method.in_(REUSABLE_METHODS), m.JobProfile.job_id != job_id)
-                    .order_by(m.JobProfile.profiled_utc.desc(), m.JobProfile.id.desc()).limit(1)).first()
+                src = profstore.reusable_profile(s, job_type, gtype, job_id)
                 if src is None:
                     continue
                 f = OfflineFeatures(**{k: getattr(src, k) for k in OfflineFeatures.__dataclass_fields__})
@@ -151,7 +146,8 @@ class SoloProfiler:
                 log.info("job %s reuses job %s's profile on %s (%s)", job_id, src.job_id, gtype, job_type)
         return done
 
-    def _spec(self, run: m.ProfilingRun, job_type: str, script_text: str, working_dir: str | None) -> RunSpec:
+    def _spec(self, run: m.ProfilingRun, job_type: str, script_text: str, working_dir: str | None,
+              mem_bytes: int | None = None) -> RunSpec:
         st = self.settings
         run_dir = Path(run.run_dir)
         job_script = write_executable(run_dir / "job.sh", script_text)
@@ -161,19 +157,19 @@ class SoloProfiler:
                             gpu_type=run.gpu_type, metrics=st.metrics, iterations=st.iterations,
                             seconds=st.profile_seconds, warmup=st.warmup_iterations, deadline_s=st.deadline_s,
                             seed=self.seed * 1_000_003 + run.job_id, interval_ms=st.interval_ms,
-                            working_dir=working_dir, header=header)
+                            working_dir=working_dir, header=header, mem_bytes=mem_bytes)
         return RunSpec(key=f"muxflow-profile-run={run_dir.name}", name=f"mxprof-j{run.job_id}-{run.gpu_type}",
                        gpu_type=run.gpu_type, run_dir=run_dir, script=text, time_limit_s=st.bound_s + 60.0)
 
     def _submit(self, job_id: int, job_type: str, gtype: str, script_text: str, working_dir: str | None,
-                summary: ProfilingSummary) -> None:
+                summary: ProfilingSummary, mem_bytes: int) -> None:
         with self.store.session() as s:
             run = m.ProfilingRun(job_id=job_id, gpu_type=gtype, state="submitted", run_dir="",
                                  bound_s=self.settings.bound_s, submitted_utc=self.now())
             s.add(run)
             s.flush()
             run.run_dir = str(prepare_run_dir(self.settings.profile_dir, f"solo-run{run.id}-job{job_id}-{gtype}"))
-            spec = self._spec(run, job_type, script_text, working_dir)
+            spec = self._spec(run, job_type, script_text, working_dir, mem_bytes)
             run_id = run.id
         # the intent (the row) is committed before anything is sent
         self._send(run_id, spec, summary)
@@ -196,9 +192,8 @@ class SoloProfiler:
     def poll_once(self, summary: ProfilingSummary) -> int:
         """Check every open run once; the number still open."""
         with self.store.session() as s:
-            runs = [(r.id, r.job_id, r.gpu_type, r.slurm_job_id, r.state, utc(r.submitted_utc), utc(r.started_utc),
-                     r.bound_s, r.run_dir, r.node) for r in
-                    s.scalars(select(m.ProfilingRun).where(m.ProfilingRun.state.in_(OPEN)).order_by(m.ProfilingRun.id))]
+            runs = [(r.id, r.job_id, r.gpu_type, r.slurm_job_id, r.state, r.submitted_utc, r.started_utc,
+                     r.bound_s, r.run_dir, r.node) for r in profstore.open_profiling_runs(s)]
         left = 0
         for run_id, job_id, gtype, sid, state, submitted, started, bound_s, run_dir, node in runs:
             handle = self.handles.lookup(run_id, sid)
@@ -249,7 +244,7 @@ class SoloProfiler:
         with self.store.session() as s:
             run = s.get(m.ProfilingRun, run_id)
             job = s.get(m.OfflineJob, run.job_id)
-            job_type, slurm_id, command = job.job_type, job.slurm_job_id, job.command
+            job_type, slurm_id, command, mem_bytes = job.job_type, job.slurm_job_id, job.command, job.mem_bytes
         try:
             script = self.executor.job_script(slurm_id, command)
         except ExecutorUnavailable:
@@ -258,7 +253,7 @@ class SoloProfiler:
             self._end_run(run_id, False, f"profiling failed: {exc}", summary)
             return True
         with self.store.session() as s:
-            spec = self._spec(s.get(m.ProfilingRun, run_id), job_type, script.text, script.working_dir)
+            spec = self._spec(s.get(m.ProfilingRun, run_id), job_type, script.text, script.working_dir, mem_bytes)
         self._send(run_id, spec, summary)
         return False
 
@@ -300,20 +295,21 @@ class SoloProfiler:
             job = s.get(m.OfflineJob, job_id)
             if job.state != JobState.PROFILING.value:
                 return
-            have = {p.gpu_type for p in s.scalars(select(m.JobProfile).where(m.JobProfile.job_id == job_id))}
-            open_runs = s.scalars(select(m.ProfilingRun.id).where(m.ProfilingRun.job_id == job_id,
-                                                                  m.ProfilingRun.state.in_(OPEN))).first()
-            if open_runs is not None or not set(job.allowed_gpu_types) <= have:
+            have = profstore.profiled_gpu_types(s, job_id)
+            if profstore.profiling_gpu_types(s, job_id) or not set(job.allowed_gpu_types) <= have:
                 return
-            transition(s, job_id, JobState.PENDING, "profiled on " + ", ".join(sorted(job.allowed_gpu_types)))
+            generic = {r.report["metrics_model"] for r in profstore.done_profiling_runs(s, job_id)
+                       if isinstance(r.report, dict) and r.report.get("metrics_generic")}
+            note = f" (GPU metrics SIMULATED as {sorted(generic)[0]})" if generic else ""
+            transition(s, job_id, JobState.PENDING,
+                       "profiled on " + ", ".join(sorted(job.allowed_gpu_types)) + note)
         summary.profiled.append(job_id)
 
     def _fail_job(self, job_id: int, reason: str, summary: ProfilingSummary) -> None:
         with self.store.session() as s:
-            others = [(r.id, r.slurm_job_id) for r in s.scalars(select(m.ProfilingRun).where(
-                m.ProfilingRun.job_id == job_id, m.ProfilingRun.state.in_(OPEN)))]
-            for rid, _ in others:
-                run = s.get(m.ProfilingRun, rid)
+            runs = profstore.open_profiling_runs(s, [job_id])
+            others = [(r.id, r.slurm_job_id) for r in runs]
+            for run in runs:
                 run.state, run.reason = "failed", "cancelled: another profiling run failed"
                 run.finished_utc = self.now()
             job = s.get(m.OfflineJob, job_id)

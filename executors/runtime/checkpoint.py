@@ -91,6 +91,12 @@ class CheckpointStore:
         found = [(int(m.group(1)), p) for p in self.dir.iterdir() if (m := _NAME.match(p.name))]
         return [p for _, p in sorted(found, reverse=True)]
 
+    def newest_step(self) -> int | None:
+        """The step of the newest checkpoint file, by its name, without reading it (progress reports)."""
+        for p in self.candidates():
+            return int(_NAME.match(p.name).group(1))
+        return None
+
     def latest(self) -> tuple[int, Any] | None:
         """The newest valid checkpoint as (step, state); corrupt ones are skipped with a warning."""
         for p in self.candidates():

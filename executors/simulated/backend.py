@@ -14,12 +14,12 @@ import logging
 from dataclasses import dataclass, field
 
 from executors import round_runner, steps
-from executors.cluster import IntervalReport
+from executors.cluster import IntervalReport, JobSyncReport
 from executors.simulated.calibration import default_catalog
 from executors.simulated.cluster import SOURCE, SimSettings, SimulatedCluster
 from executors.simulated.setup import cluster_from_store, observed_until, save_cluster_state
 from executors.store.db import Store
-from scheduler_core.domain import RoundResult
+from scheduler_core.domain import JobState, RoundResult
 from scheduler_core.workloads import WorkloadCatalog
 
 log = logging.getLogger(__name__)
@@ -49,6 +49,12 @@ class SimulatedBackend:
     def cluster(self, store: Store) -> SimulatedCluster:
         with store.session() as s:
             return cluster_from_store(s, self.catalog, self.settings)
+
+    def sync_jobs(self, store: Store, now: dt.datetime) -> JobSyncReport:
+        """The simulated cluster stops an evicted job at once, so its only follow-up is EVICTED → PENDING."""
+        report = JobSyncReport()
+        report.count(JobState.PENDING.value, len(round_runner.requeue_evicted(store)))
+        return report
 
     def ensure_history(self, store: Store, window_start: dt.datetime) -> int:
         """Simulate up to ``window_start``: an hour of online-only load before the first round, else any gap."""

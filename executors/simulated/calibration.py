@@ -1,59 +1,219 @@
-"""Calibrate the simulated GPU's interference model on the measured Gavel data.
+"""Calibrate the simulated GPU's interference model on measured co-location samples (docs/CALIBRATION.md).
 
-The measurements are K80 and P100 training pairs. Newer GPU types (T4, A10,
-A100, H100) borrow the P100 calibration, scaled in speed by the GPU spec's
-``relative_speed``: a documented modelling assumption until real co-location
-samples of those types exist.
+Measurements: the bundled Gavel K80/P100 pairs plus a site's own files
+(:mod:`executors.simulated.measurements`, ``MUXFLOW_MEASUREMENTS``). From them, one workload
+catalog per *calibration* and GPU type:
+
+- ``transfer`` (the default): the transferable model (:mod:`scheduler_core.interference_transfer`)
+  fitted on every measured type, applied to each job's profile on the GPU type in question —
+  measured profiles where the type was measured, profiles synthesized from the measured type
+  nearest in speed otherwise (T4, A10, A100, H100 until a site measures them);
+- ``pessimistic``: ``transfer`` with every σ and π inflated by the largest 90th-percentile
+  over-prediction the zero-shot model made leaving one measured type out;
+- one per measured type (``k80``, ``p100``, …): that type's per-job σ/π fit, used unchanged on
+  every GPU type (what every simulated result used before the transferable model).
 """
 
 from __future__ import annotations
 
-import ast
 import functools
+import hashlib
 import json
 from pathlib import Path
 
+from executors.simulated.measurements import MeasurementSet, installed
 from scheduler_core.interference import (
     Calibration,
     HoldoutReport,
     calibrate,
     holdout_error,
-    parse_gavel_colocation,
 )
+from scheduler_core.interference_errors import (
+    TransferReport,
+    TypeData,
+    WithinTypeReport,
+    leave_one_type_out,
+    synthesized_for,
+    within_type,
+)
+from scheduler_core.interference_transfer import (
+    JobProfile,
+    TransferModel,
+    TypeProfiles,
+    fit_transfer,
+    pessimistic_factor,
+    residual_offsets,
+)
+from scheduler_core.gpu_specs import GPU_SPECS
 from scheduler_core.workloads import WorkloadCatalog, build_catalog
 
 DATA_DIR = Path(__file__).resolve().parent.parent / "data" / "gavel"
 COLOCATION_FILE = DATA_DIR / "colocation_throughputs_k80_p100.json"
 SAMPLE_TRACE = DATA_DIR / "philly_vc_0e4a51.sample.trace"
 REFERENCE_GPU = "p100"
+TRANSFER, PESSIMISTIC = "transfer", "pessimistic"
+
+
+class Calibrator:
+    """Every calibration fitted on one measurement set, each computed once."""
+
+    def __init__(self, mset: MeasurementSet):
+        self.mset = mset
+        self.stressor = mset.stressor
+        self._memo: dict[tuple, object] = {}
+
+    def _once(self, key: tuple, make):
+        if key not in self._memo:
+            self._memo[key] = make()
+        return self._memo[key]
+
+    @property
+    def type_data(self) -> dict[str, TypeData]:
+        return self._once(("data",), self.mset.type_data)
+
+    def measured_types(self) -> list[str]:
+        return sorted(self.mset.types)
+
+    def calibrations(self) -> list[str]:
+        return [*self.measured_types(), TRANSFER, PESSIMISTIC]
+
+    def calibration_for(self, gpu_type: str = REFERENCE_GPU) -> Calibration:
+        """The per-job σ/π fit of one measured type."""
+        if gpu_type not in self.mset.types:
+            raise KeyError(f"no measurements of GPU type {gpu_type!r} (measured: {', '.join(self.measured_types())})")
+        return self._once(("per-job", gpu_type), lambda: calibrate(list(self.mset.types[gpu_type].pairs)))
+
+    def holdout_reports(self, seed: int = 0) -> list[HoldoutReport]:
+        """Within-type hold-out error of the per-job σ/π fit, per measured type."""
+        return [holdout_error(list(t.pairs), g, seed=seed) for g, t in sorted(self.mset.types.items())]
+
+    def transfer_model(self) -> TransferModel:
+        def fit() -> TransferModel:
+            data = self.type_data
+            usable = [g for g in sorted(data) if self.stressor in data[g].iter_times_s]
+            return fit_transfer([(data[g].profiles(self.stressor), list(data[g].pairs)) for g in usable],
+                                self.stressor)
+
+        return self._once(("model",), fit)
+
+    def speed(self, gpu_type: str) -> float:
+        data = self.type_data
+        return data[gpu_type].speed if gpu_type in data else GPU_SPECS[gpu_type].relative_speed
+
+    def type_profiles(self, gpu_type: str) -> TypeProfiles:
+        """Every job's profile on ``gpu_type``: measured where it was, synthesized from the nearest type otherwise."""
+        return self._once(("profiles", gpu_type), lambda: self._profiles(gpu_type))
+
+    def _profiles(self, gpu_type: str) -> TypeProfiles:
+        data = self.type_data
+        sources = [g for g in sorted(data) if g != gpu_type and self.stressor in data[g].iter_times_s]
+        synth = synthesized_for(data, sources, gpu_type, self.speed(gpu_type), self.stressor) if sources else None
+        if gpu_type not in data:
+            if synth is None:
+                raise ValueError(f"no measured type to carry profiles over to {gpu_type!r} from")
+            return synth
+        measured = data[gpu_type].profiles(self.stressor)
+        if synth is None:
+            return measured
+        jobs = dict(synth.jobs)
+        for job, prof in measured.jobs.items():
+            carried = synth.jobs.get(job)
+            if carried is not None and prof.probe_tput is None and prof.probe_partner_tput is None:
+                # Measured solo but never next to the stressor (e.g. it did not fit in memory with it).
+                prof = JobProfile(prof.iter_time_s, carried.probe_tput, carried.probe_partner_tput, prof.counters,
+                                  True)
+            jobs[job] = prof
+        return TypeProfiles(gpu_type, measured.stressor, measured.stressor_iter_time_s, jobs)
+
+    def type_offsets(self, gpu_type: str) -> dict[str, tuple[float, float]]:
+        """Per-job corrections from the type's own pairs (none for a type without measurements)."""
+        if gpu_type not in self.mset.types:
+            return {}
+        return self._once(("offsets", gpu_type), lambda: residual_offsets(
+            self.transfer_model(), self.type_profiles(gpu_type), self.mset.types[gpu_type].pairs))
+
+    def transfer_reports(self) -> tuple[TransferReport, ...]:
+        """Leave-one-GPU-type-out errors of the per-job fit (before) and the transferable model (after)."""
+        return self._once(("loto",), lambda: tuple(leave_one_type_out(self.type_data, self.stressor)))
+
+    def within_type_reports(self) -> tuple[WithinTypeReport, ...]:
+        data = self.type_data
+        return self._once(("within",), lambda: tuple(
+            within_type(data[g], self.stressor) for g in sorted(data) if self.stressor in data[g].iter_times_s))
+
+    def pessimistic_overestimate(self) -> float:
+        """How much lower a pair's throughput can be than predicted (worst zero-shot 90th percentile)."""
+        return max((r.zero_shot.overestimate_p90 for r in self.transfer_reports()), default=0.3)
+
+    def catalog_for(self, calibration: str = TRANSFER, gpu_type: str | None = None) -> WorkloadCatalog:
+        """Workload traits under one calibration, on one GPU type (None: on the reference type, with a
+        per-type catalog for every known and measured type, see :meth:`WorkloadCatalog.for_gpu`)."""
+        calibration = calibration.lower()
+        if calibration not in self.calibrations():
+            raise ValueError(f"unknown calibration {calibration!r} (known: {', '.join(self.calibrations())})")
+        gpu_type = None if gpu_type is None else gpu_type.lower()
+        return self._once(("catalog", calibration, gpu_type), lambda: self._catalog(calibration, gpu_type))
+
+    def _catalog(self, calibration: str, gpu_type: str | None) -> WorkloadCatalog:
+        solo = dict(self.mset.types[REFERENCE_GPU].solo_steps_per_s)
+        model = self.transfer_model()
+        if calibration not in (TRANSFER, PESSIMISTIC):
+            own = self.calibration_for(calibration)
+            # A job the type never measured in a pair (e.g. it did not fit in memory beside others)
+            # takes the transferable model's traits on that type.
+            filler = model.calibration(self.type_profiles(calibration), 1.0, self.type_offsets(calibration))
+            merged = Calibration({**filler.sensitivity, **own.sensitivity}, {**filler.pressure, **own.pressure})
+            return build_catalog(merged, solo, gpu_type=gpu_type, calibration_name=calibration)
+        if gpu_type is None:
+            per_type = {g: self.catalog_for(calibration, g)
+                        for g in sorted(set(GPU_SPECS) | set(self.measured_types()))}
+            ref = per_type[REFERENCE_GPU]
+            return WorkloadCatalog(ref.offline, ref.online, REFERENCE_GPU, calibration, per_type)
+        factor = pessimistic_factor(self.pessimistic_overestimate()) if calibration == PESSIMISTIC else 1.0
+        traits = model.calibration(self.type_profiles(gpu_type), factor, self.type_offsets(gpu_type))
+        return build_catalog(traits, solo, gpu_type=gpu_type, calibration_name=calibration)
+
+    def fingerprint(self) -> str:
+        """Changes whenever the measurements (hence every fitted calibration) change: for caches."""
+        m = self.mset
+        blob = json.dumps([m.stressor, sorted((g, sorted(t.solo_steps_per_s.items()),
+                                               [(p.workload, p.partner, p.norm_tput) for p in t.pairs])
+                                              for g, t in m.types.items())])
+        return hashlib.sha256(blob.encode()).hexdigest()[:12]
 
 
 @functools.lru_cache(maxsize=1)
-def load_colocation_data(path: Path = COLOCATION_FILE) -> dict:
-    with open(path) as fh:
-        return json.load(fh)
+def installed_calibrator() -> Calibrator:
+    """Fitted on the installed measurements (bundled + ``MUXFLOW_MEASUREMENTS``), once per process."""
+    return Calibrator(installed())
 
 
-def solo_steps_per_s(data: dict, gpu_type: str) -> dict[str, float]:
-    out = {}
-    for key, entry in data[gpu_type].items():
-        job, scale = ast.literal_eval(key)
-        if scale == 1 and entry.get("null"):
-            out[job] = float(entry["null"])
-    return out
+def reset() -> None:
+    """Forget the fitted calibrations (after ``MUXFLOW_MEASUREMENTS`` changed in this process)."""
+    installed_calibrator.cache_clear()
 
 
-@functools.lru_cache(maxsize=4)
+# The installed calibrator's answers, for the rest of the chain.
+def measurements() -> MeasurementSet:
+    return installed_calibrator().mset
+
+
+def calibrations() -> list[str]:
+    return installed_calibrator().calibrations()
+
+
 def calibration_for(gpu_type: str = REFERENCE_GPU) -> Calibration:
-    return calibrate(parse_gavel_colocation(load_colocation_data(), gpu_type))
+    return installed_calibrator().calibration_for(gpu_type)
 
 
 def holdout_reports(seed: int = 0) -> list[HoldoutReport]:
-    data = load_colocation_data()
-    return [holdout_error(parse_gavel_colocation(data, g), g, seed=seed) for g in ("k80", "p100")]
+    return installed_calibrator().holdout_reports(seed)
 
 
-@functools.lru_cache(maxsize=1)
+def catalog_for(calibration: str = TRANSFER, gpu_type: str | None = None) -> WorkloadCatalog:
+    return installed_calibrator().catalog_for(calibration, gpu_type)
+
+
 def default_catalog() -> WorkloadCatalog:
-    data = load_colocation_data()
-    return build_catalog(calibration_for(REFERENCE_GPU), solo_steps_per_s(data, REFERENCE_GPU))
+    """The ``transfer`` calibration on the reference type, with every type's own catalog (``for_gpu``)."""
+    return installed_calibrator().catalog_for(TRANSFER)

@@ -1,11 +1,10 @@
 """A simulated GPU cluster: the honest stand-in for real GPUs on machines without them.
 
 Every GPU runs one online service replica whose request rate follows its
-daily cycle (with noise and occasional bursts); its utilization, SM activity,
-memory, SM clock and latency follow from that load (``scheduler_core.online_load``).
-An offline job placed on the GPU runs under an MPS share and progresses at the
-normalized throughput the calibrated interference model gives, slowing the
-online service by the model's factor. A SysMonitor per GPU evicts offline work
+daily cycle (with noise and occasional bursts); an offline job placed on the
+GPU runs under an MPS share. What the GPU reports, the job's normalized
+throughput and the service's slowdown come from the one simulated GPU model,
+``scheduler_core.gpu_model``. A SysMonitor per GPU evicts offline work
 on Overlimit. Everything it reports is labelled ``simulated``.
 
 Randomness comes from one named stream per purpose derived from a single seed
@@ -30,19 +29,13 @@ from executors.cluster import (
     RunningJob,
 )
 from scheduler_core.domain import Action, GpuHealth, GpuTypeSpec, PlanAction
-from scheduler_core.gpu_model import clock_frac, shared_metrics
+from scheduler_core.gpu_model import OnlineModel, alone_as_shared, clock_frac, online_alone, with_offline
 from scheduler_core.gpu_specs import get_spec
-from scheduler_core.interference import InterferenceParams, colocate
+from scheduler_core.interference import InterferenceParams
+from scheduler_core.online_load import diurnal_qps
 from scheduler_core.rng import rng_stream  # noqa: F401  (re-exported: executors use it from here)
-from scheduler_core.online_load import (
-    diurnal_qps,
-    load_of,
-    solo_gpu_util_pct,
-    solo_latency_ms,
-    solo_sm_activity_pct,
-)
 from scheduler_core.sysmonitor import GpuSample, SysMonitor, SysMonitorConfig
-from scheduler_core.workloads import ONLINE_FAMILIES, OnlineFamily, WorkloadCatalog
+from scheduler_core.workloads import ONLINE_FAMILIES, WorkloadCatalog
 
 SOURCE = "simulated"
 
@@ -94,7 +87,7 @@ class SimSettings:
 class _Gpu:
     spec: SimGpuSpec
     gtype: GpuTypeSpec
-    family: OnlineFamily
+    model: OnlineModel
     monitor: SysMonitor
     noise: float = 0.0
     burst_left: int = 0
@@ -118,15 +111,16 @@ class SimulatedCluster:
     """Implements :class:`executors.cluster.Cluster` over modelled GPUs."""
 
     simulated = True
+    starts_jobs_at_once = True  # a placed job runs from the next simulated minute (start-up cost modelled)
 
     def __init__(self, gpus: list[SimGpuSpec], catalog: WorkloadCatalog, settings: SimSettings = SimSettings()):
         self.settings = settings
         self.catalog = catalog
         self._gpus: dict[int, _Gpu] = {}
         for g in gpus:
-            self._gpus[g.gpu_id] = _Gpu(
-                g, get_spec(g.gpu_type), ONLINE_FAMILIES[g.service.family], SysMonitor(settings.sysmonitor)
-            )
+            fam, spec = ONLINE_FAMILIES[g.service.family], get_spec(g.gpu_type)
+            model = OnlineModel.of(fam, catalog.online[fam.name], spec, g.service.mem_bytes)
+            self._gpus[g.gpu_id] = _Gpu(g, spec, model, SysMonitor(settings.sysmonitor))
         self._jobs: dict[int, _Job] = {}
         self._known_jobs: dict[int, SimJobSpec] = {}
         self._noise_rng = rng_stream(settings.seed, "online-load")
@@ -322,30 +316,19 @@ class SimulatedCluster:
         return max(0.0, qps)
 
     def _step_gpu(self, gid: int, g: _Gpu, now: dt.datetime, hour: float, report: IntervalReport) -> MetricRow:
-        fam, gt = g.family, g.gtype
-        qps = self._online_qps(g, hour)
-        load = float(load_of(qps, fam, gt))
-        on_util = float(solo_gpu_util_pct(load, fam))
-        on_sm = float(solo_sm_activity_pct(load, fam))
-        on_mem = float(g.spec.service.mem_bytes)
-        solo_lat = float(solo_latency_ms(load, fam, gt))
-        on_traits = self.catalog.online[fam.name]
+        gt = g.gtype
+        on = online_alone(g.model, self._online_qps(g, hour))
         job = next((j for j in self._jobs.values() if j.gpu_id == gid), None)
-        on_bw = 100.0 * on_traits.mem_bw * load
-        util, sm_act, mem, bw, slowdown, job_id = on_util, on_sm, on_mem, on_bw, 1.0, None
+        shared, job_id = alone_as_shared(on), None
         if job is not None:
             job_id = job.spec.job_id
             wl = self.catalog.offline_workload(job.spec.job_type)
-            tput, slow = colocate(on_traits, load, wl.traits, job.sm_pct, self.settings.interference)
-            tput, slowdown = float(tput), float(slow)
             active_s = max(0.0, 60.0 - job.warmup_left_s)
             job.warmup_left_s = max(0.0, job.warmup_left_s - 60.0)
-            duty = active_s / 60.0
-            slowdown = 1.0 + (slowdown - 1.0) * duty  # no kernels of its own during start-up or restart
-            e_off = min(job.sm_pct / 100.0, wl.traits.sm_need)
-            util, sm_act, mem, bw = (float(v) for v in shared_metrics(
-                on_util, on_sm, on_mem, on_bw, job.spec.mem_bytes, e_off, wl.traits.mem_bw, duty, tput))
-            steps = tput * self.solo_steps_per_s(job.spec.job_type, gt.name) * active_s
+            # no kernels of its own during start-up or restart
+            shared = with_offline(on, g.model, wl.traits, job.sm_pct, active_s / 60.0, job.spec.mem_bytes,
+                                  self.settings.interference)
+            steps = float(shared.norm_tput) * self.solo_steps_per_s(job.spec.job_type, gt.name) * active_s
             steps = min(steps, job.spec.total_steps - job.steps_done)
             job.steps_done += steps
             job.exec_steps += steps
@@ -353,17 +336,19 @@ class SimulatedCluster:
             job.last_checkpoint_s += 60.0
             if job.last_checkpoint_s >= self.settings.checkpoint_interval_s:
                 job.checkpoint_step, job.last_checkpoint_s = job.steps_done, 0.0
+        util, sm_act, mem = float(shared.util_pct), float(shared.sm_pct), float(shared.mem_bytes)
         clock = float(clock_frac(sm_act, gt.clock_drop_frac))
         sample = GpuSample(util, sm_act, clock, mem / gt.memory_bytes)
         g.monitor.step(now.timestamp() + 60.0, sample)
+        solo_lat = float(on.latency_ms)
         row = MetricRow(
             gpu_id=gid, minute_utc=now, gpu_util_pct=util, sm_activity_pct=sm_act,
             sm_occupancy_pct=sm_act * 0.55, mem_used_bytes=mem, mem_total_bytes=float(gt.memory_bytes),
-            mem_bw_util_pct=bw, sm_clock_mhz=clock * gt.max_sm_clock_mhz, power_w=None, temperature_c=None,
-            online_gpu_util_pct=on_util, online_sm_activity_pct=on_sm, online_mem_used_bytes=on_mem,
-            online_mem_bw_util_pct=on_bw,
-            online_qps=qps, online_latency_ms=solo_lat * slowdown, online_solo_latency_ms=solo_lat,
-            offline_job_id=job_id, health=g.monitor.state.value,
+            mem_bw_util_pct=float(shared.bw_pct), sm_clock_mhz=clock * gt.max_sm_clock_mhz, power_w=None,
+            temperature_c=None, online_gpu_util_pct=float(on.util_pct), online_sm_activity_pct=float(on.sm_pct),
+            online_mem_used_bytes=float(on.mem_bytes), online_mem_bw_util_pct=float(on.bw_pct),
+            online_qps=float(on.qps), online_latency_ms=solo_lat * float(shared.slowdown),
+            online_solo_latency_ms=solo_lat, offline_job_id=job_id, health=g.monitor.state.value,
         )
         if job is None:
             return row

@@ -1,9 +1,11 @@
 """Inputs and outputs of the trace-driven simulator (scheduler_core.simulator): what is not pure.
 
+- the workload traits of one interference calibration (executors/simulated/calibration.py,
+  ``transfer`` by default) on the cluster's GPU type,
 - solo profiles of every (job type, GPU type) from the simulated GPU model,
 - one speed predictor per GPU type trained on simulated co-location samples of
-  the simulation's online services (cached on disk: training costs seconds per
-  type, a simulation run should not pay it again),
+  the simulation's online services under the same calibration (cached on disk:
+  training costs seconds per type, a simulation run should not pay it again),
 - trace files, progress and the comparison plots.
 """
 
@@ -15,13 +17,13 @@ import logging
 import os
 from pathlib import Path
 
-from executors.simulated.calibration import default_catalog, holdout_reports
+from executors.simulated import calibration as cal
 from executors.simulated.profiling import colocation_samples, offline_profile
 from scheduler_core.predictor import PredictorConfig, SpeedPredictor, one_torch_thread, train
 from scheduler_core.rng import rng_stream
 from scheduler_core.simulator import SimConfig, SimInputs
 from scheduler_core.trace import TraceJob, parse_trace
-from scheduler_core.workloads import ONLINE_FAMILIES
+from scheduler_core.workloads import ONLINE_FAMILIES, WorkloadCatalog
 
 log = logging.getLogger(__name__)
 
@@ -35,52 +37,92 @@ def load_trace(path: str | os.PathLike[str]) -> list[TraceJob]:
         return parse_trace(fh)
 
 
-def _cache_key(cfg: SimConfig, gpu_type: str, samples: int, epochs: int) -> str:
+def _cache_key(cfg: SimConfig, gpu_type: str, samples: int, epochs: int, catalog: WorkloadCatalog) -> str:
     key = json.dumps({
-        "v": 1, "seed": cfg.seed, "gpu_type": gpu_type, "samples": samples, "epochs": epochs,
+        "v": 2, "seed": cfg.seed, "gpu_type": gpu_type, "samples": samples, "epochs": epochs,
         "services": [(s.family, s.qps_min, s.qps_max) for s in cfg.services],
         "interference": cfg.interference.__dict__,
+        "calibration": [catalog.calibration, catalog.gpu_type, cal.installed_calibrator().fingerprint()],
     }, sort_keys=True)
     return hashlib.sha256(key.encode()).hexdigest()[:16]
 
 
+def traits_gpu_type(cfg: SimConfig) -> str:
+    """The GPU type whose traits the simulated fleet uses: the cluster's, or its most common one.
+
+    The fleet keeps one trait table for every GPU; a mixed cluster uses its largest type's.
+    """
+    return max(sorted(cfg.types()), key=lambda tc: tc[1])[0]
+
+
+def simulation_catalog(cfg: SimConfig, calibration: str = cal.TRANSFER) -> WorkloadCatalog:
+    return cal.catalog_for(calibration, traits_gpu_type(cfg))
+
+
+def services_of(cfg: SimConfig) -> list[tuple[str, str, float]]:
+    return [(s.name, s.family, float(ONLINE_FAMILIES[s.family].mem_bytes)) for s in cfg.services]
+
+
+def train_on_samples(catalog: WorkloadCatalog, gtype: str, cfg: SimConfig, samples: int, epochs: int,
+                     stream: str) -> tuple[SpeedPredictor, dict]:
+    """A predictor for ``gtype`` trained on simulated samples of ``catalog``'s traits; (model, its report)."""
+    from executors.steps import training_matrix
+
+    rows = colocation_samples(catalog, gtype, services_of(cfg), sorted(catalog.offline), samples,
+                              rng_stream(cfg.seed, stream), cfg.interference)
+    x, yt, ys = training_matrix(rows, gtype)
+    with one_torch_thread():
+        model, report = train(x, yt, ys, PredictorConfig(epochs=epochs, seed=cfg.seed))
+    return model, {"trained_on_simulated_samples": samples, "holdout_mae_tput": report.holdout_mae_tput,
+                   "holdout_mae_slowdown": report.holdout_mae_slowdown}
+
+
 def simulation_predictors(cfg: SimConfig, cache_dir: Path | None, samples: int = PREDICTOR_SAMPLES,
-                          epochs: int = PREDICTOR_EPOCHS) -> tuple[dict[str, SpeedPredictor], dict]:
-    """One predictor per GPU type of the simulated cluster; (models, {type: info})."""
-    catalog = default_catalog()
-    services = [(s.name, s.family, float(ONLINE_FAMILIES[s.family].mem_bytes)) for s in cfg.services]
+                          epochs: int = PREDICTOR_EPOCHS, catalog: WorkloadCatalog | None = None,
+                          ) -> tuple[dict[str, SpeedPredictor], dict]:
+    """One predictor per GPU type of the simulated cluster, on the fleet's traits; (models, {type: info})."""
+    catalog = catalog or simulation_catalog(cfg)
     models, info = {}, {}
     for gtype in sorted({t for t, _ in cfg.types()}):
-        path = cache_dir / f"sim-predictor-{gtype}-{_cache_key(cfg, gtype, samples, epochs)}.bin" if cache_dir else None
+        key = _cache_key(cfg, gtype, samples, epochs, catalog)
+        path = cache_dir / f"sim-predictor-{gtype}-{key}.bin" if cache_dir else None
         if path is not None and path.exists():
             models[gtype] = SpeedPredictor.from_bytes(path.read_bytes())
             info[gtype] = {"cached": str(path)}
             continue
-        rows = colocation_samples(catalog, gtype, services, sorted(catalog.offline), samples,
-                                  rng_stream(cfg.seed, f"sim-samples-{gtype}"), cfg.interference)
-        from executors.steps import training_matrix
-
-        x, yt, ys = training_matrix(rows, gtype)
-        with one_torch_thread():
-            model, report = train(x, yt, ys, PredictorConfig(epochs=epochs, seed=cfg.seed))
-        models[gtype] = model
-        info[gtype] = {"trained_on_simulated_samples": samples, "holdout_mae_tput": report.holdout_mae_tput,
-                       "holdout_mae_slowdown": report.holdout_mae_slowdown}
+        models[gtype], info[gtype] = train_on_samples(catalog, gtype, cfg, samples, epochs, f"sim-samples-{gtype}")
         if path is not None:
             path.parent.mkdir(parents=True, exist_ok=True)
             tmp = path.with_suffix(".tmp")
-            tmp.write_bytes(model.to_bytes())
+            tmp.write_bytes(models[gtype].to_bytes())
             tmp.replace(path)
     return models, info
 
 
-def simulation_inputs(cfg: SimConfig, cache_dir: Path | None = None) -> tuple[SimInputs, dict]:
-    catalog = default_catalog()
+def interference_info(calibrator: cal.Calibrator | None = None) -> dict:
+    """How well the interference models reproduce measured pairs they were not fitted on."""
+    c = calibrator or cal.installed_calibrator()
+    return {
+        # Per-job σ/π fit, held-out pairs of the same type (Gavel K80/P100).
+        "interference_calibration_holdout": [r.as_dict() for r in c.holdout_reports()],
+        "interference_model": {
+            "stressor": c.stressor, "measurements": c.fingerprint(), "sources": list(c.mset.sources),
+            "model": c.transfer_model().as_dict(),
+            "leave_one_type_out": [r.as_dict() for r in c.transfer_reports()],
+            "within_type": [r.as_dict() for r in c.within_type_reports()],
+            "pessimistic_overestimate": round(c.pessimistic_overestimate(), 4),
+        },
+    }
+
+
+def simulation_inputs(cfg: SimConfig, cache_dir: Path | None = None,
+                      calibration: str = cal.TRANSFER) -> tuple[SimInputs, dict]:
+    catalog = simulation_catalog(cfg, calibration)
     types = sorted({t for t, _ in cfg.types()})
     profiles = {(job, g): offline_profile(catalog, job, g) for job in catalog.offline for g in types}
-    predictors, info = simulation_predictors(cfg, cache_dir)
-    # How well the interference model reproduces measured pairs it was not fitted on (Gavel K80/P100).
-    info = {"predictors": info, "interference_calibration_holdout": [r.as_dict() for r in holdout_reports()]}
+    predictors, info = simulation_predictors(cfg, cache_dir, catalog=catalog)
+    info = {"calibration": calibration, "traits_gpu_type": catalog.gpu_type, "predictors": info,
+            **interference_info()}
     return SimInputs(catalog=catalog, profiles=profiles, predictors=predictors), info
 
 

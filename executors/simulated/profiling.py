@@ -4,7 +4,9 @@ iterations per new job; ~2,000 co-location samples per GPU type).
 Measurements are the interference model's values plus measurement noise, so the
 predictor has to learn the relationship from noisy solo features exactly as it
 would from a real profiler. Rows are stored with ``source``/``method`` =
-``simulated``.
+``simulated``. ``catalog`` holds the traits on the GPU type being profiled
+(``WorkloadCatalog.for_gpu``, ``calibration.catalog_for``): the features and the
+labels of one type come from that type's traits.
 """
 
 from __future__ import annotations

@@ -4,12 +4,11 @@ from __future__ import annotations
 
 import datetime as dt
 
-from sqlalchemy import func, select
-from sqlalchemy.orm import Session
-
 from executors.simulated.cluster import SimGpuSpec, SimJobSpec, SimServiceSpec, SimSettings, SimulatedCluster, rng_stream
+from executors.store import inventory
 from executors.store import models as m
 from executors.store import repo
+from executors.store.db import Session
 from scheduler_core.domain import JobState
 from scheduler_core.gpu_specs import get_spec
 from scheduler_core.workloads import ONLINE_FAMILIES, WorkloadCatalog
@@ -59,7 +58,7 @@ def init_simulated_cluster(
                 s.flush()
                 s.add(m.ServiceInstance(service_id=svc_rows[gpu_no % services].id, gpu_id=gpu.id))
                 gpu_no += 1
-    return {"gpus": total, "services": services, "nodes": s.scalar(select(func.count()).select_from(m.Node))}
+    return {"gpus": total, "services": services, "nodes": inventory.node_count(s)}
 
 
 STATE_NAME = "default"
@@ -67,18 +66,12 @@ STATE_NAME = "default"
 
 def cluster_from_store(s: Session, catalog: WorkloadCatalog, settings: SimSettings) -> SimulatedCluster:
     """The live model of the simulated cluster: GPUs and jobs from the store, node state from its last save."""
-    rows = s.execute(
-        select(m.Gpu, m.OnlineService)
-        .join(m.ServiceInstance, m.ServiceInstance.gpu_id == m.Gpu.id)
-        .join(m.OnlineService, m.OnlineService.id == m.ServiceInstance.service_id)
-        .order_by(m.Gpu.id)
-    ).all()
     specs = [
         SimGpuSpec(
             gpu.id, gpu.gpu_type,
             SimServiceSpec(svc.name, svc.model_family, svc.qps_min, svc.qps_max, svc.peak_hour_utc, svc.mem_bytes),
         )
-        for gpu, svc in rows
+        for gpu, _type, svc, _replica in inventory.served_gpus(s)
     ]
     cluster = SimulatedCluster(specs, catalog, settings)
     live = repo.jobs_in_states(s, [JobState.PENDING, JobState.RUNNING, JobState.PROFILING, JobState.SUBMITTED])
@@ -95,8 +88,7 @@ def observed_until(s: Session) -> dt.datetime | None:
     saved = s.get(m.SimulatedClusterState, STATE_NAME)
     if saved is None:
         return None
-    t = saved.observed_until_utc
-    return t if t.tzinfo else t.replace(tzinfo=dt.timezone.utc)
+    return saved.observed_until_utc
 
 
 def save_cluster_state(s: Session, cluster: SimulatedCluster, observed_until_utc: dt.datetime | None = None) -> None:

@@ -3,11 +3,13 @@
 Plan diff → Slurm actions (DESIGN §3 step 6), all through slurmrestd (requeue
 through ``scontrol requeuehold``, which no REST version offers):
 
-- **START**: the held job gets node list = the planned GPU's node, ``--gres=mps:<pct>``,
-  a comment carrying the plan (``muxflow-job=… muxflow-gpu=<index> muxflow-pct=…
-  muxflow-mem=… muxflow-kp=… muxflow-ki=… muxflow-kd=…``, read by the node scripts:
-  the TaskProlog turns it into CUDA_*/XCUDA_* variables), eligible now and released —
-  one update.
+- **START**: the held job gets node list = the planned GPU's node, ``--gres=mps:<pct>`` (with
+  ``name_gpus``, ``mps:<type>:<pct>`` naming the planned GPU where the node has one gres Type per GPU),
+  an admin comment carrying the plan (``muxflow-job=… muxflow-gpu=<index> muxflow-pct=…
+  muxflow-mem=… muxflow-kp=… muxflow-ki=… muxflow-kd=…``; only Slurm's administrators can write
+  it: the root Prolog sets the MPS caps from it and hands it to the TaskProlog, which turns it into
+  CUDA_*/XCUDA_* variables), eligible now and released — one update (on v0.0.38 the admin comment
+  goes first, through ``scontrol``).
 - **MIGRATE**: signal ``USR1`` (the runtime helper checkpoints), ``requeuehold`` (Slurm
   sends SIGTERM, then SIGKILL after KillWait), wait until it is pending again, then
   the START update for the new GPU and share.
@@ -35,29 +37,27 @@ import datetime as dt
 import logging
 import math
 import re
-import time
 from collections.abc import Callable
 from dataclasses import dataclass, field
 
-from sqlalchemy import select
-
 from executors import round_runner
 from executors.cluster import DispatchResult, IntervalReport, RunningJob
-from executors.slurm.errors import SlurmError, SlurmRestError, SlurmTransportError
-from executors.slurm.models import PENDING, RUNNING, Job
-from executors.slurm.scontrol import ScontrolError
+from executors.slurm.errors import SlurmError, SlurmRestError
+from executors.slurm.hostlist import parse_gres, split_per_gpu_type
+from executors.slurm.models import PENDING, RUNNING, Job, Node
+from executors.slurm.retry import Retry, SlurmUnavailable, transient
 from executors.slurm.spec import JobUpdate
+from executors.store import dispatch as dispatch_log
+from executors.store import inventory
+from executors.store import jobs as jobstore
 from executors.store import models as m
+from executors.store import rounds as rounds_db
 from scheduler_core.domain import Action, PlanAction, RoundResult
 
 log = logging.getLogger(__name__)
 
 SOURCE = "measured"
 _FIELD = re.compile(r"muxflow-([a-z]+)=([^ ;]+)")
-
-
-class SlurmUnavailable(RuntimeError):
-    """slurmctld (or slurmrestd) did not answer within the retry deadline; the plan stays pending."""
 
 
 class ActionFailed(RuntimeError):
@@ -94,7 +94,7 @@ class XcudaGains:
 
 def plan_comment(job_id: int, gpu_index: int, pct: int, mem_bytes: int | None,
                  gains: XcudaGains | None = None) -> str:
-    """The plan in the job's comment, for the node scripts (docs/SLURM.md "Node scripts")."""
+    """The plan in the job's admin comment, for the node scripts (docs/SLURM.md "Node scripts")."""
     parts = [f"muxflow-job={job_id}", f"muxflow-gpu={gpu_index}", f"muxflow-pct={pct}"]
     if mem_bytes:
         parts.append(f"muxflow-mem={int(mem_bytes)}")
@@ -107,44 +107,16 @@ def parse_plan_comment(comment: str | None) -> dict[str, str]:
     return dict(_FIELD.findall(comment or ""))
 
 
-def _transient(exc: Exception) -> bool:
-    if isinstance(exc, SlurmTransportError):
-        return True
-    if isinstance(exc, SlurmRestError | ScontrolError):
-        text = str(exc).lower()
-        # slurmrestd up but slurmctld down: "Unable to contact slurm controller", connection refused…
-        return any(w in text for w in ("contact", "connect", "timed out", "timeout", "unable to load",
-                                       "communication", "socket", "refused", "resource temporarily"))
-    return False
-
-
-@dataclass
-class Retry:
-    deadline_s: float = 60.0
-    first_wait_s: float = 0.2
-    max_wait_s: float = 5.0
-    sleep: Callable[[float], None] = time.sleep
-
-    def call(self, what: str, fn: Callable[[], object]) -> object:
-        end = time.monotonic() + self.deadline_s
-        wait = self.first_wait_s
-        while True:
-            try:
-                return fn()
-            except SlurmError as exc:
-                if not _transient(exc):
-                    raise
-                if time.monotonic() + wait > end:
-                    raise SlurmUnavailable(f"{what}: Slurm unreachable for {self.deadline_s:.0f}s: {exc}") from exc
-                log.warning("%s: %s; retrying in %.1fs", what, exc, wait)
-                self.sleep(wait)
-                wait = min(wait * 2, self.max_wait_s)
+def _mps_gres(text: str | None) -> set[tuple[str | None, int]]:
+    """The (Type, count) of each MPS entry of a GRES string: ``gres:mps:t4g2:40`` → {("t4g2", 40)}."""
+    return {(g.type, g.count) for g in parse_gres(text) if g.name == "mps"}
 
 
 @dataclass
 class SlurmCluster:
     """The live Slurm cluster as :class:`executors.cluster.Cluster`."""
 
+    starts_jobs_at_once = False  # released jobs are PLACED until Slurm starts them (executors.slurm.sync)
     store: object
     client: object
     retry: Retry = field(default_factory=Retry)
@@ -159,6 +131,10 @@ class SlurmCluster:
     # not once per action: node and index of each GPU, Slurm id and memory of each job.
     _gpus: dict[int, tuple[str, int]] = field(default_factory=dict, init=False, repr=False)
     _jobs: dict[int, tuple[int | None, int]] = field(default_factory=dict, init=False, repr=False)
+    _nodes: dict[str, Node] | None = field(default=None, init=False, repr=False)  # Slurm's, read once per dispatch
+    # Name the planned GPU in the share where the node has one gres Type per GPU (docs/SLURM.md "One gres
+    # Type per GPU"). On Slurm 22.05 a job placed so can only be placed again on the same GPU.
+    name_gpus: bool = False
 
     def _lookups(self, job_ids: set[int], gpu_ids: set[int]) -> None:
         job_ids = sorted(job_ids - self._jobs.keys())
@@ -167,13 +143,14 @@ class SlurmCluster:
             return
         with self.store.session() as s:
             for chunk in (job_ids[i:i + 500] for i in range(0, len(job_ids), 500)):
-                self._jobs.update((j, (sid, mem)) for j, sid, mem in s.execute(
-                    select(m.OfflineJob.id, m.OfflineJob.slurm_job_id, m.OfflineJob.mem_bytes)
-                    .where(m.OfflineJob.id.in_(chunk))))
+                self._jobs.update(jobstore.slurm_ids_and_memory(s, chunk))
+                if self.round_id is not None:
+                    # xCUDA enforces the plan's memory quota (paper §4.1: up to 40 % of the device, within
+                    # the forecast free memory), which is at least what the job declared.
+                    for j, quota in rounds_db.planned_mem_quotas(s, self.round_id, chunk).items():
+                        self._jobs[j] = (self._jobs[j][0], quota)
             for chunk in (gpu_ids[i:i + 500] for i in range(0, len(gpu_ids), 500)):
-                self._gpus.update((g, (node, index)) for g, node, index in s.execute(
-                    select(m.Gpu.id, m.Node.name, m.Gpu.gpu_index).join(m.Node, m.Gpu.node_id == m.Node.id)
-                    .where(m.Gpu.id.in_(chunk))))
+                self._gpus.update(inventory.gpu_locations(s, chunk))
 
     def _gpu(self, gpu_id: int) -> tuple[str, int]:
         self._lookups(set(), {gpu_id})
@@ -183,7 +160,7 @@ class SlurmCluster:
 
     def _gpu_ids(self) -> dict[tuple[str, int], int]:
         with self.store.session() as s:
-            return {(g.node.name, g.gpu_index): g.id for g in s.scalars(select(m.Gpu))}
+            return {where: g for g, where in inventory.gpu_locations(s).items()}
 
     def _job(self, job_id: int) -> tuple[int, int]:
         self._lookups({job_id}, set())
@@ -191,6 +168,26 @@ class SlurmCluster:
         if sid is None:
             raise ActionFailed(f"job {job_id} has no Slurm job")
         return int(sid), int(mem)
+
+    def _share(self, node: str, index: int, pct: int, job: Job) -> str:
+        """``mps:<pct>`` (Slurm picks the GPU it accounts the share on), or with ``name_gpus`` on a node with one
+        gres Type per GPU ``mps:<type>:<pct>`` naming the planned GPU (docs/SLURM.md)."""
+        named = None
+        if self.name_gpus:
+            if self._nodes is None:
+                nodes = self.retry.call("list Slurm nodes", self.client.list_nodes)
+                self._nodes = {n.name: n for n in nodes}  # type: ignore[union-attr]
+            gpu = self._nodes[node].gpu(index) if node in self._nodes else None
+            named = gpu.share_type if gpu is not None else None
+        held = job.mps_share_type
+        if held is not None and held != named:
+            # Slurm 22.05 adds a new Type next to a pending job's old one (the job would hold both
+            # GPUs, or never start on another node), refuses an untyped share after a typed one,
+            # and clearing a typed request crashes slurmctld: nothing can move this job.
+            raise ActionFailed(f"slurm job {job.job_id} holds the MPS share Type {held} of an earlier placement; "
+                               f"Slurm cannot change it to {named or 'an untyped share'} (docs/SLURM.md, "
+                               "\"One gres Type per GPU\")")
+        return f"mps:{named}:{pct}" if named else f"mps:{pct}"
 
     def _get(self, sid: int) -> Job:
         return self.retry.call(f"read Slurm job {sid}", lambda: self.client.get_job(sid))  # type: ignore[return-value]
@@ -206,11 +203,13 @@ class SlurmCluster:
                 continue
             if j.state not in (RUNNING, PENDING, "CONFIGURING", "REQUEUED"):
                 continue
-            plan = parse_plan_comment(j.comment)
+            plan = parse_plan_comment(j.admin_comment)
             if "job" not in plan or "gpu" not in plan:
                 continue
             node = j.nodes[0] if j.nodes else (j.required_nodes[0] if j.required_nodes else None)
-            gpu_id = gpus.get((node, int(plan["gpu"]))) if node else None
+            # A typed share names the GPU Slurm accounts it on; an untyped one only the comment does.
+            named = split_per_gpu_type(j.mps_share_type)
+            gpu_id = gpus.get((node, named[1] if named else int(plan["gpu"]))) if node else None
             if gpu_id is None:
                 continue
             out[int(plan["job"])] = RunningJob(int(plan["job"]), gpu_id, j.mps_pct)
@@ -226,7 +225,7 @@ class SlurmCluster:
                 results.append(DispatchResult(act, True, detail))
                 self._mark_sent(act, detail)
             except (ActionFailed, SlurmError) as exc:
-                if isinstance(exc, SlurmError) and _transient(exc):
+                if isinstance(exc, SlurmError) and transient(exc):
                     raise SlurmUnavailable(str(exc)) from exc
                 log.warning("action %s failed: %s", act, exc)
                 results.append(DispatchResult(act, False, str(exc)))
@@ -237,9 +236,7 @@ class SlurmCluster:
             return
         key = round_runner._action_key(self.round_id, act)
         with self.store.session() as s:
-            row = s.scalars(select(m.DispatchLog).where(m.DispatchLog.action_key == key)).first()
-            if row is not None and row.status == "intent":
-                row.status, row.error = "sent", None
+            dispatch_log.mark_sent(s, key)
 
     # -- actions ----------------------------------------------------------------------------
     def _one(self, act: PlanAction) -> str:
@@ -257,28 +254,34 @@ class SlurmCluster:
         raise ActionFailed(f"unknown action {act.action}")
 
     @staticmethod
-    def _placed_as_planned(j: Job, node: str, pct: int, comment: str) -> bool:
-        """Released on the planned node with the planned share and exactly the planned comment (GPU, gains…)."""
+    def _placed_as_planned(j: Job, node: str, share: str, comment: str) -> bool:
+        """Released on the planned node with the planned share (GPU and percentage) and exactly the planned
+        admin comment (GPU, gains…)."""
         where = j.nodes if j.state == RUNNING else j.required_nodes
-        return (not j.held and not j.finished and tuple(where) == (node,) and j.mps_pct == pct
-                and parse_plan_comment(j.comment) == parse_plan_comment(comment))
+        return (not j.held and not j.finished and tuple(where) == (node,)
+                and _mps_gres(j.gres_per_node) == _mps_gres(share)
+                and parse_plan_comment(j.admin_comment) == parse_plan_comment(comment))
 
     def _place(self, job_id: int, sid: int, node: str, index: int, pct: int, mem: int, *, migrate: bool) -> str:
         comment = plan_comment(job_id, index, pct, mem, self.gains)
         j = self._get(sid)
-        if self._placed_as_planned(j, node, pct, comment):
-            return f"slurm job {sid} already on {node} GPU {index} at mps:{pct} (reconciled)"
+        share = self._share(node, index, pct, j)
+        if self._placed_as_planned(j, node, share, comment):
+            return f"slurm job {sid} already on {node} GPU {index} at {share} (reconciled)"
         if j.finished:
             raise ActionFailed(f"slurm job {sid} is {j.state}; nothing to place")
         if j.state != PENDING:
             # Running (elsewhere, or with another share): checkpoint, requeue held, then place.
             # A pending job, held or released by an earlier try, is simply re-pinned by the update.
             self._checkpoint_and_requeue(sid)
-            self._wait_pending(sid)
-        update = JobUpdate(nodelist=node, gres_per_node=f"mps:{pct}", hold=False, eligible_now=True,
-                           comment=comment)
+            j = self._wait_pending(sid)
+        if _mps_gres(j.gres_per_node) and j.mps_share_type is None and any(t for t, _ in _mps_gres(share)):
+            # Slurm 22.05 turns an untyped share (plain sbatch --gres=mps:N) into a typed one only
+            # from an empty request, which slurmrestd cannot send (docs/SLURM.md).
+            self.retry.call(f"clear the GRES of Slurm job {sid}", lambda: self.client.clear_gres(sid))
+        update = JobUpdate(nodelist=node, gres_per_node=share, hold=False, eligible_now=True, admin_comment=comment)
         self.retry.call(f"place Slurm job {sid}", lambda: self.client.update_job(sid, update))
-        return f"slurm job {sid} placed on {node} GPU {index} at mps:{pct}"
+        return f"slurm job {sid} placed on {node} GPU {index} at {share}"
 
     def _evict(self, sid: int) -> str:
         j = self._get(sid)
@@ -303,21 +306,22 @@ class SlurmCluster:
         self.retry.call(f"requeue Slurm job {sid}", lambda: self.client.requeue(sid, True))
 
     def _wait_pending(self, sid: int) -> Job:
-        end = time.monotonic() + self.settle_timeout_s
+        clock, sleep = self.retry.clock, self.retry.sleep  # the retry's clock: fake in tests
+        end = clock() + self.settle_timeout_s
         wait = 0.1
         while True:
             j = self._get(sid)
             if j.state == PENDING:
                 return j
-            if time.monotonic() > end:
+            if clock() > end:
                 raise ActionFailed(f"slurm job {sid} still {j.state} {self.settle_timeout_s:.0f}s after requeue")
-            time.sleep(wait)
+            sleep(wait)
             wait = min(wait * 2, 1.0)
 
 
 @dataclass
 class SlurmBackend:
-    """Plans carried out on Slurm; profiling and sampling on its profile partition (executors.profiling)."""
+    """Plans carried out on Slurm, and what Slurm did followed (profiling is executors.profiling.backend.SlurmProfiler)."""
 
     client_factory: Callable[[], object]
     retry_deadline_s: float = 60.0
@@ -325,29 +329,23 @@ class SlurmBackend:
     simulated: bool = False
     source: str = SOURCE
     gains: XcudaGains = field(default_factory=XcudaGains)  # xCUDA's PID gains, sent with every placement
+    name_gpus: bool = False  # name the planned GPU in each share (SlurmCluster.name_gpus; docs/SLURM.md)
 
     def _client(self):
         return self.client_factory()
 
     def cluster(self, store, round_id: int | None = None) -> SlurmCluster:
         return SlurmCluster(store, self._client(), Retry(self.retry_deadline_s), round_id=round_id,
-                            partition=self.partition, gains=self.gains)
+                            partition=self.partition, gains=self.gains, name_gpus=self.name_gpus)
 
-    def profile_new_jobs(self, store, seed: int) -> int:
-        """Solo-profile new jobs on the profile partition (executors.profiling; docs/PROFILING.md); jobs profiled."""
-        from executors.profiling.backend import profile_on_slurm
+    def sync_jobs(self, store, now: dt.datetime):
+        """Job states follow Slurm: started, finished, requeued, evicted jobs held and queued (executors.slurm.sync)."""
+        from executors.slurm.sync import sync_jobs
 
-        return len(profile_on_slurm(self, store, seed).profiled)
-
-    def collect_samples(self, store, per_type: int, seed: int) -> dict[str, int]:
-        """Co-location samples measured on the profile partition within the GPU-time budget, topped up with
-        simulated ones while a GPU type has fewer than ``per_type`` (executors.profiling; docs/PROFILING.md)."""
-        from executors.profiling.backend import sample_on_slurm
-
-        return sample_on_slurm(self, store, per_type, seed)[0]
+        return sync_jobs(self.cluster(store), now)
 
     def ensure_history(self, store, window_start: dt.datetime) -> int:
-        """Online load history comes from the node agents (not yet): nothing is recorded here."""
+        """Online load history comes from the node agents' minute rows: nothing to record here."""
         return 0
 
     def dispatch(self, store, round_id: int, result: RoundResult, now: dt.datetime) -> tuple[int, int]:
@@ -359,38 +357,31 @@ class SlurmBackend:
             raise
 
     def observe(self, store, window_start: dt.datetime, minutes: int, round_id: int | None) -> IntervalReport | None:
-        """Nothing is booked yet: the node agents will report executions and metrics.
-
-        Refuses a window that has not passed; returns None (nothing booked) otherwise.
-        """
-        end = window_start + dt.timedelta(minutes=minutes)
-        now = dt.datetime.now(dt.UTC)
-        if end.tzinfo is None:
-            end = end.replace(tzinfo=dt.UTC)
-        if end > now:
-            raise ValueError(f"window {window_start.isoformat()}+{minutes}min has not passed yet")
-        log.info("Slurm backend: observation of %s is booked by the node agents (not yet available)", window_start)
+        """What Slurm did since the dispatch: the job-state sync (the node agents book metrics, evictions
+        and health themselves). Returns None: nothing is booked from here but the sync's transitions."""
+        self.sync_jobs(store, dt.datetime.now(dt.UTC))
         return None
 
 
 def mark_pending(store, round_id: int, error: str) -> None:
     """Actions not done stay ``intent``/``sent``, with why they are pending."""
     with store.session() as s:
-        for row in s.scalars(select(m.DispatchLog).where(m.DispatchLog.round_id == round_id,
-                                                         m.DispatchLog.status.in_(["intent", "sent"]))):
-            row.error = error[:2000]
+        dispatch_log.note_unfinished(s, round_id, error)
 
 
 def dispatch_status(store, round_id: int) -> dict[str, int]:
+    """The round's dispatch log by status (intent, sent, done, failed)."""
     with store.session() as s:
-        out: dict[str, int] = {}
-        for row in s.scalars(select(m.DispatchLog).where(m.DispatchLog.round_id == round_id)):
-            out[row.status] = out.get(row.status, 0) + 1
-        return out
+        return rounds_db.dispatch_counts(s, round_id)
 
 
 def register_slurm_nodes(store, client) -> int:
-    """Make the store's nodes and GPUs those of Slurm (``gpu:<type>:<n>`` per node); return GPUs added."""
+    """Make the store's nodes and GPUs those of Slurm; return GPUs added.
+
+    A node's GPUs come from its GRES, detected per node (:attr:`executors.slurm.models.Node.gpus`):
+    ``gpu:<model>:<n>``, or one Type per GPU (``gpu:t4g0:1,…``). The store's GPU type is the model
+    (``t4``) and a GPU's index is Slurm's (from its per-GPU Type where there is one).
+    """
     from executors.store import repo
     from scheduler_core.gpu_specs import get_spec
 
@@ -398,19 +389,19 @@ def register_slurm_nodes(store, client) -> int:
     nodes = client.list_nodes()
     with store.session() as s:
         for n in nodes:
-            gtype = n.gpu_type
-            count = n.gres_total("gpu")
-            if not gtype or not count:
+            gpus = n.gpus
+            if not gpus:
                 continue
-            repo.upsert_gpu_type(s, get_spec(gtype))
-            row = s.scalars(select(m.Node).where(m.Node.name == n.name)).first()
+            repo.upsert_gpu_type(s, get_spec(n.gpu_type))
+            row = inventory.node_named(s, n.name)
             if row is None:
                 row = m.Node(name=n.name, simulated=False)
                 s.add(row)
                 s.flush()
             have = {g.gpu_index for g in row.gpus}
-            for i in range(count):
-                if i not in have:
-                    s.add(m.Gpu(node_id=row.id, gpu_index=i, gpu_type=gtype, uuid=f"slurm-{n.name}-gpu{i}"))
+            for g in gpus:
+                if g.index not in have:
+                    s.add(m.Gpu(node_id=row.id, gpu_index=g.index, gpu_type=g.model,
+                                uuid=f"slurm-{n.name}-gpu{g.index}"))
                     added += 1
     return added

@@ -8,6 +8,7 @@ raised as :class:`SlurmRestError` carrying Slurm's own messages.
 
 from __future__ import annotations
 
+import dataclasses
 import json
 import logging
 from collections import Counter
@@ -16,7 +17,7 @@ from typing import Any, Protocol
 
 import httpx
 
-from executors.slurm.api import ApiVersion, api_version
+from executors.slurm.api import AUTO, ApiVersion, api_version, newest_supported
 from executors.slurm.errors import (
     SlurmAuthError,
     SlurmErrorEntry,
@@ -51,6 +52,7 @@ class SlurmApi(Protocol):
     def update_job(self, job_id: int, update: JobUpdate) -> None: ...
     def cancel(self, job_id: int, signal: str | None = None) -> None: ...
     def requeue(self, job_id: int, hold: bool = True) -> None: ...
+    def clear_gres(self, job_id: int) -> None: ...
     def list_nodes(self) -> list[Node]: ...
     def list_partitions(self) -> list[Partition]: ...
 
@@ -59,7 +61,9 @@ class SlurmRestClient:
     def __init__(self, settings: SlurmRestSettings, *, transport: httpx.BaseTransport | None = None,
                  requeue_fallback: RequeueFallback | None = None):
         self.settings = settings
-        self.api: ApiVersion = api_version(settings.api_version)
+        # With api_version "auto" the version is the newest the server offers, read from its OpenAPI document
+        # on the first request that needs it (one extra GET per client).
+        self._api: ApiVersion | None = None if settings.api_version == AUTO else api_version(settings.api_version)
         self.requeue_fallback = requeue_fallback
         if transport is None:
             transport = (httpx.HTTPTransport(uds=settings.unix_socket) if settings.unix_socket
@@ -71,6 +75,14 @@ class SlurmRestClient:
         self.requests: Counter[str] = Counter()
 
     # -- plumbing ------------------------------------------------------------
+    @property
+    def api(self) -> ApiVersion:
+        if self._api is None:
+            self._api = api_version(newest_supported(self.openapi_spec()))
+            log.info("slurmrestd at %s: speaking %s, the newest version it offers", self.settings.endpoint,
+                     self._api.name)
+        return self._api
+
     def close(self) -> None:
         self._http.close()
 
@@ -101,7 +113,7 @@ class SlurmRestClient:
             raise SlurmRestError(method, path, resp.status_code, [], body_excerpt=text[:300].strip()) from None
         if not isinstance(data, dict):
             raise SlurmRestError(method, path, resp.status_code, [], body_excerpt=text[:300].strip())
-        errors = self.api.parse_errors(data)
+        errors = ApiVersion.parse_errors(data)
         real = [e for e in errors if not e.informational]
         # v0.0.38 answers unparsable bodies with HTTP 200 and a filled errors list.
         if resp.status_code >= 400 or real:
@@ -110,7 +122,7 @@ class SlurmRestClient:
             cls = SlurmNotFound if numbers & {ESLURM_INVALID_JOB_ID, ESLURM_INVALID_NODE_NAME,
                                               ESLURM_INVALID_PARTITION_NAME} else SlurmRestError
             raise cls(method, path, resp.status_code, entries)
-        for w in self.api.parse_warnings(data):
+        for w in ApiVersion.parse_warnings(data):
             log.info("slurmrestd %s %s: %s", method, path, w)
         return data
 
@@ -149,6 +161,18 @@ class SlurmRestClient:
         return self.api.parse_jobs(self.request("GET", self.api.jobs_path()))
 
     def update_job(self, job_id: int, update: JobUpdate) -> None:
+        """One update; where the API version cannot set the admin comment, the fallback's ``scontrol`` sets it
+        first (the job is still held then: a placement releases it in the REST update that follows)."""
+        if update.admin_comment is not None and not self.api.updates_admin_comment:
+            setter = getattr(self.requeue_fallback, "set_admin_comment", None)
+            if setter is None:
+                raise SlurmUnsupported(f"slurmrestd {self.api.name} cannot set a job's admin comment and no "
+                                       "fallback is configured (use ScontrolRequeue)")
+            setter(int(job_id), update.admin_comment)
+            if (update.nodelist, update.gres_per_node, update.hold, update.comment) == (None,) * 4 \
+                    and not update.eligible_now:
+                return
+            update = dataclasses.replace(update, admin_comment=None)
         self.request("POST", self.api.job_path(job_id), body=self.api.build_update(update))
 
     def hold(self, job_id: int) -> None:
@@ -178,6 +202,15 @@ class SlurmRestClient:
             raise SlurmUnsupported(f"slurmrestd {self.api.name} has no requeue operation and no fallback is "
                                    "configured (use ScontrolRequeue, or cancel and resubmit)")
         self.requeue_fallback(int(job_id), hold)
+
+    def clear_gres(self, job_id: int) -> None:
+        """Make a pending job ask for no GRES, which slurmrestd cannot express (the ``gres`` field always sends
+        ``gres:<value>``): through the fallback's ``scontrol`` (:meth:`ScontrolRequeue.clear_gres`)."""
+        clear = getattr(self.requeue_fallback, "clear_gres", None)
+        if clear is None:
+            raise SlurmUnsupported(f"slurmrestd {self.api.name} cannot clear a job's GRES and the fallback "
+                                   "cannot either (use ScontrolRequeue)")
+        clear(int(job_id))
 
     # -- nodes and partitions ------------------------------------------------
     def list_nodes(self) -> list[Node]:

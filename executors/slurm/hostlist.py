@@ -106,3 +106,22 @@ def parse_gres(text: str | None) -> tuple[Gres, ...]:
 def gres_count(text: str | None, name: str) -> int:
     """Total count of GRES ``name`` in a GRES string (0 when absent)."""
     return sum(g.count for g in parse_gres(text) if g.name == name)
+
+
+# One gres Type per GPU (docs/SLURM.md "One gres Type per GPU"): the GPU with Slurm index i of a
+# node whose GPUs are of model m has Type ``<m>g<i>`` on its ``gpu`` and ``mps`` lines, so that
+# ``--gres=mps:<m>g<i>:<pct>`` names the GPU a placement is planned on.
+_PER_GPU_TYPE = re.compile(r"^(.+)g(\d+)$")
+
+
+def per_gpu_type(model: str, index: int) -> str:
+    """The gres Type naming GPU ``index`` of a node with GPUs of ``model``: ``("t4", 2)`` → ``"t4g2"``."""
+    if not model or index < 0:
+        raise ValueError(f"per-GPU type: need a model and an index >= 0, got {model!r}, {index!r}")
+    return f"{model}g{index}"
+
+
+def split_per_gpu_type(gres_type: str | None) -> tuple[str, int] | None:
+    """``"t4g2"`` → ``("t4", 2)``; None for a type that does not name one GPU (``"t4"``, ``"a10g"``)."""
+    m = _PER_GPU_TYPE.match(gres_type or "")
+    return (m.group(1), int(m.group(2))) if m else None

@@ -10,7 +10,7 @@ from __future__ import annotations
 from dataclasses import dataclass
 from datetime import UTC, datetime
 
-from executors.slurm.hostlist import Gres, gres_count
+from executors.slurm.hostlist import Gres, gres_count, parse_gres, split_per_gpu_type
 
 PENDING = "PENDING"
 RUNNING = "RUNNING"
@@ -59,6 +59,7 @@ class Job:
     start_time_utc: datetime | None
     end_time_utc: datetime | None
     state_flags: tuple[str, ...] = ()
+    admin_comment: str = ""  # MuxFlow's plan (docs/SLURM.md "Users cannot change the plan")
 
     @property
     def held(self) -> bool:
@@ -73,6 +74,26 @@ class Job:
     def mps_pct(self) -> int:
         """The job's MPS share of one GPU, in percent (``--gres=mps:<pct>`` with Count=100 per GPU)."""
         return gres_count(self.gres_per_node, "mps")
+
+    @property
+    def mps_share_type(self) -> str | None:
+        """The gres Type of the job's MPS share (``mps:t4g2:40`` → ``t4g2``: the GPU it names), None if untyped."""
+        types = {g.type for g in parse_gres(self.gres_per_node) if g.name == "mps"}
+        return types.pop() if len(types) == 1 else None
+
+
+@dataclass(frozen=True)
+class NodeGpu:
+    """One GPU of a node as Slurm configures it.
+
+    ``share_type`` is the gres Type that names this GPU alone (``t4g2``, docs/SLURM.md "One gres
+    Type per GPU"): a share asked as ``mps:<share_type>:<pct>`` is accounted on this GPU. None
+    where the node's GPUs share one Type (``gpu:t4:4``): Slurm then picks the GPU of a share itself.
+    """
+
+    index: int
+    model: str
+    share_type: str | None = None
 
 
 @dataclass(frozen=True)
@@ -100,9 +121,43 @@ class Node:
         return sum(g.count for g in self.gres_used if g.name == name)
 
     @property
+    def gpus(self) -> tuple[NodeGpu, ...]:
+        """The node's GPUs by Slurm index; () where they are untyped or of several models.
+
+        Detected per node: one ``gpu`` entry of count 1 per GPU, each Type ``<model>g<index>`` of
+        one model, is the per-GPU layout (its ``mps`` entries of the same Types name the GPUs);
+        anything else with a single Type (``gpu:t4:4``) is a node whose GPUs Slurm picks itself.
+        """
+        gpu = [g for g in self.gres if g.name == "gpu"]
+        split = [split_per_gpu_type(g.type) for g in gpu]
+        models = {s[0] for s in split if s}
+        indices = {s[1] for s in split if s}
+        if gpu and all(split) and all(g.count == 1 for g in gpu) and len(models) == 1 and len(indices) == len(gpu):
+            shared = {g.type for g in self.gres if g.name == "mps" and g.type}
+            model = models.pop()
+            return tuple(NodeGpu(i, model, t if t in shared else None)
+                         for i, t in sorted((s[1], g.type) for s, g in zip(split, gpu)))
+        types = {g.type for g in gpu}
+        if len(types) == 1 and None not in types:
+            model = types.pop()
+            return tuple(NodeGpu(i, model, None) for i in range(self.gres_total("gpu")))
+        return ()
+
+    @property
+    def per_gpu_types(self) -> bool:
+        """Whether the node's GPUs have one gres Type each (``gpu:t4g0:1,…``): ``--gres=gpu:<model>:1``
+        matches none of them then; a whole GPU is asked as ``gpu:1`` on the node."""
+        gpus = self.gpus
+        return bool(gpus) and {g.type for g in self.gres if g.name == "gpu"} != {gpus[0].model}
+
+    @property
     def gpu_type(self) -> str | None:
-        types = {g.type for g in self.gres if g.name == "gpu" and g.type}
-        return types.pop() if len(types) == 1 else None
+        """The model of the node's GPUs (``t4``, also for per-GPU Types ``t4g0``…), None if not one model."""
+        models = {g.model for g in self.gpus}
+        return models.pop() if len(models) == 1 else None
+
+    def gpu(self, index: int) -> NodeGpu | None:
+        return next((g for g in self.gpus if g.index == index), None)
 
 
 @dataclass(frozen=True)

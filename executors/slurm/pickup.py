@@ -11,10 +11,11 @@ The spec contract: the job's ``--comment`` carries the MuxFlow fields::
       --comment="muxflow: type='ResNet-50 (batch size 64)' mem=4GiB gpu-types=t4,a10 ckpt=/ckpt/r50 steps=10000" job.sh
 
 Fields (``key=value``, values with spaces in single or double quotes):
-``type`` (job type), ``mem`` (GPU memory, e.g. ``4GiB``), ``gpu-types``
-(comma-separated), ``ckpt`` (absolute checkpoint directory), ``steps``, and
-optionally ``priority`` and ``name`` (default: the Slurm job name). The job
-must ask for exactly one MPS share of one GPU (``--gres=mps:N``, 1 ≤ N ≤ 100)
+``mem`` (GPU memory, e.g. ``4GiB``), ``gpu-types`` (comma-separated), ``ckpt``
+(absolute checkpoint directory), ``steps``, and optionally ``type`` (a free
+label: what the predictor sees comes from profiling the job), ``priority`` and
+``name`` (default: the Slurm job name). The job
+must ask for exactly one untyped MPS share of one GPU (``--gres=mps:N``, 1 ≤ N ≤ 100)
 and nothing else. A submission that breaks the contract is recorded as a
 FAILED job whose reason starts with ``rejected:`` (``muxflow jobs list``
 shows it) and is cancelled in Slurm; the reason is put in its comment first.
@@ -27,14 +28,14 @@ import shlex
 from collections.abc import Collection
 from dataclasses import dataclass
 
-from sqlalchemy import select
-
-from executors.slurm.hostlist import gres_count
+from executors.slurm.hostlist import gres_count, parse_gres
 from executors.slurm.models import Job
 from executors.slurm.spec import JobSpec as SlurmJobSpec
 from executors.slurm.spec import JobUpdate
+from executors.store import inventory
+from executors.store import jobs as jobstore
 from executors.store import models as m
-from executors.store import repo
+from executors.store.inventory import gpu_type_memory
 from executors.submission import JobSpec, SubmissionError, parse_size_bytes, validate
 from scheduler_core.domain import JobState
 
@@ -77,7 +78,8 @@ def _fields(comment: str) -> dict[str, str]:
 def submission_comment(spec: JobSpec) -> str:
     """The ``--comment`` that :func:`spec_from_job` reads back as ``spec`` (what ``muxflow submit`` sends)."""
     q = shlex.quote
-    return (f"{COMMENT_PREFIX} type={q(spec.job_type)} mem={spec.mem_bytes} "
+    label = f" type={q(spec.job_type)}" if spec.job_type else ""
+    return (f"{COMMENT_PREFIX}{label} mem={spec.mem_bytes} "
             f"gpu-types={','.join(spec.allowed_gpu_types)} ckpt={q(spec.checkpoint_dir)} "
             f"steps={spec.total_steps} priority={spec.priority} name={q(spec.name)}")
 
@@ -85,7 +87,7 @@ def submission_comment(spec: JobSpec) -> str:
 def spec_from_job(job: Job) -> JobSpec:
     """The submission's spec; :class:`SubmissionError` for missing or contradictory options."""
     f = _fields(job.comment or "")
-    for key in ("type", "mem", "gpu-types", "ckpt", "steps"):
+    for key in ("mem", "gpu-types", "ckpt", "steps"):
         if not f.get(key):
             raise SubmissionError(key, "required in the muxflow comment")
     gres = (job.gres_per_node or "").strip()
@@ -101,6 +103,10 @@ def spec_from_job(job: Job) -> JobSpec:
                               "on one shared GPU")
     if mps > 100:
         raise SubmissionError("gres", f"mps:{mps} is more than one GPU (at most mps:100)")
+    typed = sorted({g.type for g in parse_gres(gres) if g.name == "mps" and g.type})
+    if typed:
+        raise SubmissionError("gres", f"ask for an untyped share --gres=mps:{mps}, not one of Type {typed[0]}: "
+                              "MuxFlow chooses the GPU (Slurm cannot move a typed share to another GPU)")
     try:
         steps = int(f["steps"])
         priority = int(f.get("priority", "0"))
@@ -108,7 +114,7 @@ def spec_from_job(job: Job) -> JobSpec:
         raise SubmissionError("steps", f"not an integer: {exc}") from None
     return JobSpec(
         name=f.get("name") or job.name, command=f"sbatch job {job.job_id} ({job.name}) in {job.working_dir or '?'}",
-        job_type=f["type"], mem_bytes=parse_size_bytes(f["mem"]),
+        job_type=f.get("type", ""), mem_bytes=parse_size_bytes(f["mem"]),
         allowed_gpu_types=tuple(t.strip().lower() for t in f["gpu-types"].split(",") if t.strip()),
         checkpoint_dir=f["ckpt"], total_steps=steps, priority=priority,
     )
@@ -123,14 +129,16 @@ def import_submissions(store, client, known_job_types: set[str] | None = None, *
                        only: Collection[int] | None = None) -> PickupReport:
     """Import held offline-partition jobs not yet in the store; reject and cancel bad ones. Idempotent.
 
-    ``only`` restricts the pick-up to these Slurm job ids: a benchmark or a test that
-    shares a cluster with other users must not import (or reject and cancel) theirs.
+    ``known_job_types``: None on a real cluster (a job type is a free label); a set only
+    restricts labels to what a simulation models. ``only`` restricts the pick-up to these
+    Slurm job ids: a benchmark or a test that shares a cluster with other users must not
+    import (or reject and cancel) theirs.
     """
     wanted = None if only is None else {int(i) for i in only}
     jobs = [j for j in client.list_jobs() if is_candidate(j) and (wanted is None or j.job_id in wanted)]
     with store.session() as s:
-        seen = set(s.scalars(select(m.OfflineJob.slurm_job_id).where(m.OfflineJob.slurm_job_id.is_not(None))))
-        gpu_types = repo.gpu_type_names(s)
+        seen = inventory.imported_slurm_ids(s)
+        gpu_types = gpu_type_memory(s)
     imported: list[int] = []
     rejected: list[tuple[int, str]] = []
     for job in sorted(jobs, key=lambda j: j.job_id):
@@ -146,6 +154,7 @@ def import_submissions(store, client, known_job_types: set[str] | None = None, *
                     name=(job.name or f"slurm-{job.job_id}")[:128], job_type="(rejected)",
                     command=f"sbatch job {job.job_id}", mem_bytes=1, allowed_gpu_types=[], checkpoint_dir="",
                     total_steps=1, state=JobState.FAILED.value, state_reason=reason, slurm_job_id=job.job_id,
+                    run_as_user=job.user_name or None,
                 ))
             _cancel_rejected(client, job.job_id, reason)
             rejected.append((job.job_id, reason))
@@ -156,6 +165,8 @@ def import_submissions(store, client, known_job_types: set[str] | None = None, *
                 name=spec.name, job_type=spec.job_type, command=spec.command, mem_bytes=spec.mem_bytes,
                 allowed_gpu_types=sorted(set(spec.allowed_gpu_types)), checkpoint_dir=spec.checkpoint_dir,
                 priority=spec.priority, total_steps=spec.total_steps, slurm_job_id=job.job_id,
+                # Slurm runs the job as its submitter: MPS lets it share only a GPU of that user (scheduler_core.run_as).
+                run_as_user=job.user_name or None,
                 state_reason=f"imported from Slurm job {job.job_id}",
             )
             s.add(row)
@@ -164,11 +175,8 @@ def import_submissions(store, client, known_job_types: set[str] | None = None, *
         log.info("imported slurm job %s as store job %s", job.job_id, imported[-1])
     # A crash between the store insert and the cancel leaves a rejected job pending in Slurm: finish it.
     with store.session() as s:
-        stale = {j.job_id for j in jobs} & set(s.scalars(
-            select(m.OfflineJob.slurm_job_id).where(m.OfflineJob.state == JobState.FAILED.value,
-                                                    m.OfflineJob.state_reason.like(f"{REJECTED_PREFIX}%"))))
-        reasons = {j.slurm_job_id: j.state_reason for j in s.scalars(
-            select(m.OfflineJob).where(m.OfflineJob.slurm_job_id.in_(stale)))} if stale else {}
+        stale = {j.job_id for j in jobs} & jobstore.rejected_slurm_ids(s, REJECTED_PREFIX)
+        reasons = {j.slurm_job_id: j.state_reason for j in jobstore.jobs_of_slurm_ids(s, stale)} if stale else {}
     for sid in sorted(stale - {r[0] for r in rejected}):
         _cancel_rejected(client, sid, reasons.get(sid) or "rejected")
     return PickupReport(imported, rejected)
@@ -184,7 +192,7 @@ def submit_held(store, client, spec: JobSpec, script: str, *, mps_pct: int, work
     held in Slurm and the next pick-up imports it.
     """
     with store.session() as s:
-        validate(spec, repo.gpu_type_names(s), known_job_types)
+        validate(spec, gpu_type_memory(s), known_job_types)
     if not 1 <= mps_pct <= 100:
         raise SubmissionError("mps", f"must be within 1..100, got {mps_pct}")
     if not script.startswith("#!"):

@@ -1,20 +1,14 @@
-"""How to reach slurmrestd: API version, transport (unix socket or TCP) and JWT credentials."""
+"""How the REST client reaches slurmrestd: API version, transport (unix socket or TCP) and JWT credentials.
+
+Built from the deployment's :class:`executors.slurm.config.SlurmConfig` (or by the dev cluster for itself)."""
 
 from __future__ import annotations
 
-from collections.abc import Mapping
 from dataclasses import dataclass
 from pathlib import Path
 
-from executors.slurm.api import DEFAULT_API_VERSION, api_version
+from executors.slurm.api import AUTO, DEFAULT_API_VERSION, api_version
 from executors.slurm.jwt import unverified_claims
-
-ENV_API_VERSION = "MUXFLOW_SLURM_API_VERSION"
-ENV_REST_SOCKET = "MUXFLOW_SLURM_REST_SOCKET"
-ENV_REST_URL = "MUXFLOW_SLURM_REST_URL"
-ENV_USER = "MUXFLOW_SLURM_USER"
-ENV_TOKEN_FILE = "MUXFLOW_SLURM_JWT_FILE"
-ENV_TOKEN = "SLURM_JWT"  # what `scontrol token` prints, the usual way to hand a token over
 
 
 @dataclass(frozen=True)
@@ -35,7 +29,8 @@ class SlurmRestSettings:
     timeout_s: float = 15.0
 
     def __post_init__(self) -> None:
-        api_version(self.api_version)  # validates the name
+        if self.api_version != AUTO:
+            api_version(self.api_version)  # validates the name
         if (self.unix_socket is None) == (self.url is None):
             raise ValueError("slurm rest: set exactly one of unix_socket or url")
         if self.url is not None and not self.url.startswith(("http://", "https://")):
@@ -70,17 +65,3 @@ class SlurmRestSettings:
         if user:
             headers["X-SLURM-USER-NAME"] = user
         return headers
-
-    @classmethod
-    def from_env(cls, env: Mapping[str, str], *, default_socket: str | None = None) -> SlurmRestSettings:
-        """Settings from ``MUXFLOW_SLURM_*`` variables (and ``SLURM_JWT``); called by entry points only."""
-        url = env.get(ENV_REST_URL) or None
-        sock = env.get(ENV_REST_SOCKET) or (None if url else default_socket)
-        return cls(
-            api_version=env.get(ENV_API_VERSION) or DEFAULT_API_VERSION,
-            unix_socket=sock,
-            url=url,
-            user_name=env.get(ENV_USER) or None,
-            token=None if env.get(ENV_TOKEN_FILE) else (env.get(ENV_TOKEN) or None),
-            token_file=env.get(ENV_TOKEN_FILE) or None,
-        )

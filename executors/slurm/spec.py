@@ -133,10 +133,16 @@ class JobUpdate:
     hold: bool | None = None
     comment: str | None = None
     eligible_now: bool = False
+    # Only Slurm's administrators (root, SlurmUser, operators) can write it: where MuxFlow keeps its plan.
+    admin_comment: str | None = None
+
+    @property
+    def empty(self) -> bool:
+        return (self.nodelist is None and self.gres_per_node is None and self.hold is None and self.comment is None
+                and not self.eligible_now and self.admin_comment is None)
 
     def __post_init__(self) -> None:
-        if (self.nodelist is None and self.gres_per_node is None and self.hold is None and self.comment is None
-                and not self.eligible_now):
+        if self.empty:
             raise PayloadError("job update: nothing to change")
         if self.gres_per_node is not None:
             _check_gres(self.gres_per_node, "gres_per_node")

@@ -1,4 +1,4 @@
-"""Reference workloads (issue 8): online inference services and offline training jobs of three
+"""Reference workloads: online inference services and offline training jobs of three
 families — a ResNet-style CNN, a transformer encoder, an embedding-heavy recommender — defined in
 code with random weights. ``serve`` runs a service at a QPS recording per-request latency
 (open-loop arrivals); ``train`` a training job on the checkpoint/restart runtime helper.

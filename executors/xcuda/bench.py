@@ -10,13 +10,13 @@ from __future__ import annotations
 
 import json
 import os
-import platform
 import statistics
 import subprocess
 import tempfile
 from pathlib import Path
 from typing import Any
 
+from executors.machine import describe
 from executors.xcuda.build import Artifacts, build
 from executors.xcuda.shm import GpuSample, ShmWriter
 
@@ -71,7 +71,7 @@ def run_overhead_bench(calls: int = 1_000_000, rounds: int = 3, timeout_s: float
     return {
         "benchmark": "xcuda interception overhead",
         "driver": "fake libcuda.so.1 (tests), no GPU: the driver's own cost is not in these figures",
-        "machine": f"{platform.machine()}, {os.cpu_count()} cores, CPU only",
+        "machine": describe(),
         "calls_per_run": calls,
         "rounds": rounds,
         "path": "pointers from cuGetProcAddress, as the CUDA runtime uses them",

@@ -28,6 +28,8 @@ class ApiVersion(ABC):
     verified_live: ClassVar[bool]
     # Whether slurmrestd of this version can requeue a job itself.
     supports_requeue: ClassVar[bool] = False
+    # Whether a job update can set the admin comment (else the client's scontrol fallback does).
+    updates_admin_comment: ClassVar[bool] = True
 
     def __init__(self, clock: Callable[[], float] = time.time):
         # Only for versions that must send "now" as a number (v0.0.40 begin_time).
@@ -82,10 +84,13 @@ class ApiVersion(ABC):
         return {} if signal is None else {"signal": signal_name(signal)}
 
     # -- responses -----------------------------------------------------------
-    def parse_errors(self, body: dict[str, Any]) -> list[SlurmErrorEntry]:
+    @staticmethod
+    def parse_errors(body: dict[str, Any]) -> list[SlurmErrorEntry]:
+        """The same in every version (also read before the version is known: the OpenAPI document's errors)."""
         return [SlurmErrorEntry.parse(e) for e in body.get("errors") or []]
 
-    def parse_warnings(self, body: dict[str, Any]) -> list[SlurmErrorEntry]:
+    @staticmethod
+    def parse_warnings(body: dict[str, Any]) -> list[SlurmErrorEntry]:
         return [SlurmErrorEntry.parse(e) for e in body.get("warnings") or []]
 
     def parse_version(self, body: dict[str, Any]) -> SlurmVersion:
@@ -136,6 +141,7 @@ class ApiVersion(ABC):
             restart_count=as_int(raw.get("restart_cnt"), 0) or 0,
             exit_code=self.exit_code(raw.get("exit_code")),
             comment=as_str(raw.get("comment")),
+            admin_comment=as_str(raw.get("admin_comment")),
             working_dir=as_str(raw.get("current_working_directory")),
             submit_time_utc=self.timestamp(raw.get("submit_time")),
             start_time_utc=self.timestamp(raw.get("start_time")),

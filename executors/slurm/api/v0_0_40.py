@@ -27,6 +27,9 @@ from executors.slurm.models import ControllerPing, Partition, epoch_to_utc
 from executors.slurm.spec import JobSpec, JobUpdate
 
 
+DEFAULT_WORKING_DIR = "/tmp"
+
+
 def _no_val(number: int) -> dict[str, Any]:
     return {"set": True, "infinite": False, "number": int(number)}
 
@@ -54,7 +57,7 @@ def _hostlist(value: Any) -> tuple[str, ...]:
 
 class V0040(ApiVersion):
     name: ClassVar[str] = "v0.0.40"
-    verified_live: ClassVar[bool] = False
+    verified_live: ClassVar[bool] = True
     supports_requeue: ClassVar[bool] = False
 
     def build_submit(self, spec: JobSpec) -> dict[str, Any]:
@@ -65,8 +68,9 @@ class V0040(ApiVersion):
             "hold": spec.hold,
             "requeue": spec.requeue,
         }
-        if spec.working_dir is not None:
-            job["current_working_directory"] = spec.working_dir
+        # slurmrestd 24.11 refuses a submission without one ("Job cannot be submitted without the current working
+        # directory specified", checked live); v0.0.38 defaulted it. /tmp is where every user may write.
+        job["current_working_directory"] = spec.working_dir or DEFAULT_WORKING_DIR
         if spec.gres_per_node is not None:
             job["tres_per_node"] = _tres_per_node(spec.gres_per_node)
         if spec.nodelist is not None:
@@ -100,6 +104,8 @@ class V0040(ApiVersion):
             body["tres_per_node"] = _tres_per_node(update.gres_per_node)
         if update.comment is not None:
             body["comment"] = update.comment
+        if update.admin_comment is not None:
+            body["admin_comment"] = update.admin_comment
         if update.eligible_now:
             body["begin_time"] = _no_val(int(self.clock()))  # epoch seconds; 0 would mean "unchanged"
         if update.hold is not None:
@@ -142,3 +148,15 @@ class V0040(ApiVersion):
         else:
             up = as_str(raw.get("pinged", raw.get("ping"))).upper() == "UP"
         return ControllerPing(hostname=as_str(raw.get("hostname")), up=up, mode=as_str(raw.get("mode")))
+
+
+class V0041(V0040):
+    """slurmrestd v0.0.41 (Slurm 24.05 – 25.05): the v0.0.40 shapes for everything MuxFlow sends and reads."""
+
+    name: ClassVar[str] = "v0.0.41"
+
+
+class V0042(V0040):
+    """slurmrestd v0.0.42 (Slurm 24.11 – 25.11): the v0.0.40 shapes for everything MuxFlow sends and reads."""
+
+    name: ClassVar[str] = "v0.0.42"

@@ -11,6 +11,7 @@ nodes' namespaces: slurmstepd and job processes), then removes the network.
 from __future__ import annotations
 
 import os
+import pwd
 import socket
 import subprocess
 import time
@@ -20,8 +21,17 @@ from pathlib import Path
 
 from executors.slurm.client import SlurmRestClient
 from executors.slurm.dev import network as net
-from executors.slurm.dev.install import SBIN_PATH, ensure_packages, ensure_service_user
-from executors.slurm.dev.layout import DEFAULT_STATE_DIR, DEFAULT_SUBNETS, SERVICE_USER, DevClusterLayout
+from executors.slurm.dev import rootfs
+from executors.slurm.dev.install import JOB_USERS, SBIN_PATH, ensure_job_user, ensure_packages, ensure_service_user
+from executors.slurm.dev.layout import (
+    DEFAULT_NODES,
+    DEFAULT_STATE_DIR,
+    DEFAULT_SUBNETS,
+    REST_USER,
+    SERVICE_USER,
+    DevClusterLayout,
+    DevNode,
+)
 from executors.slurm.dev.procs import ProcRecord, ProcTable, descendants, terminate, wait_reaped
 from executors.slurm.dev.state import prepare_state
 from executors.slurm.errors import SlurmError
@@ -34,11 +44,28 @@ GOOD_SINFO_STATES = ("idle", "mixed", "allocated", "completing")
 
 
 NODE_SRC = Path(__file__).resolve().parents[1] / "node"
+REPO = Path(__file__).resolve().parents[3]
 XCUDA_LIB = Path(__file__).resolve().parents[2] / "xcuda" / "build" / "libxcuda.so"
+FAKE_MPS_CONTROL = Path(__file__).resolve().with_name("fake_mps_control.sh")
+
+
+def node_script_values(layout: DevClusterLayout) -> dict[str, str]:
+    """What the dev cluster fills into the node scripts' ``@…@`` placeholders (a site fills its own, DEPLOY.md):
+    xCUDA, the plan directory, and a stand-in MPS control per node (its pipes under the state directory)."""
+    return {"@XCUDA_LIB@": str(XCUDA_LIB), "@PLAN_DIR@": str(layout.plan_dir),
+            "@MPS_CONTROL@": str(layout.node_script_dir / "nvidia-cuda-mps-control"),
+            "@MPS_PIPE_ROOT@": f"{layout.mps_pipe_root}/${{SLURMD_NODENAME}}"}
+
+
+def _fill(text: str, values: dict[str, str]) -> str:
+    for key, value in values.items():
+        text = text.replace(key, value)
+    return text
 
 
 def install_node_scripts(layout: DevClusterLayout, slurm_user_uid: int) -> None:
-    """Install ``job_submit.lua`` next to slurm.conf and the Prolog/TaskProlog/Epilog (docs/SLURM.md).
+    """Install ``job_submit.lua`` next to slurm.conf, the Prolog/TaskProlog/Epilog and the stand-in MPS control
+    (docs/SLURM.md).
 
     Each file is replaced atomically (temp file + rename): slurmd reads the scripts at
     every job start and slurmctld reloads the Lua script when it changes, so a running
@@ -46,9 +73,10 @@ def install_node_scripts(layout: DevClusterLayout, slurm_user_uid: int) -> None:
     """
     layout.node_script_dir.mkdir(parents=True, exist_ok=True)
     os.chmod(layout.node_script_dir, 0o755)
-    files = {layout.node_script_dir / name: ((NODE_SRC / name).read_text().replace("@XCUDA_LIB@", str(XCUDA_LIB)),
-                                             0o755)
+    values = node_script_values(layout)
+    files = {layout.node_script_dir / name: (_fill((NODE_SRC / name).read_text(), values), 0o755)
              for name in ("prolog.sh", "task_prolog.sh", "epilog.sh")}
+    files[layout.node_script_dir / "nvidia-cuda-mps-control"] = (FAKE_MPS_CONTROL.read_text(), 0o755)
     files[layout.job_submit_lua] = ((NODE_SRC / "job_submit.lua").read_text()
                                     .replace("@SLURM_USER_UID@", str(int(slurm_user_uid))), 0o644)
     for dst, (text, mode) in files.items():
@@ -102,13 +130,18 @@ class DevStatus:
 
 class DevCluster:
     def __init__(self, state_dir: Path | str | None = None, *, subnet: str | None = None,
-                 bridge: str = "mxslurm0", port_base: int = 6917, echo: Callable[[str], None] = print):
+                 bridge: str = "mxslurm0", port_base: int = 6917, echo: Callable[[str], None] = print,
+                 nodes: tuple[DevNode, ...] = DEFAULT_NODES, release: rootfs.SlurmRelease | None = None):
         """``bridge`` names the network pieces and ``port_base`` the ports (slurmctld, slurmd = +1,
-        REST = +3): a second cluster with other values and state dir runs beside the first."""
+        REST = +3): a second cluster with other values and state dir runs beside the first.
+        ``nodes`` is the layout of a fresh start (a running cluster keeps its own). ``release``: run
+        another Slurm release than the host's, from its Debian tree (:mod:`executors.slurm.dev.rootfs`)."""
         self.state_dir = Path(state_dir or os.environ.get("MUXFLOW_SLURM_DIR") or DEFAULT_STATE_DIR)
         self.subnet = subnet
         self.bridge = bridge
         self.port_base = port_base
+        self.nodes = tuple(nodes)
+        self.release = release
         self.echo = echo
         self.procs = ProcTable(self.state_dir / "pids")
 
@@ -123,7 +156,11 @@ class DevCluster:
         host = socket.gethostname().split(".")[0]
         base = DevClusterLayout(state_dir=self.state_dir, controller_host=host, bridge=self.bridge,
                                 slurmctld_port=self.port_base, slurmd_port=self.port_base + 1,
-                                rest_port=self.port_base + 3)
+                                rest_port=self.port_base + 3, nodes=self.nodes)
+        if self.release is not None:
+            base = replace(base, root_fs=str(self.release.path), rest_plugins=self.release.rest_plugins,
+                           rest_user=REST_USER,
+                           api_version="auto", binds=(str(self.state_dir), str(REPO)))
         if self.subnet:
             if not net.subnet_is_free(self.subnet, base.bridge):
                 raise DevClusterError(f"subnet {self.subnet} overlaps a network of this host")
@@ -135,9 +172,19 @@ class DevCluster:
     def slurm_env(self, layout: DevClusterLayout) -> dict[str, str]:
         return {"PATH": SBIN_PATH, "SLURM_CONF": str(layout.slurm_conf), "LANG": "C.UTF-8"}
 
+    def command(self, layout: DevClusterLayout, argv: list[str]) -> list[str]:
+        """``argv`` (a Slurm daemon or client command) as it runs for this cluster: in its release's tree."""
+        return rootfs.wrap(Path(layout.root_fs) if layout.root_fs else None, [Path(b) for b in layout.binds], argv)
+
     def component_names(self, layout: DevClusterLayout) -> list[str]:
         return ["munged", "slurmctld", *[f"slurmd-{n.name}" for n in layout.nodes],
                 "slurmrestd-local", "slurmrestd-jwt"]
+
+    def scontrol_fallback(self, layout: DevClusterLayout):
+        """The REST client's ``scontrol`` fallback (requeue; GRES and admin comment on v0.0.38) for this cluster."""
+        from executors.slurm.scontrol import ScontrolRequeue
+
+        return ScontrolRequeue(str(layout.slurm_conf), prefix=self.command(layout, []))
 
     # -- clients -----------------------------------------------------------------
     def mint_token(self, layout: DevClusterLayout, user: str = "root", lifespan_s: int = 3600) -> str:
@@ -146,6 +193,11 @@ class DevCluster:
     def rest_settings(self, layout: DevClusterLayout, transport: str = "local", *, user: str = "root",
                       timeout_s: float = 15.0) -> SlurmRestSettings:
         """``local``: the unix socket (acts as the service user, SlurmUser); ``jwt``: TCP with a fresh token."""
+        if transport == "local" and self._socket_needs_token(layout):
+            # slurmrestd cannot act as SlurmUser on its socket: the socket takes SlurmUser's tokens instead.
+            return SlurmRestSettings(api_version=layout.api_version, unix_socket=str(layout.rest_socket),
+                                     user_name=layout.service_user, token=self.mint_token(layout, layout.service_user),
+                                     timeout_s=timeout_s)
         if transport == "local":
             return SlurmRestSettings(api_version=layout.api_version, unix_socket=str(layout.rest_socket),
                                      timeout_s=timeout_s)
@@ -154,11 +206,17 @@ class DevCluster:
                                      token=self.mint_token(layout, user), timeout_s=timeout_s)
         raise ValueError(f"transport must be 'local' or 'jwt', got {transport!r}")
 
+    @staticmethod
+    def _socket_needs_token(layout: DevClusterLayout) -> bool:
+        """From 23.11 on slurmrestd refuses to run as SlurmUser, so rest_auth/local on its socket acts as an
+        unprivileged user; the dev cluster's socket then uses rest_auth/jwt (docs/SLURM.md "Slurm 24.11")."""
+        return bool(layout.rest_user) and layout.rest_user != layout.service_user
+
     # -- readiness checks ----------------------------------------------------------
     def _run(self, layout: DevClusterLayout, *argv: str, timeout_s: float = 10.0) -> subprocess.CompletedProcess:
         try:
-            return subprocess.run(list(argv), env=self.slurm_env(layout), capture_output=True, text=True,
-                                  timeout=timeout_s)
+            return subprocess.run(self.command(layout, list(argv)), env=self.slurm_env(layout), capture_output=True,
+                                  text=True, timeout=timeout_s)
         except subprocess.TimeoutExpired:
             return subprocess.CompletedProcess(list(argv), 124, "", f"timed out after {timeout_s}s")
 
@@ -188,7 +246,7 @@ class DevCluster:
         env = self.slurm_env(layout)
         conf = str(layout.slurm_conf)
         logs = layout.log_dir
-        user = layout.service_user
+        user = layout.rest_user or layout.service_user
 
         def munge_ready() -> str | None:
             out = self._run(layout, "munge", "-n", "-S", str(layout.munge_socket), timeout_s=5)
@@ -201,14 +259,15 @@ class DevCluster:
         def rm_socket(path: Path) -> Callable[[], None]:
             return lambda: path.unlink(missing_ok=True)
 
+        wrap = lambda argv: self.command(layout, argv)  # noqa: E731
         munged = _Component(
             "munged",
-            ["munged", "-F", f"--socket={layout.munge_socket}", f"--key-file={layout.munge_key}",
+            wrap(["munged", "-F", f"--socket={layout.munge_socket}", f"--key-file={layout.munge_key}",
              f"--log-file={layout.munge_dir / 'munged.log'}", f"--pid-file={layout.munge_dir / 'munged.pid'}",
-             f"--seed-file={layout.munge_dir / 'munged.seed'}"],
+             f"--seed-file={layout.munge_dir / 'munged.seed'}"]),
             [logs / "munged.out", layout.munge_dir / "munged.log"], munge_ready, env,
             rm_socket(layout.munge_socket))
-        ctld = _Component("slurmctld", ["slurmctld", "-D", "-f", conf],
+        ctld = _Component("slurmctld", wrap(["slurmctld", "-D", "-f", conf]),
                           [logs / "slurmctld.out", logs / "slurmctld.log"], ctld_ready, env)
         slurmds = []
         for node in layout.nodes:
@@ -216,18 +275,20 @@ class DevCluster:
                 f"slurmd-{node.name}",
                 # nsenter, not `ip netns exec`: the latter remounts /sys and
                 # slurmd then cannot initialize its cgroup plugin (DESIGN §4).
-                ["nsenter", f"--net={layout.netns_path(node)}", "slurmd", "-D", "-f", conf, "-N", node.name],
+                ["nsenter", f"--net={layout.netns_path(node)}", *wrap(["slurmd", "-D", "-f", conf, "-N", node.name])],
                 [logs / f"slurmd-{node.name}.out", logs / f"slurmd-{node.name}.log", logs / "slurmctld.log"],
                 lambda n=node.name: self._nodes_ready(layout, [n]), env))
         rest_args = ["slurmrestd", "-f", conf, "-u", user, "-s", layout.rest_plugins]
+        socket_jwt = self._socket_needs_token(layout)
         rest_local = _Component(
-            "slurmrestd-local", [*rest_args, "-a", "rest_auth/local", f"unix:{layout.rest_socket}"],
-            [logs / "slurmrestd-local.out"], lambda: self._rest_ready(layout, "local"), env,
-            rm_socket(layout.rest_socket))
+            "slurmrestd-local", wrap([*rest_args, "-a", "rest_auth/jwt" if socket_jwt else "rest_auth/local",
+                                      f"unix:{layout.rest_socket}"]),
+            [logs / "slurmrestd-local.out"], lambda: self._rest_ready(layout, "local"),
+            {**env, "SLURM_JWT": "daemon"} if socket_jwt else env, rm_socket(layout.rest_socket))
         # A slurmrestd that takes JWTs must itself use auth/jwt toward slurmctld
         # (SLURM_JWT=daemon), which rest_auth/local cannot share: hence two.
         rest_jwt = _Component(
-            "slurmrestd-jwt", [*rest_args, "-a", "rest_auth/jwt", f"127.0.0.1:{layout.rest_port}"],
+            "slurmrestd-jwt", wrap([*rest_args, "-a", "rest_auth/jwt", f"127.0.0.1:{layout.rest_port}"]),
             [logs / "slurmrestd-jwt.out"], lambda: self._rest_ready(layout, "jwt"),
             {**env, "SLURM_JWT": "daemon"})
         return [[munged], [ctld], slurmds, [rest_local, rest_jwt]]
@@ -237,9 +298,16 @@ class DevCluster:
         if os.geteuid() != 0:
             raise DevClusterError("the dev cluster needs root (network namespaces, munged, slurmd); "
                                   "run `sudo muxflow slurm dev-up`")
-        if install:
+        if install and self.release is None:
             ensure_packages(self.echo)
+        if self.release is not None:
+            rootfs.ensure_rootfs(self.release, self.echo)
         pw = ensure_service_user(SERVICE_USER)
+        for name in JOB_USERS:
+            ensure_job_user(name)
+        if self.release is not None:
+            ensure_service_user(REST_USER)
+            rootfs.sync_users(self.release.path, (SERVICE_USER, REST_USER, *JOB_USERS))
         previous = self.load_layout()
         running = [r for r in self.procs.all() if r.running()]
         if previous is None or not running:
@@ -247,7 +315,8 @@ class DevCluster:
                 self.down(quiet=True)  # leftovers of a crashed cluster: stray processes, stale network
             layout = self._new_layout(previous)
             self._check_ports(layout)
-            prepare_state(layout, pw.pw_uid, pw.pw_gid)
+            rest_pw = pwd.getpwnam(layout.rest_user) if layout.rest_user else None
+            prepare_state(layout, pw.pw_uid, pw.pw_gid, (rest_pw.pw_uid, rest_pw.pw_gid) if rest_pw else None)
             self._forget_records()
             self.echo(f"starting the dev Slurm cluster in {self.state_dir} (subnet {layout.subnet})")
         else:

@@ -50,6 +50,26 @@ def ensure_packages(echo: Callable[[str], None] = print) -> None:
         raise InstallError(f"still missing after install: {', '.join(still)}")
 
 
+# Real non-root users for the tests of what a user can and cannot do to MuxFlow's jobs (two of them: the
+# multi-user tests run an offline job and an online replica under different users).
+JOB_USERS = ("mxuser1", "mxuser2")
+
+
+def ensure_job_user(name: str) -> pwd.struct_passwd:
+    """A regular login user (own group, no home directory) that submits jobs like a site's users do."""
+    try:
+        return pwd.getpwnam(name)
+    except KeyError:
+        pass
+    if os.geteuid() != 0:
+        raise InstallError(f"user {name!r} does not exist and only root can create it")
+    out = subprocess.run(["useradd", "--user-group", "--no-create-home", "--home-dir", "/nonexistent",
+                          "--shell", "/bin/sh", name], capture_output=True, text=True)
+    if out.returncode != 0 and "already exists" not in out.stderr:
+        raise InstallError(f"useradd {name}: {out.stderr.strip()}")
+    return pwd.getpwnam(name)
+
+
 def ensure_service_user(name: str) -> pwd.struct_passwd:
     """The unprivileged system user slurmctld and slurmrestd run as (created when missing)."""
     try:

@@ -14,26 +14,51 @@ import json
 from dataclasses import asdict, dataclass, field
 from pathlib import Path
 
+from executors.slurm.hostlist import per_gpu_type
+
 DEFAULT_STATE_DIR = Path("/tmp/muxflow-slurm")
 SERVICE_USER = "muxflow-slurm"  # slurmctld (as SlurmUser) and slurmrestd run as this system user
+REST_USER = "muxflow-rest"  # slurmrestd of the releases that refuse to run as SlurmUser
 DEFAULT_SUBNETS = ("10.213.7.0/24", "10.213.77.0/24", "172.29.213.0/24")
 NODE_HOST_OFFSET = 11  # node i gets the subnet's host number 11 + i; the bridge gets 1
 
 
 @dataclass(frozen=True)
 class DevNode:
-    """One slurmd in its own network namespace, with ``gpus`` GPU files of one type."""
+    """One slurmd in its own network namespace, with ``gpus`` GPU files of one type.
+
+    ``per_gpu_types``: each GPU gets its own gres Type ``<gpu_type>g<index>`` on its ``gpu``
+    and ``mps`` lines, so a placement can name its GPU (``--gres=mps:t4g2:40``; docs/SLURM.md
+    "One gres Type per GPU"); off, the node has the classic ``gpu:<type>:<n>,mps:<n*100>``
+    and Slurm picks the GPU of each share itself.
+    """
 
     name: str
     gpu_type: str
     gpus: int = 4
     mps_count: int = 400  # 100 per GPU, so --gres=mps:<pct> is a percentage of one GPU
-    # More CPU slots than the 100 one-percent MPS jobs a node can run at once (Slurm 22.05
-    # runs MPS jobs on one GPU per node, docs/SLURM.md), so MPS, never CPUs, limits tiny
-    # concurrent jobs (test runs sharing the cluster); config_overrides lets a node claim
-    # them whatever the host has.
-    cpus: int = 128
+    # One CPU slot per MPS percent: with Flags=all_sharing a node runs up to 400 one-percent
+    # MPS jobs at once (100 on each GPU), so MPS, never CPUs, limits tiny concurrent jobs (test
+    # runs sharing the cluster); config_overrides lets a node claim them whatever the host has.
+    cpus: int = 400
     real_memory_mb: int = 4000
+    per_gpu_types: bool = True
+
+    def __post_init__(self) -> None:
+        if self.gpus <= 0 or self.mps_count % self.gpus:
+            raise ValueError(f"node {self.name}: mps_count {self.mps_count} must split evenly over {self.gpus} GPUs")
+
+    def gres_types(self) -> list[str]:
+        """The gres Type of each GPU, by index: ``t4g0``… with per-GPU types, else the model for all."""
+        return [per_gpu_type(self.gpu_type, i) if self.per_gpu_types else self.gpu_type for i in range(self.gpus)]
+
+    def slurm_gres(self) -> str:
+        """The node's ``Gres=`` in slurm.conf."""
+        if not self.per_gpu_types:
+            return f"gpu:{self.gpu_type}:{self.gpus},mps:{self.mps_count}"
+        per_gpu = self.mps_count // self.gpus
+        types = self.gres_types()
+        return ",".join([f"gpu:{t}:1" for t in types] + [f"mps:{t}:{per_gpu}" for t in types])
 
 
 DEFAULT_NODES = (DevNode("mx-t4-1", "t4"), DevNode("mx-a10-1", "a10"))
@@ -54,8 +79,16 @@ class DevClusterLayout:
     slurmd_port: int = 6918
     rest_port: int = 6920
     service_user: str = SERVICE_USER
+    # slurmrestd's user: SlurmUser on 22.05 (its unix socket then acts with SlurmUser's rights); from 23.11 on
+    # slurmrestd refuses to run as SlurmUser, so another unprivileged user ("" = service_user).
+    rest_user: str = ""
     rest_plugins: str = "openapi/v0.0.38"
+    # "auto": the client takes the newest version the server's OpenAPI document offers (24.11 serves three).
     api_version: str = "v0.0.38"
+    # A Debian tree with another Slurm release the daemons and commands run in ("" = the host's Slurm;
+    # executors.slurm.dev.rootfs), and the host's directories bound into it at the same paths.
+    root_fs: str = ""
+    binds: tuple[str, ...] = ()
     extra: dict[str, str] = field(default_factory=dict)
 
     def __post_init__(self) -> None:
@@ -179,6 +212,16 @@ class DevClusterLayout:
         return self.state_dir / "node"
 
     @property
+    def plan_dir(self) -> Path:
+        """Root-owned per-job plan files the Prolog writes and the TaskProlog reads (docs/SLURM.md)."""
+        return self.state_dir / "plans"
+
+    @property
+    def mps_pipe_root(self) -> Path:
+        """Per node and GPU MPS pipe directories (``<root>/<node>/gpu<i>``), where the stand-in control logs."""
+        return self.state_dir / "mps"
+
+    @property
     def job_submit_lua(self) -> Path:
         """Slurm looks for ``job_submit.lua`` next to ``slurm.conf``."""
         return self.etc_dir / "job_submit.lua"
@@ -249,18 +292,29 @@ class DevClusterLayout:
         for n in self.nodes:
             lines.append(
                 f"NodeName={n.name} NodeAddr={self.node_address(n)} NodeHostname={n.name} CPUs={n.cpus} "
-                f"RealMemory={n.real_memory_mb} Gres=gpu:{n.gpu_type}:{n.gpus},mps:{n.mps_count} State=UNKNOWN")
+                f"RealMemory={n.real_memory_mb} Gres={n.slurm_gres()} State=UNKNOWN")
         for p in self.partitions:
             default = "YES" if p == self.default_partition else "NO"
             lines.append(f"PartitionName={p} Nodes={node_names} Default={default} MaxTime=INFINITE State=UP")
         return "\n".join(lines) + "\n"
 
     def render_gres_conf(self) -> str:
+        """Plain files stand in for GPUs; ``Flags=all_sharing`` on every mps line (DESIGN §4).
+
+        Slurm 22.05's default for mps is one_sharing: once an MPS job runs on a node, later
+        ones must use that same GPU. all_sharing lets MPS jobs use every GPU of a node at once.
+        """
         lines = ["# Generated by `muxflow slurm dev-up`: plain files stand in for GPUs.", "AutoDetect=off"]
         for n in self.nodes:
-            files = f"{self.gpu_dir}/{n.name}-gpu[0-{n.gpus - 1}]"
-            lines.append(f"NodeName={n.name} Name=gpu Type={n.gpu_type} File={files}")
-            lines.append(f"NodeName={n.name} Name=mps Count={n.mps_count} File={files}")
+            if not n.per_gpu_types:
+                files = f"{self.gpu_dir}/{n.name}-gpu[0-{n.gpus - 1}]"
+                lines.append(f"NodeName={n.name} Name=gpu Type={n.gpu_type} File={files}")
+                lines.append(f"NodeName={n.name} Name=mps Count={n.mps_count} File={files} Flags=all_sharing")
+                continue
+            for gtype, path in zip(n.gres_types(), self.gpu_files(n)):
+                lines.append(f"NodeName={n.name} Name=gpu Type={gtype} File={path}")
+                lines.append(f"NodeName={n.name} Name=mps Type={gtype} Count={n.mps_count // n.gpus} File={path} "
+                             "Flags=all_sharing")
         return "\n".join(lines) + "\n"
 
     # -- persistence -----------------------------------------------------------
@@ -274,5 +328,6 @@ class DevClusterLayout:
         d = json.loads(text)
         d["nodes"] = tuple(DevNode(**n) for n in d["nodes"])
         d["partitions"] = tuple(d["partitions"])
+        d["binds"] = tuple(d.get("binds") or ())
         d["state_dir"] = Path(d["state_dir"])
         return cls(**d)

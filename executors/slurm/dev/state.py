@@ -18,17 +18,20 @@ def log_tail(path: Path, lines: int = 25) -> str:
     return "\n".join(text.splitlines()[-lines:])
 
 
-def prepare_state(layout: DevClusterLayout, uid: int, gid: int) -> None:
-    """New configuration and empty state (keys are kept across restarts)."""
+def prepare_state(layout: DevClusterLayout, uid: int, gid: int, rest_ids: tuple[int, int] | None = None) -> None:
+    """New configuration and empty state (keys are kept across restarts). ``rest_ids``: slurmrestd's uid and gid
+    where it is not the service user's."""
     layout.state_dir.mkdir(parents=True, exist_ok=True)
     os.chmod(layout.state_dir, 0o755)
     for d in (layout.ctld_dir, layout.spool_root, layout.log_dir, layout.run_dir, layout.rest_dir,
-              layout.jobs_dir, layout.etc_dir, layout.gpu_dir):
+              layout.jobs_dir, layout.etc_dir, layout.gpu_dir, layout.plan_dir, layout.mps_pipe_root):
         shutil.rmtree(d, ignore_errors=True)
         d.mkdir(parents=True)
         os.chmod(d, 0o755)
     for d in (layout.ctld_dir, layout.log_dir, layout.run_dir, layout.rest_dir):
         os.chown(d, uid, gid)
+    if rest_ids is not None:
+        os.chown(layout.rest_dir, *rest_ids)
     os.chmod(layout.jobs_dir, 0o1777)
     for node in layout.nodes:
         (layout.spool_root / node.name).mkdir()

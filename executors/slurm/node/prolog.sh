@@ -1,32 +1,71 @@
 #!/bin/bash
-# MuxFlow Prolog (runs as root on the node before a job's first step; docs/SLURM.md "Node scripts").
-# For offline jobs placed by MuxFlow: make sure the MPS control daemon runs for the planned GPU.
-# Without a real GPU (no nvidia-smi / no /dev/nvidia*) it logs a clear no-op. Never fails the job
-# for a missing GPU: a failing Prolog drains the node.
+# MuxFlow Prolog (root, on the node before a job's first step; docs/SLURM.md "Node scripts").
+# For an offline job MuxFlow placed:
+#  1. read the plan from the job's admin comment (only Slurm's administrators can write it) and write it to
+#     a root-owned per-job file, the only thing the TaskProlog reads;
+#  2. set the hard caps through the planned GPU's MPS control daemon: the SM share as the active thread
+#     percentage and the memory quota as the pinned device memory limit, for the next server and for a
+#     server already running for the job's user (its new clients observe them). A client's
+#     CUDA_MPS_ACTIVE_THREAD_PERCENTAGE can only lower them; xCUDA stays the pacer and the quota accountant.
+# Never fails the job: a failing Prolog drains the node.
 set -u
 LOG_DIR="${MUXFLOW_NODE_LOG_DIR:-/var/log/muxflow}"
 mkdir -p "$LOG_DIR" 2>/dev/null || LOG_DIR=/tmp
-log() { echo "$(date -u +%FT%TZ) prolog job=${SLURM_JOB_ID:-?} node=${SLURMD_NODENAME:-?}: $*" >> "$LOG_DIR/muxflow-node.log"; }
+PLAN_DIR="@PLAN_DIR@"
+MPS_CONTROL="@MPS_CONTROL@"
+PIPE_ROOT="${MUXFLOW_MPS_PIPE_ROOT:-@MPS_PIPE_ROOT@}"
+OFFLINE="${MUXFLOW_OFFLINE_PARTITION:-offline}"
+job="${SLURM_JOB_ID:-}"
+log() { echo "$(date -u +%FT%TZ) prolog job=${job:-?} node=${SLURMD_NODENAME:-?}: $*" >> "$LOG_DIR/muxflow-node.log"; }
 
-comment="${SLURM_JOB_COMMENT:-}"
-if [[ -z "$comment" ]] && command -v scontrol >/dev/null; then
-    comment=$(scontrol show job -o "$SLURM_JOB_ID" 2>/dev/null | sed -n 's/.* Comment=\(.*\) StdErr=.*/\1/p' | sed 's/ [A-Za-z]*=.*//')
-fi
-gpu=$(sed -n 's/.*muxflow-gpu=\([0-9]*\).*/\1/p' <<<"$comment")
-if [[ -z "$gpu" ]]; then
-    log "not a MuxFlow placement (no muxflow-gpu in the comment): nothing to do"
+[[ -n "$job" ]] || exit 0
+# The job's record as JSON (squeue --json lists every job on some releases: pick ours by id). Only an offline
+# job's admin comment counts, and only its muxflow-<key>=<number> fields.
+plan=$(squeue --json -j "$job" 2>/dev/null | python3 -c '
+import json, re, sys
+want, offline = int(sys.argv[1]), sys.argv[2]
+for j in json.load(sys.stdin).get("jobs", []):
+    if j.get("job_id") != want or offline not in str(j.get("partition") or "").split(","):
+        continue
+    for k, v in re.findall(r"muxflow-(job|gpu|pct|mem|kp|ki|kd)=([0-9][0-9.e+-]*)(?:\s|$)", j.get("admin_comment") or ""):
+        print(f"{k}={v}")
+' "$job" "$OFFLINE" 2>>"$LOG_DIR/muxflow-node.log")
+gpu=$(sed -n 's/^gpu=\([0-9]*\)$/\1/p' <<<"$plan")
+pct=$(sed -n 's/^pct=\([0-9]*\)$/\1/p' <<<"$plan")
+if [[ -z "$gpu" || -z "$pct" ]]; then
+    log "not a MuxFlow placement (no plan in the admin comment of an offline job): nothing to do"
     exit 0
 fi
-pipe="${MUXFLOW_MPS_PIPE_ROOT:-/tmp/muxflow-mps}/gpu$gpu"
-if ! command -v nvidia-smi >/dev/null 2>&1 || ! ls /dev/nvidia[0-9]* >/dev/null 2>&1; then
-    log "no GPU on this node: MPS control daemon for GPU $gpu not started (no-op)"
+umask 022
+mkdir -p "$PLAN_DIR" && chown 0:0 "$PLAN_DIR" && chmod 0755 "$PLAN_DIR"
+tmp="$PLAN_DIR/.$job.$$"
+printf '%s\n' "$plan" > "$tmp" && chmod 0644 "$tmp" && mv -f "$tmp" "$PLAN_DIR/$job.plan"
+log "plan for GPU $gpu at $pct %: $(tr '\n' ' ' <<<"$plan")"
+
+if ! command -v "$MPS_CONTROL" >/dev/null 2>&1; then
+    log "no MPS control daemon on this node ($MPS_CONTROL not found): hard caps not set (no-op)"
     exit 0
 fi
+pipe="$PIPE_ROOT/gpu$gpu"
 mkdir -p "$pipe" "$pipe.log"
-if CUDA_MPS_PIPE_DIRECTORY="$pipe" nvidia-cuda-mps-control -d 2>/dev/null; then
-    log "started MPS control daemon for GPU $gpu (pipe $pipe)"
-else
-    # -d fails when a daemon already owns the pipe directory: that is the normal case.
-    log "MPS control daemon for GPU $gpu already running (pipe $pipe)"
+export CUDA_MPS_PIPE_DIRECTORY="$pipe" CUDA_MPS_LOG_DIRECTORY="$pipe.log"
+ctl() { echo "$*" | "$MPS_CONTROL" >/dev/null 2>>"$LOG_DIR/muxflow-node.log" || log "MPS control: '$*' failed"; }
+if ! servers=$(echo get_server_list | "$MPS_CONTROL" 2>/dev/null); then
+    "$MPS_CONTROL" -d 2>>"$LOG_DIR/muxflow-node.log" && log "started MPS control daemon for GPU $gpu (pipe $pipe)"
+    servers=""
 fi
+ctl set_default_active_thread_percentage "$pct"
+mem=$(sed -n 's/^mem=\([0-9]*\)$/\1/p' <<<"$plan")
+limit=""
+[[ -n "$mem" ]] && limit="$(( mem / 1048576 ))M"
+[[ -n "$limit" ]] && ctl set_default_device_pinned_mem_limit "$gpu" "$limit"
+for pid in $servers; do
+    # A server of the job's user (an online replica of the same identity runs on it): the job's clients
+    # will be new clients of that server and observe these limits; existing clients keep theirs.
+    if [[ "$(stat -c %u "/proc/$pid" 2>/dev/null)" == "${SLURM_JOB_UID:-x}" ]]; then
+        ctl set_active_thread_percentage "$pid" "$pct"
+        [[ -n "$limit" ]] && ctl set_device_pinned_mem_limit "$pid" "$gpu" "$limit"
+    fi
+done
+log "MPS caps for GPU $gpu: $pct % of the SMs, pinned device memory ${limit:-unlimited} (uid ${SLURM_JOB_UID:-?})"
 exit 0

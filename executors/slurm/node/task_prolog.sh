@@ -1,21 +1,20 @@
 #!/bin/bash
 # MuxFlow TaskProlog (runs as the job's user before each task; docs/SLURM.md "Node scripts").
-# Lines "export K=V" on stdout become the task's environment. Only OFFLINE jobs placed by
-# MuxFlow are configured: the planned GPU, the MPS share, the MPS pipe, and xCUDA (LD_PRELOAD +
-# XCUDA_* settings). Online jobs (and anything else) get nothing: never a preload.
-# The dispatcher writes the plan into the job comment:
-#   muxflow-job=<id> muxflow-gpu=<index> muxflow-pct=<pct> muxflow-mem=<bytes> muxflow-kp=.. muxflow-ki=.. muxflow-kd=..
+# Lines "export K=V" on stdout become the task's environment. Only offline jobs placed by MuxFlow are
+# configured: the planned GPU, the MPS share, the MPS pipe, and xCUDA (LD_PRELOAD + XCUDA_* settings).
+# The plan comes from the root-owned per-job file the Prolog wrote from the job's admin comment; nothing
+# the job's user can write (the comment, the environment) is read. Online jobs (and anything else) get
+# nothing: never a preload. What is exported here is the job's to change: the hard caps are set by the
+# Prolog through the MPS control daemon, and the node agent notices a job that runs without xCUDA.
 set -u
 part="${SLURM_JOB_PARTITION:-}"
-[[ "$part" == "${MUXFLOW_OFFLINE_PARTITION:-offline}" ]] || exit 0
-comment="${SLURM_JOB_COMMENT:-}"
-if [[ -z "$comment" ]] && command -v scontrol >/dev/null; then
-    comment=$(scontrol show job -o "$SLURM_JOB_ID" 2>/dev/null | sed -n 's/.* Comment=\(.*\) StdErr=.*/\1/p')
-fi
-val() { sed -n "s/.*muxflow-$1=\([^ ;]*\).*/\1/p" <<<"$comment"; }
+[[ ",$part," == *",${MUXFLOW_OFFLINE_PARTITION:-offline},"* ]] || exit 0
+plan="@PLAN_DIR@/${SLURM_JOB_ID:-none}.plan"
+[[ -f "$plan" && "$(stat -c %u "$plan")" == 0 && "$(stat -c %u "$(dirname "$plan")")" == 0 ]] || exit 0
+val() { sed -n "s/^$1=\([0-9][0-9.e+-]*\)$/\1/p" "$plan"; }
 gpu=$(val gpu); pct=$(val pct)
 [[ -n "$gpu" && -n "$pct" ]] || exit 0
-pipe="${MUXFLOW_MPS_PIPE_ROOT:-/tmp/muxflow-mps}/gpu$gpu"
+pipe="${MUXFLOW_MPS_PIPE_ROOT:-@MPS_PIPE_ROOT@}/gpu$gpu"
 lib="${MUXFLOW_XCUDA_LIB:-@XCUDA_LIB@}"
 echo "export CUDA_VISIBLE_DEVICES=$gpu"
 echo "export CUDA_MPS_ACTIVE_THREAD_PERCENTAGE=$pct"

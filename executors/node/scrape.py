@@ -1,0 +1,294 @@
+"""Each online replica's own load, scraped from its Prometheus endpoint (paper §7.1: request rate, avg and p99 latency).
+
+One thread per replica fetches ``GET <metrics_url>`` every ``interval_s`` (timeout
+``timeout_s``) and keeps the counters it finds (``executors.workloads.endpoint``):
+requests served, the latency histogram (sum, count, cumulative buckets) and busy seconds,
+stamped with the agent clock. The node agent's sampling thread never waits on it: it reads
+the kept snapshots.
+
+- **Request rate and latency of a window** (a minute, or the minute so far): deltas of the
+  counters between the last scrape at or before the window's start and the last scrape
+  inside it, summed scrape by scrape so that a restarted replica (counters back to zero)
+  costs nothing; avg = Δsum / Δcount, p99 by linear interpolation inside the histogram
+  bucket that holds the 99th percentile (as Prometheus' ``histogram_quantile``).
+- **Solo latency**: the average latency over the scrape intervals with no offline job on the
+  replica's GPU at either end, within the last ``solo_window_s`` — the service's own
+  latency at its recent loads, measured, not modelled.
+- **Current rate** (the simulated GPU's input): the rate over the latest scrape interval,
+  while that scrape is fresh.
+
+A failed or missing scrape is never a zero: the window has no value and says why.
+"""
+
+from __future__ import annotations
+
+import logging
+import math
+import threading
+import time
+from collections import deque
+from collections.abc import Callable, Iterable, Mapping
+from dataclasses import dataclass
+from urllib.parse import urlsplit
+
+log = logging.getLogger(__name__)
+
+REQUESTS = "muxflow_serve_requests"      # prometheus_client's family names (samples add _total, _sum …)
+LATENCY = "muxflow_serve_latency_seconds"
+BUSY = "muxflow_serve_busy_seconds"
+
+
+def check_metrics_url(url: str, field: str = "endpoint") -> str:
+    """An http(s) URL with a host (and a valid port); a bare host:port path gets ``/metrics``."""
+    text = url.strip()
+    try:
+        parts = urlsplit(text)
+        port = parts.port  # raises on a malformed port
+    except ValueError as exc:
+        raise ValueError(f"{field}: {text!r} is not a URL ({exc})") from None
+    if parts.scheme not in ("http", "https") or not parts.hostname:
+        raise ValueError(f"{field}: expected http(s)://host[:port]/path, got {text!r}")
+    if port is not None and not 0 < port < 65536:
+        raise ValueError(f"{field}: port must be within [1, 65535], got {port}")
+    if parts.path in ("", "/"):
+        text = text.rstrip("/") + "/metrics"
+    return text
+
+
+def parse_endpoint_options(options: Iterable[str], gpu_ids: list[int]) -> dict[int, str]:
+    """``--endpoint [GPU_ID=]URL`` values → {GPU id: URL}; a bare URL only for a one-GPU service."""
+    out: dict[int, str] = {}
+    for opt in options:
+        head, sep, tail = opt.partition("=")
+        if sep and "://" not in head:
+            try:
+                gid = int(head.strip())
+            except ValueError:
+                raise ValueError(f"endpoint: expected GPU_ID=URL, got {opt!r}") from None
+            url = tail
+        elif len(gpu_ids) == 1:
+            gid, url = gpu_ids[0], opt
+        else:
+            raise ValueError(f"endpoint: name the GPU of {opt!r} as GPU_ID=URL (the service has {len(gpu_ids)} GPUs)")
+        if gid not in gpu_ids:
+            raise ValueError(f"endpoint: GPU {gid} is not one of --gpu-ids {gpu_ids}")
+        if gid in out:
+            raise ValueError(f"endpoint: GPU {gid} has two endpoints")
+        out[gid] = check_metrics_url(url)
+    return out
+
+
+@dataclass(frozen=True)
+class Snapshot:
+    """The replica's counters at one scrape (agent clock seconds)."""
+
+    t_s: float
+    requests: float
+    latency_sum_s: float
+    latency_count: float
+    buckets: tuple[tuple[float, float], ...]   # (upper bound s, cumulative count), +Inf last
+    busy_s: float | None
+    solo: bool                                 # no offline job on the replica's GPU at this scrape
+
+
+def parse_exposition(text: str) -> dict:
+    """The counters of a ``/metrics`` page; ValueError naming what is missing."""
+    from prometheus_client.parser import text_string_to_metric_families
+
+    vals: dict = {"buckets": []}
+    for fam in text_string_to_metric_families(text):
+        for smp in fam.samples:
+            if smp.name == REQUESTS + "_total":
+                vals["requests"] = float(smp.value)
+            elif smp.name == BUSY + "_total":
+                vals["busy_s"] = float(smp.value)
+            elif smp.name == LATENCY + "_sum":
+                vals["sum"] = float(smp.value)
+            elif smp.name == LATENCY + "_count":
+                vals["count"] = float(smp.value)
+            elif smp.name == LATENCY + "_bucket":
+                vals["buckets"].append((float(smp.labels["le"]), float(smp.value)))
+    missing = [k for k in ("requests", "sum", "count") if k not in vals]
+    if missing or not vals["buckets"]:
+        raise ValueError(f"no {', '.join(missing) or 'latency buckets'} in the page "
+                         f"(expected {REQUESTS}_total and the {LATENCY} histogram)")
+    vals["buckets"] = tuple(sorted(vals["buckets"]))
+    return vals
+
+
+def _delta(cur: float, prev: float) -> float:
+    return cur - prev if cur >= prev else cur  # a counter that went back: the replica restarted
+
+
+def quantile_from_buckets(q: float, buckets: list[tuple[float, float]]) -> float | None:
+    """The q-quantile of a cumulative histogram (Prometheus' ``histogram_quantile``); None when empty."""
+    if not buckets or buckets[-1][1] <= 0:
+        return None
+    rank = q * buckets[-1][1]
+    lower_le, lower_cum = 0.0, 0.0
+    for le, cum in buckets:
+        if cum >= rank:
+            if math.isinf(le):
+                return lower_le  # beyond the last finite bound: the bound is all we know
+            if cum == lower_cum:
+                return le
+            return lower_le + (le - lower_le) * (rank - lower_cum) / (cum - lower_cum)
+        lower_le, lower_cum = le, cum
+    return lower_le
+
+
+@dataclass(frozen=True)
+class WindowStats:
+    qps: float | None
+    latency_ms: float | None
+    latency_p99_ms: float | None
+    requests: float
+    reason: str | None = None   # why qps or the latencies are None
+
+
+def window_stats(snaps: list[Snapshot], start_s: float, end_s: float) -> WindowStats | None:
+    """Rate and latency over [start_s, end_s] from the snapshots; None when no two scrapes bracket it."""
+    inside = [s for s in snaps if start_s < s.t_s <= end_s]
+    if not inside:
+        return None
+    before = [s for s in snaps if s.t_s <= start_s]
+    chain = ([before[-1]] if before else []) + inside
+    if len(chain) < 2:
+        return None
+    reqs = lsum = lcount = 0.0
+    bucket_d = [0.0] * len(chain[-1].buckets)
+    for prev, cur in zip(chain, chain[1:]):
+        reqs += _delta(cur.requests, prev.requests)
+        lsum += _delta(cur.latency_sum_s, prev.latency_sum_s)
+        d = _delta(cur.latency_count, prev.latency_count)
+        lcount += d
+        same = len(prev.buckets) == len(cur.buckets) and cur.latency_count >= prev.latency_count
+        for k, (_, c) in enumerate(cur.buckets[: len(bucket_d)]):
+            bucket_d[k] += c - prev.buckets[k][1] if same else c
+    span = chain[-1].t_s - chain[0].t_s
+    qps = reqs / span if span > 0 else None
+    if lcount <= 0:
+        return WindowStats(qps, None, None, reqs, "latency: no request served in this window")
+    p99 = quantile_from_buckets(0.99, [(le, c) for (le, _), c in zip(chain[-1].buckets, bucket_d)])
+    return WindowStats(qps, 1000.0 * lsum / lcount, None if p99 is None else 1000.0 * p99, reqs)
+
+
+def fetch_http(url: str, timeout_s: float) -> str:
+    import httpx
+
+    r = httpx.get(url, timeout=timeout_s)
+    r.raise_for_status()
+    return r.text
+
+
+class ReplicaScraper:
+    """One replica's endpoint, scraped from a thread of its own (``start``) or by hand (``scrape_once``)."""
+
+    def __init__(self, url: str, *, interval_s: float = 5.0, timeout_s: float = 2.0, keep_s: float = 3900.0,
+                 clock: Callable[[], float] = time.time, solo: Callable[[], bool] = lambda: True,
+                 fetch: Callable[[str, float], str] = fetch_http):
+        self.url = url
+        self.interval_s = interval_s
+        self.timeout_s = timeout_s
+        self._clock = clock
+        self._solo = solo
+        self._fetch = fetch
+        self._snaps: deque[Snapshot] = deque(maxlen=max(16, int(keep_s / interval_s) + 4))
+        self._lock = threading.Lock()
+        self._stop = threading.Event()
+        self._thread: threading.Thread | None = None
+        self.last_error: str | None = None
+        self.last_error_s: float | None = None
+        self.scrapes = 0
+        self.failures = 0
+
+    def start(self) -> ReplicaScraper:
+        self._thread = threading.Thread(target=self._run, name=f"scrape {self.url}", daemon=True)
+        self._thread.start()
+        return self
+
+    def _run(self) -> None:
+        while not self._stop.is_set():
+            t0 = time.monotonic()
+            self.scrape_once()
+            self._stop.wait(max(0.0, self.interval_s - (time.monotonic() - t0)))
+
+    def stop(self) -> None:
+        """Ask the thread to end after the scrape in progress (``close`` waits for it)."""
+        self._stop.set()
+
+    def close(self) -> None:
+        self.stop()
+        if self._thread is not None:
+            self._thread.join(timeout=self.timeout_s + self.interval_s + 5.0)
+
+    def scrape_once(self) -> bool:
+        solo = self._solo()
+        try:
+            vals = parse_exposition(self._fetch(self.url, self.timeout_s))
+        except Exception as exc:  # refused, timed out, not a metrics page: a gap, with its reason
+            msg = f"{exc.__class__.__name__}: {str(exc).splitlines()[0] if str(exc) else ''}".strip()
+            if msg != self.last_error:
+                log.warning("scrape of %s failed: %s", self.url, msg)
+            self.last_error, self.last_error_s = msg, self._clock()
+            self.failures += 1
+            return False
+        snap = Snapshot(self._clock(), vals["requests"], vals["sum"], vals["count"], vals["buckets"],
+                        vals.get("busy_s"), solo and self._solo())
+        with self._lock:
+            self._snaps.append(snap)
+        if self.last_error is not None:
+            log.info("scrape of %s works again", self.url)
+        self.last_error = None
+        self.scrapes += 1
+        return True
+
+    def snapshots(self) -> list[Snapshot]:
+        with self._lock:
+            return list(self._snaps)
+
+    def _why_none(self) -> str:
+        err = f" (last error: {self.last_error})" if self.last_error else ""
+        return f"qps, latency: no scrape of {self.url} in this window{err}"
+
+    def window(self, start_s: float, end_s: float) -> WindowStats:
+        st = window_stats(self.snapshots(), start_s, end_s)
+        return st if st is not None else WindowStats(None, None, None, 0.0, self._why_none())
+
+    def current_qps(self, now_s: float, stale_s: float | None = None) -> float | None:
+        """Requests/s over the latest scrape interval; None when the latest scrape is older than ``stale_s``."""
+        snaps = self.snapshots()[-2:]
+        stale = 3.0 * self.interval_s if stale_s is None else stale_s
+        if len(snaps) < 2 or now_s - snaps[-1].t_s > stale or snaps[-1].t_s <= snaps[0].t_s:
+            return None
+        return _delta(snaps[-1].requests, snaps[0].requests) / (snaps[-1].t_s - snaps[0].t_s)
+
+    def solo_latency_ms(self, now_s: float, window_s: float) -> float | None:
+        snaps = [s for s in self.snapshots() if s.t_s >= now_s - window_s - self.interval_s]
+        lsum = lcount = 0.0
+        for prev, cur in zip(snaps, snaps[1:]):
+            if prev.solo and cur.solo and cur.t_s >= now_s - window_s:
+                lsum += _delta(cur.latency_sum_s, prev.latency_sum_s)
+                lcount += _delta(cur.latency_count, prev.latency_count)
+        return 1000.0 * lsum / lcount if lcount > 0 else None
+
+
+class Scrapers:
+    """The node's replicas by GPU index."""
+
+    def __init__(self, by_gpu: Mapping[int, ReplicaScraper]):
+        self.by_gpu = dict(by_gpu)
+
+    def start(self) -> Scrapers:
+        for s in self.by_gpu.values():
+            s.start()
+        return self
+
+    def close(self) -> None:
+        for s in self.by_gpu.values():  # all at once: each may be waiting out a scrape timeout
+            s.stop()
+        for s in self.by_gpu.values():
+            s.close()
+
+    def get(self, gpu_index: int) -> ReplicaScraper | None:
+        return self.by_gpu.get(gpu_index)

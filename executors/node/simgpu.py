@@ -1,0 +1,142 @@
+"""A simulated GPU that follows what really runs on it (``muxflow node-agent --simulated``).
+
+Each sample is the one simulated GPU model (``scheduler_core.gpu_model``, the same the
+simulated cluster and the trace-driven simulator use), driven by
+
+- the **online replica's request rate**: scraped from its endpoint (``executors.node.scrape``)
+  while that scrape is fresh — a real replica's real load; else the service's registered
+  daily cycle (``qps_min``…``qps_max``, peak hour), as the simulated cluster models it;
+  a GPU without an online service has no online load;
+- the **offline job on the GPU at its share**: what Slurm runs there (the plan in the job's
+  comment) or what the latest round placed (``executors.node.placements``), with the
+  job's interference traits from the catalog or its profile. The job runs kernels once it
+  has run ``warmup_s`` (0 by default: Slurm's start is the real start);
+- measurement noise of ``noise_pct`` on SM activity and utilization.
+
+So a request burst on a real replica drives its simulated GPU's SM activity up, and
+SysMonitor sees it on the next sample. The online split of every sample is the model's;
+a replica without an endpoint also gets the model's request rate and latencies.
+"""
+
+from __future__ import annotations
+
+import datetime as dt
+import logging
+import math
+from collections.abc import Callable
+from dataclasses import dataclass
+
+import numpy as np
+
+from executors.node.placements import OfflineOnGpu, Placements
+from executors.node.sampler import NAN, RawSample
+from scheduler_core.domain import GpuTypeSpec
+from scheduler_core.gpu_model import OnlineModel, alone_as_shared, clock_frac, online_alone, with_offline
+from scheduler_core.interference import InterferenceParams
+from scheduler_core.online_load import diurnal_qps
+
+log = logging.getLogger(__name__)
+
+OCCUPANCY_PER_SM = 0.55  # SM occupancy over SM activity, as the simulated cluster reports it
+
+
+@dataclass(frozen=True)
+class Replica:
+    """The online service replica on one GPU, as registered in the store."""
+
+    service: str
+    family: str
+    mem_bytes: float
+    qps_min: float
+    qps_max: float
+    peak_hour_utc: float
+    metrics_url: str | None = None
+
+
+class SimulatedGpu:
+    """``f(now_s) -> RawSample`` for one GPU of the node (see the module docstring)."""
+
+    def __init__(self, gpu_index: int, spec: GpuTypeSpec, online: OnlineModel | None, replica: Replica | None,
+                 placements: Placements, scraped_qps: Callable[[float], float | None] | None = None, *,
+                 interference: InterferenceParams = InterferenceParams(), noise_pct: float = 1.0,
+                 warmup_s: float = 0.0, seed: int = 0):
+        self.gpu_index = gpu_index
+        self.spec = spec
+        self.online = online
+        self.replica = replica
+        self.placements = placements
+        self.scraped_qps = scraped_qps
+        self.interference = interference
+        self.noise_pct = noise_pct
+        self.warmup_s = warmup_s
+        self._rng = np.random.default_rng([seed, gpu_index])
+        self._untraited: set[int] = set()
+        self._key: tuple | None = None
+        self._state: tuple = ()
+        self.qps_source = "none"   # 'endpoint' | 'daily cycle' | 'none': what drove the last sample
+
+    def _qps(self, now_s: float) -> float:
+        if self.replica is None:
+            self.qps_source = "none"
+            return 0.0
+        if self.scraped_qps is not None:
+            q = self.scraped_qps(now_s)
+            if q is not None:
+                self.qps_source = "endpoint"
+                return q
+        self.qps_source = "daily cycle"
+        t = dt.datetime.fromtimestamp(math.floor(now_s), tz=dt.UTC)  # the cycle moves by the second
+        r = self.replica
+        return float(diurnal_qps(t.hour + t.minute / 60.0 + t.second / 3600.0, r.qps_min, r.qps_max, r.peak_hour_utc))
+
+    def __call__(self, now_s: float) -> RawSample:
+        qps = self._qps(now_s)
+        jobs = self.placements.on_gpu(self.gpu_index)
+        for j in jobs:
+            if j.traits is None and j.job_id not in self._untraited:
+                self._untraited.add(j.job_id)
+                log.warning("GPU %d: job %d has no traits (no profile, unknown type): not simulated",
+                            self.gpu_index, j.job_id)
+        job = next((j for j in jobs if j.traits is not None), None)
+        duty = 0.0
+        if job is not None:
+            ran_s = math.inf if job.started_epoch_s is None else now_s - job.started_epoch_s
+            duty = 1.0 if ran_s >= self.warmup_s else 0.0  # no kernels of its own while it starts
+        # The model's inputs change once a second or a scrape at most; samples come every few ms.
+        key = (qps, None if job is None else (job.traits, job.sm_pct, job.mem_bytes), duty)
+        if key != self._key:
+            self._key, self._state = key, self._evaluate(qps, job, duty)
+        util, sm, mem, bw, online = self._state
+        if self.noise_pct > 0:
+            sm = min(100.0, max(0.0, sm + self.noise_pct * float(self._rng.standard_normal())))
+            util = min(100.0, max(0.0, util + self.noise_pct * float(self._rng.standard_normal())))
+        clock = float(clock_frac(sm, self.spec.clock_drop_frac)) * self.spec.max_sm_clock_mhz
+        return RawSample(util, sm, sm * OCCUPANCY_PER_SM, mem, float(self.spec.memory_bytes), bw, clock,
+                         float(self.spec.max_sm_clock_mhz), NAN, NAN, False, *online)
+
+    def _evaluate(self, qps: float, job: OfflineOnGpu | None, duty: float) -> tuple:
+        """(util, SM, memory, bandwidth, the 7 online fields) of the model, without measurement noise."""
+        model = self.online if self.online is not None else _NO_ONLINE
+        on = online_alone(model, qps)
+        shared = alone_as_shared(on)
+        if job is not None:
+            shared = with_offline(on, model, job.traits, job.sm_pct, duty, float(job.mem_bytes), self.interference)
+        if self.replica is None or self.online is None:
+            online = (NAN,) * 7
+        else:
+            endpoint = self.replica.metrics_url is not None
+            lat = float(on.latency_ms)
+            online = (float(on.util_pct), float(on.sm_pct), float(on.mem_bytes), float(on.bw_pct),
+                      NAN if endpoint else float(qps), NAN if endpoint else lat * float(shared.slowdown),
+                      NAN if endpoint else lat)
+        return (float(shared.util_pct), float(shared.sm_pct), float(shared.mem_bytes), float(shared.bw_pct), online)
+
+    def online_gap(self) -> str | None:
+        if self.replica is None:
+            return "no online service on this GPU"
+        return None
+
+
+# A GPU without an online service: an "online side" that never loads it (only the offline job runs).
+_NO_ONLINE = OnlineModel(capacity_qps=1.0, util_at_peak_pct=0.0, sm_need=0.0, mem_bw=0.0, base_latency_ms=0.0,
+                         mem_bytes=0.0, sensitivity=0.0, pressure=0.0)

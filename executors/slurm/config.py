@@ -1,0 +1,110 @@
+"""One Slurm configuration: how to reach slurmrestd, how long to retry, what a placement carries, how to profile.
+
+Dagster's cluster resource, the CLI (``muxflow round``, ``muxflow slurm …``, ``muxflow profile --real``) and
+the node agent all build their Slurm client and backend from a :class:`SlurmConfig`, and only from it. The
+deployment's settings (``pipelines.settings``: a JSON file or ``MUXFLOW_*`` variables, docs/CONFIGURATION.md)
+produce it; nothing here reads the environment except the JWT, named by ``token_env`` and read when a client
+is built (a secret is not written into a settings file).
+"""
+
+from __future__ import annotations
+
+import os
+from collections.abc import Mapping
+from dataclasses import dataclass, field, replace
+
+from executors.profiling.settings import ProfilingSettings, SamplingSettings
+from executors.profiling.settings import SettingsError as ProfilingSettingsError
+from executors.slurm.api import AUTO
+from executors.slurm.backend import SlurmBackend, XcudaGains
+from executors.slurm.client import SlurmRestClient
+from executors.slurm.scontrol import ScontrolRequeue
+from executors.slurm.settings import SlurmRestSettings
+
+
+class SlurmConfigError(ValueError):
+    """A Slurm setting that cannot be used; the message names it."""
+
+
+@dataclass(frozen=True)
+class SlurmConfig:
+    """Everything MuxFlow needs to work with one Slurm cluster; validated when built."""
+
+    url: str | None = None  # http(s)://host:port (JWT) or unix:/path/slurmrestd.sock (rest_auth/local)
+    api_version: str = AUTO  # the newest version slurmrestd and MuxFlow both speak (its OpenAPI document)
+    jwt_file: str | None = None  # file holding the token, re-read on every request (rotation without restart)
+    token_env: str = "SLURM_JWT"  # else the token is this environment variable's (what `scontrol token` prints)
+    user: str | None = None  # X-SLURM-USER-NAME (default: the token's sun claim)
+    conf: str | None = None  # slurm.conf for `scontrol` (requeue-hold, admin comment on 22.05); else $SLURM_CONF
+    timeout_s: float = 15.0  # one REST request
+    retry_deadline_s: float = 60.0  # how long Slurm may not answer before a plan is left pending
+    name_gpus: bool = False  # shares name the planned GPU (docs/SLURM.md: only where jobs do not move)
+    gains: XcudaGains = field(default_factory=XcudaGains)  # xCUDA's PID gains, sent with every placement
+    profiling: ProfilingSettings = field(default_factory=ProfilingSettings)  # the profile partition's dry runs
+    sampling: SamplingSettings = field(default_factory=SamplingSettings)  # and its co-location samples
+
+    def __post_init__(self) -> None:
+        if not self.retry_deadline_s > 0:
+            raise SlurmConfigError(f"slurm_retry_deadline_s must be positive, got {self.retry_deadline_s!r}")
+        if self.url:
+            self.rest_settings(token="")  # validates the endpoint, the API version and the timeout
+
+    def with_defaults(self, url: str | None, conf: str | None) -> SlurmConfig:
+        """This configuration, with ``url`` and ``conf`` where it names none (the dev cluster's, for the CLI)."""
+        return replace(self, url=self.url or url, conf=self.conf or conf)
+
+    @classmethod
+    def build(cls, *, gains: tuple[float, float, float] | XcudaGains = (1.0, 20.0, 0.0),
+              profiling: Mapping | None = None, sampling: Mapping | None = None, **fields) -> SlurmConfig:
+        """From plain values (a settings file, Dagster config): gains as (kp, ki, kd), profiling and sampling
+        as overrides of their defaults. Every error is a :class:`SlurmConfigError` naming the setting."""
+        try:
+            if not isinstance(gains, XcudaGains) and len(gains) != 3:
+                raise ValueError(f"three gains [kp, ki, kd], got {list(gains)!r}")
+            g = gains if isinstance(gains, XcudaGains) else XcudaGains(*gains)
+        except (TypeError, ValueError) as exc:
+            raise SlurmConfigError(f"xcuda_gains: {exc}") from exc
+        parts = {}
+        for name, cls_, over in (("profiling", ProfilingSettings, profiling), ("sampling", SamplingSettings, sampling)):
+            try:
+                parts[name] = cls_(**dict(over or {}))
+            except (ProfilingSettingsError, TypeError) as exc:
+                raise SlurmConfigError(f"{name}: {exc}") from exc
+        return cls(gains=g, **parts, **fields)
+
+    @property
+    def socket(self) -> str | None:
+        """The unix socket path of a ``unix:`` URL (``unix:/p`` or ``unix:///p``), else None."""
+        if not self.url or not self.url.startswith("unix:"):
+            return None
+        path = self.url[len("unix:"):]
+        return path[2:] if path.startswith("//") else path
+
+    def rest_settings(self, *, token: str | None = None) -> SlurmRestSettings:
+        """How the REST client connects. The token: the JWT file's (read per request), else ``token_env``'s
+        when talking TCP; a unix socket authenticates by the caller's uid (rest_auth/local)."""
+        if not self.url:
+            raise SlurmConfigError("slurm_url is not set (MUXFLOW_SLURM_URL: http(s)://host:port or "
+                                   "unix:/path/to/slurmrestd.sock)")
+        sock = self.socket
+        if token is None and not sock and not self.jwt_file:
+            token = os.environ.get(self.token_env) or None
+        try:
+            return SlurmRestSettings(api_version=self.api_version, unix_socket=sock, url=None if sock else self.url,
+                                     user_name=self.user, token=token or None, token_file=self.jwt_file,
+                                     timeout_s=self.timeout_s)
+        except ValueError as exc:
+            raise SlurmConfigError(str(exc).replace("slurm rest:", "slurm:")) from exc
+
+    def client(self) -> SlurmRestClient:
+        """A new REST client (close it, or use it as a context manager)."""
+        return SlurmRestClient(self.rest_settings(), requeue_fallback=ScontrolRequeue(self.conf_path))
+
+    @property
+    def conf_path(self) -> str | None:
+        return self.conf or os.environ.get("SLURM_CONF") or None
+
+    def backend(self) -> SlurmBackend:
+        """Dispatch and job-state sync on this cluster (a new client for every use)."""
+        return SlurmBackend(self.client, retry_deadline_s=self.retry_deadline_s, gains=self.gains,
+                            name_gpus=self.name_gpus)
