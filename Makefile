@@ -9,7 +9,7 @@ STAMP := $(VENV)/.installed-stamp
 export DAGSTER_HOME ?= $(CURDIR)/.dagster_home
 UI_PORT ?= 3000
 
-.PHONY: install run ui test test-gpu bench clean
+.PHONY: install run ui test test-slurm-compat test-gpu bench clean
 
 install: $(STAMP)
 
@@ -38,11 +38,19 @@ xcuda:
 
 # The dev Slurm cluster is brought up for the tests and taken down after them if it
 # was not running before (.ci/with_slurm.sh); pytest's exit status is make's.
-# PYTEST_ARGS=… narrows the run (e.g. PYTEST_ARGS=tests/slurm).
+# PYTEST_ARGS=… narrows the run (e.g. PYTEST_ARGS=tests/live).
 test: install xcuda
 	bash .ci/ensure_postgres.sh
 	bash .ci/ensure_browser.sh
 	bash .ci/with_slurm.sh $(PY) -m pytest -q $(PYTEST_ARGS)
+
+# The live Slurm tests of sites' concerns (users, versions, node faults) on Slurm 24.11 from Debian 13, in a
+# debootstrap tree cached under /var/cache/muxflow (built once, ~1 min; docs/SLURM.md "Slurm 24.11").
+# `make test` runs the same tests on the host's Slurm 22.05.
+SLURM_COMPAT_TESTS := tests/live/test_site_users_live.py tests/live/test_rest_versions_live.py \
+	tests/live/test_site_faults_live.py
+test-slurm-compat: install
+	MUXFLOW_SLURM_RELEASES=24.11 bash .ci/with_slurm.sh $(PY) -m pytest -q $(SLURM_COMPAT_TESTS)
 
 # NVML node-agent tests on a GPU node (fail, not skip, if the driver is missing).
 test-gpu: install

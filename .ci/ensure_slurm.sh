@@ -1,6 +1,6 @@
 #!/usr/bin/env bash
 # Bring up the dev Slurm cluster (docs/SLURM.md) for the integration tests in
-# tests/slurm/: installs Debian's slurm-wlm, slurmrestd and munge when missing
+# tests/live/: installs Debian's slurm-wlm, slurmrestd and munge when missing
 # (root only) and runs `muxflow slurm dev-up`, a no-op when it is already up.
 # Never fails the make: without root or apt-get the Slurm tests are skipped,
 # or fail under CI=true where the cluster is required.

@@ -21,9 +21,9 @@ GROUP = "profiling"
 def build_profiling_assets(seed: int, samples_per_type: int) -> list:
     @asset(group_name=GROUP, description="Solo profiles of newly submitted offline jobs (SUBMITTED → PENDING).")
     def offline_job_profiles(feature_store: FeatureStoreResource, cluster: ClusterResource) -> MaterializeResult:
-        backend = cluster.backend()
+        profiler = cluster.profiler()
         started = dt.datetime.now(dt.timezone.utc)
-        done = backend.profile_new_jobs(feature_store.store, seed)
+        done = profiler.profile_new_jobs(feature_store.store, seed)
         with feature_store.store.session() as s:
             counts = repo.job_counts_by_state(s)
             runs = recent_profiling_runs(s, started)
@@ -33,7 +33,7 @@ def build_profiling_assets(seed: int, samples_per_type: int) -> list:
             "jobs_pending": counts.get(JobState.PENDING.value, 0),
             "jobs_profiling": counts.get(JobState.PROFILING.value, 0),
             "jobs_failed": counts.get(JobState.FAILED.value, 0),
-            "profiler": "simulated GPU model" if backend.simulated else "profile partition",
+            "profiler": "simulated GPU model" if profiler.simulated else "profile partition",
             "profiling_runs_ended_now": len(runs),
             "profiling_runs_failed_now": sum(1 for r in runs if r["state"] == "failed"),
             "profiles_by_method": MetadataValue.json(methods),
@@ -44,8 +44,8 @@ def build_profiling_assets(seed: int, samples_per_type: int) -> list:
     @asset(group_name=GROUP, description="Each online service's own load over the last hour (the predictor's online features).")
     def online_service_features(feature_store: FeatureStoreResource, cluster: ClusterResource) -> MaterializeResult:
         with feature_store.store.session() as s:
-            latest = s.scalar(repo.latest_metric_minute_query())
-            rows = [] if latest is None else repo.online_service_summary(s, _utc(latest) - dt.timedelta(hours=1))
+            latest = repo.latest_metric_minute(s)
+            rows = [] if latest is None else repo.online_service_summary(s, latest - dt.timedelta(hours=1))
         label = " (SIMULATED)" if cluster.backend().simulated else ""
         table = "| service | family | GPUs | QPS | GPU util % | SM activity % | solo latency ms |\n|---|---|---|---|---|---|---|\n"
         table += "\n".join(
@@ -63,19 +63,20 @@ def build_profiling_assets(seed: int, samples_per_type: int) -> list:
     @asset(group_name=GROUP, deps=[offline_job_profiles, online_service_features],
            description=f"Co-location samples per GPU type, topped up to {samples_per_type} each.")
     def colocation_samples(feature_store: FeatureStoreResource, cluster: ClusterResource) -> MaterializeResult:
-        backend = cluster.backend()
+        profiler = cluster.profiler()
         started = dt.datetime.now(dt.timezone.utc)
-        added = backend.collect_samples(feature_store.store, samples_per_type, seed)
+        added = profiler.collect_samples(feature_store.store, samples_per_type, seed)
         with feature_store.store.session() as s:
             totals = {t: repo.sample_count(s, t) for t in sorted(repo.gpu_type_names(s))}
             by_method = repo.sample_counts_by_method(s)
             runs = recent_sampling_runs(s, started)
         meta = {f"samples_{t}": n for t, n in totals.items()}
-        meta.update({"added_now": sum(added.values()), "method": "simulated" if backend.simulated else "measured"})
+        simulated = profiler.simulated
+        meta.update({"added_now": sum(added.values()), "method": "simulated" if simulated else "measured"})
         meta["samples_by_type_and_method"] = MetadataValue.json(
             {f"{g}/{meth}" + (" (SIMULATED)" if meth == "simulated" else " (CPU: not training data)" if meth == "cpu"
                               else ""): n for (g, meth), n in sorted(by_method.items())})
-        if not backend.simulated:
+        if not simulated:
             meta["sampling_runs_ended_now"] = len(runs)
             meta["sampling_gpu_minutes_now"] = round(sum(r["seconds"] or 0.0 for r in runs) / 60.0, 2)
             meta["sampling_runs"] = MetadataValue.md(runs_markdown(runs, "Sampling runs that ended in this "
@@ -85,5 +86,3 @@ def build_profiling_assets(seed: int, samples_per_type: int) -> list:
     return [offline_job_profiles, online_service_features, colocation_samples]
 
 
-def _utc(t: dt.datetime) -> dt.datetime:
-    return t if t.tzinfo else t.replace(tzinfo=dt.timezone.utc)

@@ -59,3 +59,51 @@ def _plot(util, label: str) -> MetadataValue:
     ax.grid(alpha=0.3)
     fig.tight_layout()
     return png_markdown(fig, "utilization per hour")
+
+
+def write_run_plots(store: Store, out: Path, rounds: list[dict]) -> list[str]:
+    """The main job's plots: cluster utilization over time, placements and oversold GPU per round (SIMULATED)."""
+    import matplotlib
+
+    matplotlib.use("Agg")
+    import matplotlib.pyplot as plt
+
+    from executors.store.summary import utilization_per_minute
+
+    with store.session() as s:
+        per_min = utilization_per_minute(s)
+    fig, axes = plt.subplots(3, 1, figsize=(10, 8), sharex=True)
+    for ax, (shared_col, online_col, title) in zip(axes, [
+        ("gpu_util_pct", "online_gpu_util_pct", "GPU utilization (%)"),
+        ("sm_activity_pct", "online_sm_activity_pct", "SM activity (%)"),
+        ("mem_pct", "online_mem_pct", "GPU memory used (%)"),
+    ]):
+        ax.plot(per_min.index, per_min[shared_col], label="MuxFlow (shared)")
+        ax.plot(per_min.index, per_min[online_col], label="online-only", linestyle="--")
+        ax.set_ylabel(title)
+        ax.set_ylim(0, 100)
+        ax.grid(alpha=0.3)
+    axes[0].legend(loc="upper left")
+    axes[0].set_title("Cluster average over time — SIMULATED cluster")
+    axes[-1].set_xlabel("simulated time (UTC)")
+    fig.tight_layout()
+    util_path = out / "utilization.png"
+    fig.savefig(util_path, dpi=110)
+    plt.close(fig)
+
+    fig, ax = plt.subplots(figsize=(10, 4))
+    idx = [r["round"] + 1 for r in rounds]
+    ax.bar(idx, [r["placements"] for r in rounds], color="#4c72b0", label="placements")
+    ax2 = ax.twinx()
+    ax2.plot(idx, [r["oversold_simulated"] or 0 for r in rounds], color="#dd8452", marker="o", label="oversold GPU")
+    ax2.set_ylim(0, 1)
+    ax.set_xlabel("round")
+    ax.set_ylabel("placements")
+    ax2.set_ylabel("oversold GPU (realised)")
+    ax.set_title("Placements and oversold GPU per round — SIMULATED cluster")
+    fig.legend(loc="upper left")
+    fig.tight_layout()
+    rounds_path = out / "rounds.png"
+    fig.savefig(rounds_path, dpi=110)
+    plt.close(fig)
+    return [str(util_path), str(rounds_path)]

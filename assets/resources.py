@@ -10,7 +10,9 @@ from dagster import ConfigurableResource, Failure, InitResourceContext, Resource
 from pydantic import PrivateAttr
 
 from executors import steps
-from executors.cluster import ClusterBackend
+from executors.cluster import ClusterBackend, Profiler
+from executors.profiling.backend import SlurmProfiler
+from executors.slurm.config import SlurmConfig, SlurmConfigError
 from executors.store.db import Store
 from executors.store.migrate import current_revision, head_revision
 from scheduler_core.predictor import PredictorConfig
@@ -48,12 +50,18 @@ class ClusterResource(ConfigurableResource):
     seed: int = 0
     slurm_url: str | None = None  # http(s)://host:port (JWT), or unix:/path/to/slurmrestd.sock (rest_auth/local)
     warmup_minutes: int = 60
-    slurm_api_version: str = "v0.0.38"
-    slurm_socket: str | None = None  # a unix socket instead of slurm_url
+    slurm_api_version: str = "auto"
     slurm_jwt_file: str | None = None  # file holding the token (else $SLURM_JWT at run time)
     slurm_user: str | None = None  # X-SLURM-USER-NAME (default: the token's sun claim)
     slurm_conf: str | None = None  # for `scontrol requeuehold` (no REST requeue); default $SLURM_CONF
     slurm_retry_deadline_s: float = 60.0
+    xcuda_kp: float = 1.0  # xCUDA's PID gains, sent with every placement (executors/xcuda/README.md)
+    xcuda_ki: float = 20.0
+    xcuda_kd: float = 0.0
+    slurm_name_gpus: bool = False  # shares name the planned GPU (docs/SLURM.md: only where jobs do not move)
+    # Overrides of executors.profiling.settings.ProfilingSettings / SamplingSettings for the Slurm profiler.
+    profiling: dict = {}
+    sampling: dict = {}
 
     def backend(self) -> ClusterBackend:
         if self.kind == "simulated":
@@ -65,30 +73,28 @@ class ClusterResource(ConfigurableResource):
             return self._slurm_backend()
         raise Failure(description=f"unknown cluster kind {self.kind!r}")
 
-    def _slurm_backend(self) -> ClusterBackend:
-        import os
+    def profiler(self) -> Profiler:
+        """Where jobs are profiled and co-location samples measured: the simulated GPU model, or Slurm's profile
+        partition (with the deployment's profiling and sampling settings)."""
+        if self.kind != "slurm":
+            return self.backend()  # the simulated backend profiles with its GPU model
+        return SlurmProfiler.from_config(self.slurm_config())
 
-        from executors.slurm.backend import SlurmBackend
-        from executors.slurm.client import SlurmRestClient
-        from executors.slurm.scontrol import ScontrolRequeue
-        from executors.slurm.settings import SlurmRestSettings
-
-        url, sock = self.slurm_url, self.slurm_socket
-        if url and url.startswith("unix:"):
-            url, sock = None, url[len("unix:"):]
-            if sock.startswith("//"):  # unix:///run/slurmrestd.sock
-                sock = sock[2:]
+    def slurm_config(self) -> SlurmConfig:
+        """This resource's Slurm settings as the one object every Slurm client and backend is built from."""
         try:
-            settings = SlurmRestSettings(
-                api_version=self.slurm_api_version, unix_socket=sock, url=None if sock else url,
-                user_name=self.slurm_user, token_file=self.slurm_jwt_file,
-                token=None if (sock or self.slurm_jwt_file) else (os.environ.get("SLURM_JWT") or None),
-            )
-        except ValueError as exc:
+            return SlurmConfig.build(
+                url=self.slurm_url, api_version=self.slurm_api_version, jwt_file=self.slurm_jwt_file,
+                user=self.slurm_user, conf=self.slurm_conf, retry_deadline_s=self.slurm_retry_deadline_s,
+                name_gpus=self.slurm_name_gpus, gains=(self.xcuda_kp, self.xcuda_ki, self.xcuda_kd),
+                profiling=self.profiling, sampling=self.sampling)
+        except SlurmConfigError as exc:
             raise Failure(description=f"cluster 'slurm': {exc}") from exc
-        requeue = ScontrolRequeue(self.slurm_conf or os.environ.get("SLURM_CONF"))
-        return SlurmBackend(lambda: SlurmRestClient(settings, requeue_fallback=requeue),
-                            retry_deadline_s=self.slurm_retry_deadline_s)
+
+    def _slurm_backend(self) -> ClusterBackend:
+        if not self.slurm_url:
+            raise Failure(description="cluster 'slurm': slurm_url is not set (MUXFLOW_SLURM_URL)")
+        return self.slurm_config().backend()
 
 
 class PredictorStoreResource(ConfigurableResource):

@@ -1,64 +1,62 @@
 """The Dagster deployment, built in one function from explicit settings.
 
 Jobs
-  ``round_job``      placement_plan → plan_dispatch → cluster_interval, one 15-minute partition per run
+  ``round_job``      placement_plan → plan_dispatch → cluster_interval, one round window per run (in process)
   ``train_job``      speed_predictor_candidate (+ blocking check) → speed_predictor, one GPU type per run
   ``refresh_job``    offline_job_profiles → online_service_features → colocation_samples
   ``profile_job``    offline_job_profiles only (launched by the submission sensor)
   ``requeue_job``    evicted jobs back to the queue (launched by the eviction sensor)
   ``report_job``     utilization_report
 Automation
-  ``round_schedule`` cron ``*/15 * * * *`` (UTC): the round of the window that starts at the tick
+  ``round_sensor``           the round of each window of the round period (15 minutes by default), as it starts:
+                             adds the window's partition and requests its round_job run (never two at once)
   ``new_submission_sensor``  new SUBMITTED jobs → profile_job (on Slurm: after importing new sbatch jobs)
   ``eviction_sensor``        new evictions → requeue_job
+  ``job_state_sensor``       (Slurm) job states follow Slurm between rounds: started, finished, requeued
 """
 
 
 import datetime as dt
 import warnings
+from collections.abc import Callable
 
 from dagster import (
     AssetSelection,
-    DefaultScheduleStatus,
+    DagsterRunStatus,
     DefaultSensorStatus,
     Definitions,
     OpExecutionContext,
     RunRequest,
-    ScheduleEvaluationContext,
+    RunsFilter,
     SensorEvaluationContext,
+    SensorResult,
     SkipReason,
     define_asset_job,
+    in_process_executor,
     job,
     op,
-    schedule,
     sensor,
 )
-from sqlalchemy import func, select
 
 from assets.predictor import build_predictor_assets
 from assets.profiling import build_profiling_assets
 from assets.resources import ClusterResource, FeatureStoreResource, PredictorStoreResource
-from assets.rounds import EXTERNAL_RETRY, ROUND_MINUTES, build_round_assets
-from executors import round_runner
-from executors.store import models as m
+from assets.rounds import EXTERNAL_RETRY, build_round_assets, round_partitions
+from executors.store import inventory
 from pipelines.settings import MuxflowSettings
 from scheduler_core.domain import JobState
 from scheduler_core.round import RoundConfig
 
-ROUND_CRON = f"*/{ROUND_MINUTES} * * * *"
-
 # Dagster's own @sensor passes its beta `owners` parameter internally and warns about it.
 warnings.filterwarnings("ignore", message="Parameter `owners`", module="dagster")
 
-
-def window_start_for(t: dt.datetime) -> dt.datetime:
-    """Start of the 15-minute window containing ``t`` (UTC)."""
-    t = t.astimezone(dt.timezone.utc)
-    return t.replace(minute=t.minute - t.minute % ROUND_MINUTES, second=0, microsecond=0)
+ROUND_TAGS = {"muxflow/kind": "round"}  # dagster.yaml limits runs with this tag to one at a time
+_IN_PROGRESS = [DagsterRunStatus.QUEUED, DagsterRunStatus.NOT_STARTED, DagsterRunStatus.STARTING,
+                DagsterRunStatus.STARTED]
 
 
-def partition_key_for(t: dt.datetime) -> str:
-    return window_start_for(t).strftime("%Y-%m-%d-%H:%M")
+def utcnow() -> dt.datetime:
+    return dt.datetime.now(dt.timezone.utc)
 
 
 def pick_up_slurm_submissions(context: SensorEvaluationContext, store, cluster: ClusterResource) -> str:
@@ -68,13 +66,12 @@ def pick_up_slurm_submissions(context: SensorEvaluationContext, store, cluster: 
     jobs already in the store still get their profiling run, and the note says why
     nothing was imported (the next tick tries again; the pick-up is idempotent).
     """
-    from executors.simulated.calibration import default_catalog
     from executors.slurm.errors import SlurmError
     from executors.slurm.pickup import import_submissions
 
     client = cluster.backend().client_factory()
     try:
-        rep = import_submissions(store, client, set(default_catalog().offline))
+        rep = import_submissions(store, client)  # a job type is a free label on Slurm (docs/SLURM.md)
     except SlurmError as exc:
         context.log.warning(f"Slurm pick-up failed, retried next tick: {exc}")
         return f" (Slurm pick-up failed: {exc})"
@@ -88,18 +85,19 @@ def pick_up_slurm_submissions(context: SensorEvaluationContext, store, cluster: 
     return f" (Slurm pick-up: {len(rep.imported)} imported, {len(rep.rejected)} rejected)"
 
 
-def build_definitions(settings: MuxflowSettings) -> Definitions:
+def build_definitions(settings: MuxflowSettings, now: Callable[[], dt.datetime] = utcnow) -> Definitions:
+    """The deployment. ``now`` is the round sensor's clock (the main job passes simulated time)."""
     profiling = build_profiling_assets(settings.seed, settings.samples_per_type)
     predictor_assets, _ = build_predictor_assets(settings.gpu_types)
     round_cfg = RoundConfig(migration_penalty=settings.migration_penalty)
-    round_assets, _ = build_round_assets(settings.rounds_start, settings.rounds_end, round_cfg,
-                                      settings.report_dir)
+    clock = settings.round_clock
+    round_assets = build_round_assets(clock, round_cfg, settings.report_dir)
 
     feature_store = FeatureStoreResource(db_url=settings.db_url)
+    cluster_resource = settings.cluster_resource()
     resources = {
         "feature_store": feature_store,
-        "cluster": ClusterResource(kind=settings.cluster, seed=settings.seed, slurm_url=settings.slurm_url,
-                                   warmup_minutes=settings.warmup_minutes),
+        "cluster": cluster_resource,
         "predictors": PredictorStoreResource(feature_store=feature_store, epochs=settings.epochs,
                                              seed=settings.seed, max_holdout_mae=settings.max_holdout_mae),
     }
@@ -107,7 +105,10 @@ def build_definitions(settings: MuxflowSettings) -> Definitions:
     round_job = define_asset_job(
         "round_job", selection=AssetSelection.assets("placement_plan", "plan_dispatch", "cluster_interval"),
         description="One scheduling round: plan, dispatch, observe its window.",
-        tags={"muxflow/kind": "round"},
+        tags=ROUND_TAGS,
+        # One process: the three phases run one after the other anyway, and a subprocess per step
+        # would cost seconds of start-up in every round.
+        executor_def=in_process_executor,
     )
     train_job = define_asset_job(
         "train_job", selection=AssetSelection.assets("speed_predictor_candidate", "speed_predictor"),
@@ -123,31 +124,49 @@ def build_definitions(settings: MuxflowSettings) -> Definitions:
     report_job = define_asset_job("report_job", selection=AssetSelection.assets("utilization_report"),
                                   description="Utilization and oversold-GPU reports.")
 
-    @op(retry_policy=EXTERNAL_RETRY, description="EVICTED → PENDING for every evicted job.")
-    def requeue_evicted_jobs(context: OpExecutionContext, feature_store: FeatureStoreResource) -> list[int]:
-        ids = round_runner.requeue_evicted(feature_store.store, "requeued after eviction (eviction sensor)")
-        context.log.info("requeued %d evicted job(s): %s", len(ids), ids)
-        return ids
+    @op(retry_policy=EXTERNAL_RETRY, description="Evicted jobs back to the queue (once the cluster has them held).")
+    def requeue_evicted_jobs(context: OpExecutionContext, feature_store: FeatureStoreResource,
+                             cluster: ClusterResource) -> dict:
+        report = cluster.backend().sync_jobs(feature_store.store, utcnow())
+        context.log.info("job states after evictions: %s (held %s)", report.transitions, report.held)
+        return report.transitions
 
     @job(description="Return evicted offline jobs to the queue so the next round considers them.")
     def requeue_job():
         requeue_evicted_jobs()
 
-    @schedule(cron_schedule=ROUND_CRON, job=round_job, execution_timezone="UTC",
-              default_status=DefaultScheduleStatus.STOPPED,
-              description="A scheduling round at the start of every 15-minute window.")
-    def round_schedule(context: ScheduleEvaluationContext):
-        key = partition_key_for(context.scheduled_execution_time)
-        return RunRequest(run_key=f"round-{key}", partition_key=key)
+    interval = settings.sensor_interval_s
+    # Off until an operator turns them on (UI, `dagster sensor start`), unless the deployment says so.
+    status = DefaultSensorStatus.RUNNING if settings.sensors_running else DefaultSensorStatus.STOPPED
 
-    @sensor(job=profile_job, minimum_interval_seconds=30, default_status=DefaultSensorStatus.STOPPED,
+    @sensor(job=round_job, minimum_interval_seconds=max(1, min(interval, settings.round_period_s // 3)),
+            default_status=status,
+            description=f"A scheduling round at the start of every {settings.round_period_s}-second window.")
+    def round_sensor(context: SensorEvaluationContext):
+        window = clock.window_of(now())
+        key = clock.key(window)
+        if window < settings.rounds_start:
+            return SkipReason(f"rounds start at {settings.rounds_start.isoformat()}")
+        if settings.rounds_end is not None and window >= settings.rounds_end:
+            return SkipReason(f"rounds ended at {settings.rounds_end.isoformat()}")
+        if context.cursor == key:
+            return SkipReason(f"the round of {key} is requested already")
+        if context.instance.get_runs_count(RunsFilter(job_name="round_job", statuses=_IN_PROGRESS)):
+            return SkipReason(f"the previous round is still running; {key} waits for it")
+        return SensorResult(
+            run_requests=[RunRequest(run_key=f"round-{key}", partition_key=key, tags=ROUND_TAGS)],
+            dynamic_partitions_requests=[round_partitions.build_add_request([key])],
+            cursor=key,
+        )
+
+    @sensor(job=profile_job, minimum_interval_seconds=interval, default_status=status,
             description="Profiles offline jobs as soon as they are submitted; on Slurm it first picks up "
                         "new `sbatch -p offline` submissions.")
     def new_submission_sensor(context: SensorEvaluationContext, feature_store: FeatureStoreResource,
                               cluster: ClusterResource):
         note = pick_up_slurm_submissions(context, feature_store.store, cluster) if cluster.kind == "slurm" else ""
         with feature_store.store.session() as s:
-            newest = s.scalar(select(func.max(m.OfflineJob.id)).where(m.OfflineJob.state == JobState.SUBMITTED.value))
+            newest = inventory.newest_job_id(s, JobState.SUBMITTED)
         if newest is None:
             return SkipReason("no submitted job waits for profiling" + note)
         if context.cursor and int(context.cursor) >= newest:
@@ -155,24 +174,43 @@ def build_definitions(settings: MuxflowSettings) -> Definitions:
         context.update_cursor(str(newest))
         return RunRequest(run_key=f"profile-upto-{newest}")
 
-    @sensor(job=requeue_job, minimum_interval_seconds=30, default_status=DefaultSensorStatus.STOPPED,
+    @sensor(job=requeue_job, minimum_interval_seconds=interval, default_status=status,
             description="Returns evicted jobs to the queue after each eviction.")
     def eviction_sensor(context: SensorEvaluationContext, feature_store: FeatureStoreResource):
         with feature_store.store.session() as s:
-            newest = s.scalar(select(func.max(m.Eviction.id)))
-            waiting = s.scalar(select(func.count()).select_from(m.OfflineJob)
-                               .where(m.OfflineJob.state == JobState.EVICTED.value))
+            newest = inventory.newest_eviction_id(s)
+            waiting = inventory.jobs_in_state(s, JobState.EVICTED)
         if newest is None or (context.cursor and int(context.cursor) >= newest):
+            # (On Slurm an eviction whose requeue-hold was still under way is finished by job_state_sensor.)
             return SkipReason("no new eviction")
         context.update_cursor(str(newest))
         if not waiting:
             return SkipReason(f"evictions up to {newest} already requeued")
         return RunRequest(run_key=f"requeue-upto-{newest}")
 
+    sensors = [round_sensor, new_submission_sensor, eviction_sensor]
+    if cluster_resource.kind == "slurm":
+        @sensor(minimum_interval_seconds=interval, default_status=status,
+                description="Between rounds, job states follow Slurm: placed jobs that started, jobs that "
+                            "finished or failed, jobs Slurm requeued (held again for the next round).")
+        def job_state_sensor(context: SensorEvaluationContext, feature_store: FeatureStoreResource,
+                             cluster: ClusterResource):
+            from executors.slurm.errors import SlurmError
+
+            try:
+                report = cluster.backend().sync_jobs(feature_store.store, utcnow())
+            except SlurmError as exc:
+                return SkipReason(f"Slurm did not answer; next tick tries again: {exc}")
+            if not report.changed:
+                return SkipReason("job states match Slurm")
+            return SkipReason(f"job states now follow Slurm: {report.transitions}"
+                              + (f", held {report.held}" if report.held else "")
+                              + (f", {report.executions} execution(s) booked" if report.executions else ""))
+        sensors.append(job_state_sensor)
+
     return Definitions(
         assets=[*profiling, *predictor_assets, *round_assets],
         jobs=[round_job, train_job, refresh_job, profile_job, report_job, requeue_job],
-        schedules=[round_schedule],
-        sensors=[new_submission_sensor, eviction_sensor],
+        sensors=sensors,
         resources=resources,
     )

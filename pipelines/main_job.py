@@ -8,8 +8,8 @@ under ``DAGSTER_HOME`` — the one ``make ui`` reads:
 refresh_job (profiles, online features, co-location samples) → train_job per
 GPU type (candidate, blocking held-out check, promotion) → for each simulated
 15-minute window: the submission and eviction sensors are ticked and their run
-requests executed, then the round schedule is ticked at the window start and
-its round_job run (plan, dispatch, the simulated window) → report_job.
+requests executed, then the round sensor is ticked at the window start (its
+clock is the simulated time) and its round_job run (plan, dispatch, the simulated window) → report_job.
 
 Every figure it prints comes from the simulated cluster and says so.
 """
@@ -27,11 +27,11 @@ from pathlib import Path
 
 import numpy as np
 import torch
-from sqlalchemy import func, select
 
+from assets.reports import write_run_plots
 from executors.simulated.calibration import SAMPLE_TRACE, default_catalog, holdout_reports
 from executors.simulated.setup import init_simulated_cluster
-from executors.store import models as m
+from executors.store import summary as summary_db
 from executors.store.db import Store
 from executors.store.migrate import upgrade
 from executors.submission import SubmissionError, spec_from_trace, submit
@@ -113,7 +113,7 @@ def reset_dagster_home(home: Path) -> None:
 
 
 class DagsterDriver:
-    """Runs jobs in process and ticks sensors and the schedule at simulated times, as the daemon would."""
+    """Runs jobs in process and ticks sensors (the round sensor at simulated times), as the daemon would."""
 
     def __init__(self, defs, instance, log_level: str = "WARNING"):
         from dagster import build_sensor_context
@@ -126,7 +126,14 @@ class DagsterDriver:
         self.runs = 0
 
     def execute(self, job_name: str, partition_key: str | None = None, tags: dict | None = None):
+        from dagster import DynamicPartitionsDefinition
+
         job = self.defs.resolve_job_def(job_name)
+        parts = job.partitions_def
+        if isinstance(parts, DynamicPartitionsDefinition) and partition_key is not None \
+                and not self.instance.has_dynamic_partition(parts.name, partition_key):
+            # As the UI's "add partition" before launching a run of a window nobody ran yet.
+            self.instance.add_dynamic_partitions(parts.name, [partition_key])
         res = job.execute_in_process(instance=self.instance, partition_key=partition_key, tags=tags or {},
                                      raise_on_error=False, run_config=self.run_config)
         self.runs += 1
@@ -136,32 +143,25 @@ class DagsterDriver:
                                f"{f' [{partition_key}]' if partition_key else ''} failed: {failures[-3:]}")
         return res
 
-    def tick_sensor(self, name: str) -> int:
+    def tick_sensor(self, name: str) -> list:
+        """Evaluate a sensor once, as the daemon would: its partitions added, its runs executed; the runs' results."""
+        from dagster import partition_loading_context
+
         sensor = self.defs.resolve_sensor_def(name)
-        with self._build_sensor_context(instance=self.instance, cursor=self._cursors.get(name),
-                                        resources=self.defs.resources, definitions=self.defs) as ctx:
+        with partition_loading_context(dynamic_partitions_store=self.instance), \
+                self._build_sensor_context(instance=self.instance, cursor=self._cursors.get(name),
+                                           instance_ref=self.instance.get_ref() if self.instance.is_persistent else None,
+                                           resources=self.defs.resources, definitions=self.defs) as ctx:
             data = sensor.evaluate_tick(ctx)
         self._cursors[name] = data.cursor
-        for req in data.run_requests or []:
-            self.execute(sensor.job_name, req.partition_key, {**req.tags, "dagster/sensor_name": name})
-        return len(data.run_requests or [])
-
-    def tick_schedule(self, name: str, at: dt.datetime):
-        from dagster import build_schedule_context
-
-        sched = self.defs.resolve_schedule_def(name)
-        with build_schedule_context(instance=self.instance, scheduled_execution_time=at,
-                                    repository_def=self.defs.get_repository_def()) as ctx:
-            data = sched.evaluate_tick(ctx)
-        out = []
-        for req in data.run_requests or []:
-            out.append(self.execute(sched.job_name, req.partition_key,
-                                    {**req.tags, "dagster/schedule_name": name}))
-        return out
+        for req in data.dynamic_partitions_requests or []:
+            self.instance.add_dynamic_partitions(req.partitions_def_name, list(req.partition_keys))
+        return [self.execute(sensor.job_name, req.partition_key, {**req.tags, "dagster/sensor_name": name})
+                for req in data.run_requests or []]
 
 
 def run_main_job(cfg: MainJobConfig, progress: Callable[[str], None] | None = print) -> dict:
-    from pipelines.definitions import build_definitions, partition_key_for
+    from pipelines.definitions import build_definitions
 
     t0 = time.perf_counter()
     torch.set_num_threads(max(1, min(2, torch.get_num_threads())))
@@ -197,18 +197,19 @@ def run_main_job(cfg: MainJobConfig, progress: Callable[[str], None] | None = pr
     )
     instance = open_dagster_instance(cfg.dagster_home)
     write_settings(settings, cfg.dagster_home.resolve())
-    defs = build_definitions(settings)
+    sim_now = [SIM_START]  # the round sensor's clock: simulated time, advanced window by window
+    defs = build_definitions(settings, now=lambda: sim_now[0])
     driver = DagsterDriver(defs, instance)
 
     driver.execute("refresh_job")
     with store.session() as s:
-        counts = dict(s.execute(select(m.ColocationSample.gpu_type, func.count()).group_by(m.ColocationSample.gpu_type)).all())
+        counts = summary_db.sample_counts_by_type(s)
     _say(progress, f"[3/5] Dagster refresh_job: co-location samples (simulated) {counts}; calibration held-out error: "
                    + ", ".join(f"{r.gpu_type} MAE {r.mae:.3f} (mean-baseline {r.baseline_mae:.3f})" for r in holdout_reports()))
     for gtype in gpu_types:
         driver.execute("train_job", partition_key=gtype)
     with store.session() as s:
-        for row in s.scalars(select(m.PredictorModel).order_by(m.PredictorModel.gpu_type, m.PredictorModel.version)):
+        for row in summary_db.predictor_versions(s):
             _say(progress, f"      predictor {row.gpu_type} v{row.version}: held-out MAE normalized tput "
                            f"{row.holdout_mae_tput:.3f}, online slowdown {row.holdout_mae_slowdown:.3f} "
                            f"({row.n_train} train / {row.n_holdout} held out, {row.trained_on}) "
@@ -232,11 +233,13 @@ def run_main_job(cfg: MainJobConfig, progress: Callable[[str], None] | None = pr
                     log.warning("trace line %d rejected: %s", t.line_no, exc)
         driver.tick_sensor("new_submission_sensor")
         driver.tick_sensor("eviction_sensor")
-        driver.tick_schedule("round_schedule", now)
+        sim_now[0] = now
+        if len(driver.tick_sensor("round_sensor")) != 1:
+            raise RuntimeError(f"the round sensor requested no round for {now.isoformat()}")
         rounds.append(_round_row(store, k, now))
         r = rounds[-1]
         c = r["actions"]
-        _say(progress, f"[5/5] round {k + 1:2d}/{n_rounds} {now:%H:%M} [{partition_key_for(now)}] placements "
+        _say(progress, f"[5/5] round {k + 1:2d}/{n_rounds} {now:%H:%M} [{settings.round_clock.key(now)}] placements "
                        f"{r['placements']:3d} (start {c.get('start', 0)}, keep {c.get('keep', 0)}, migrate "
                        f"{c.get('migrate', 0)}, evict {c.get('evict', 0)}) objective {r['objective']:6.2f}  "
                        f"oversold(sim) {r['oversold_simulated'] if r['oversold_simulated'] is not None else float('nan'):.2f}  "
@@ -248,7 +251,7 @@ def run_main_job(cfg: MainJobConfig, progress: Callable[[str], None] | None = pr
     summary["dagster"] = {"home": str(cfg.dagster_home.resolve()), "runs": driver.runs,
                           "ui": "make ui  →  http://127.0.0.1:3000  (assets → placement_plan)"}
     cfg.report_dir.mkdir(parents=True, exist_ok=True)
-    summary["plots"] = write_plots(store, cfg.report_dir, rounds)
+    summary["plots"] = write_run_plots(store, cfg.report_dir, rounds)
     (cfg.report_dir / "summary.json").write_text(json.dumps(summary, indent=2, default=str))
     store.dispose()
     return summary
@@ -256,19 +259,14 @@ def run_main_job(cfg: MainJobConfig, progress: Callable[[str], None] | None = pr
 
 def _round_row(store: Store, k: int, window: dt.datetime) -> dict:
     """The round's figures as the store has them after its Dagster run."""
-    end = window + ROUND
+    from executors.store.rounds import round_for_window, window_figures
+
     with store.session() as s:
-        rnd = s.scalars(select(m.SchedulingRound).where(m.SchedulingRound.window_start_utc == window)).one()
-        solo, wall = s.execute(select(func.sum(m.JobExecution.solo_equiv_s), func.sum(m.JobExecution.wall_s))
-                               .where(m.JobExecution.round_id == rnd.id)).one()
-        evictions = s.scalar(select(func.count()).select_from(m.Eviction)
-                             .where(m.Eviction.at_utc > window, m.Eviction.at_utc <= end))
-        completed = s.scalar(select(func.count()).select_from(m.JobTransition)
-                             .where(m.JobTransition.to_state == "DONE", m.JobTransition.at_utc > window,
-                                    m.JobTransition.at_utc <= end))
+        rnd = round_for_window(s, window)
+        f = window_figures(s, rnd.id, window, window + ROUND)
         return {"round": k, "round_id": rnd.id, "window_start_utc": window.isoformat(), "placements": rnd.placements,
-                "objective": rnd.objective, "actions": dict(rnd.action_counts), "evictions": evictions,
-                "completed": completed, "oversold_simulated": _ratio(solo or 0.0, wall or 0.0),
+                "objective": rnd.objective, "actions": dict(rnd.action_counts), "evictions": f.evictions,
+                "completed": f.completed, "oversold_simulated": f.oversold,
                 "matching_s": (rnd.timings_s or {}).get("matching")}
 
 
@@ -278,18 +276,9 @@ def _ratio(a: float, b: float) -> float | None:
 
 def summarize(store: Store, rounds: list[dict], cfg: MainJobConfig, elapsed_s: float, compression: float) -> dict:
     with store.session() as s:
-        mt = m.GpuMetricMinute
-        rows = s.execute(select(
-            mt.gpu_util_pct, mt.sm_activity_pct, mt.mem_used_bytes / mt.mem_total_bytes,
-            mt.online_gpu_util_pct, mt.online_sm_activity_pct, mt.online_mem_used_bytes / mt.mem_total_bytes,
-            mt.online_latency_ms / mt.online_solo_latency_ms, mt.offline_job_id,
-        ).where(mt.minute_utc >= SIM_START + dt.timedelta(minutes=cfg.warmup_minutes))).all()
-        arr = np.array([[np.nan if v is None else float(v) for v in r[:7]] for r in rows])
-        shared = np.array([r[7] is not None for r in rows])
-        ex = s.execute(select(func.sum(m.JobExecution.solo_equiv_s), func.sum(m.JobExecution.wall_s),
-                              func.count())).one()
-        evictions = s.scalar(select(func.count()).select_from(m.Eviction))
-        states = dict(s.execute(select(m.OfflineJob.state, func.count()).group_by(m.OfflineJob.state)).all())
+        f = summary_db.run_figures(s, SIM_START + dt.timedelta(minutes=cfg.warmup_minutes))
+    arr, shared, states, evictions = f.metrics, f.shared, f.jobs_by_state, f.evictions
+    ex = (f.solo_equiv_s, f.wall_s, f.executions)
     slow = arr[shared, 6] if shared.any() else np.array([1.0])
     return {
         "label": "SIMULATED cluster (calibrated interference model, no real GPU)",
@@ -316,55 +305,3 @@ def summarize(store: Store, rounds: list[dict], cfg: MainJobConfig, elapsed_s: f
 
 def _mean(a: np.ndarray) -> float:
     return round(float(np.nanmean(a)), 2) if np.isfinite(a).any() else float("nan")
-
-
-def write_plots(store: Store, out: Path, rounds: list[dict]) -> list[str]:
-    import matplotlib
-
-    matplotlib.use("Agg")
-    import matplotlib.pyplot as plt
-    import pandas as pd
-
-    mt = m.GpuMetricMinute
-    with store.session() as s:
-        df = pd.DataFrame(s.execute(select(
-            mt.minute_utc, mt.gpu_util_pct, mt.sm_activity_pct, mt.online_gpu_util_pct, mt.online_sm_activity_pct,
-            (100 * mt.mem_used_bytes / mt.mem_total_bytes).label("mem_pct"),
-            (100 * mt.online_mem_used_bytes / mt.mem_total_bytes).label("online_mem_pct"),
-        )).all())
-    per_min = df.groupby("minute_utc").mean(numeric_only=True)
-    fig, axes = plt.subplots(3, 1, figsize=(10, 8), sharex=True)
-    for ax, (shared_col, online_col, title) in zip(axes, [
-        ("gpu_util_pct", "online_gpu_util_pct", "GPU utilization (%)"),
-        ("sm_activity_pct", "online_sm_activity_pct", "SM activity (%)"),
-        ("mem_pct", "online_mem_pct", "GPU memory used (%)"),
-    ]):
-        ax.plot(per_min.index, per_min[shared_col], label="MuxFlow (shared)")
-        ax.plot(per_min.index, per_min[online_col], label="online-only", linestyle="--")
-        ax.set_ylabel(title)
-        ax.set_ylim(0, 100)
-        ax.grid(alpha=0.3)
-    axes[0].legend(loc="upper left")
-    axes[0].set_title("Cluster average over time — SIMULATED cluster")
-    axes[-1].set_xlabel("simulated time (UTC)")
-    fig.tight_layout()
-    util_path = out / "utilization.png"
-    fig.savefig(util_path, dpi=110)
-    plt.close(fig)
-
-    fig, ax = plt.subplots(figsize=(10, 4))
-    idx = [r["round"] + 1 for r in rounds]
-    ax.bar(idx, [r["placements"] for r in rounds], color="#4c72b0", label="placements")
-    ax2 = ax.twinx()
-    ax2.plot(idx, [r["oversold_simulated"] or 0 for r in rounds], color="#dd8452", marker="o", label="oversold GPU")
-    ax2.set_ylim(0, 1)
-    ax.set_xlabel("round")
-    ax.set_ylabel("placements")
-    ax2.set_ylabel("oversold GPU (realised)")
-    ax.set_title("Placements and oversold GPU per round — SIMULATED cluster")
-    fig.legend(loc="upper left")
-    fig.tight_layout()
-    rounds_path = out / "rounds.png"
-    fig.savefig(rounds_path, dpi=110)
-    plt.close(fig)
-    return [str(util_path), str(rounds_path)]

@@ -18,11 +18,18 @@ import datetime as dt
 import json
 import os
 from dataclasses import dataclass
+from collections.abc import Callable
 from pathlib import Path
+from typing import Any
 
+from executors.profiling.settings import ProfilingSettings, SamplingSettings, overrides_from_env
+from executors.profiling.settings import SettingsError as ProfilingSettingsError
+from executors.slurm.config import SlurmConfig, SlurmConfigError
 from executors.store.db import resolve_url
+from scheduler_core.round_clock import RoundClock
 
 SETTINGS_FILE = "muxflow.json"
+RENAMED = ("MUXFLOW_SLURM_REST_URL", "MUXFLOW_SLURM_REST_SOCKET")  # one variable now: MUXFLOW_SLURM_URL
 DEFAULT_ROUNDS_START = dt.datetime(2026, 1, 5, tzinfo=dt.timezone.utc)
 
 
@@ -34,7 +41,26 @@ class SettingsError(ValueError):
 class MuxflowSettings:
     db_url: str
     cluster: str = "simulated"  # simulated | slurm
-    slurm_url: str | None = None
+    slurm_url: str | None = None  # http(s)://host:port (JWT) or unix:/path/slurmrestd.sock (rest_auth/local)
+    slurm_api_version: str = "auto"  # the newest version slurmrestd and MuxFlow both speak (its OpenAPI document)
+    slurm_jwt_file: str | None = None  # file holding the token, re-read on every request (else $SLURM_JWT)
+    slurm_user: str | None = None  # X-SLURM-USER-NAME (default: the token's sun claim)
+    slurm_conf: str | None = None  # slurm.conf for `scontrol requeuehold` (no REST requeue); default $SLURM_CONF
+    slurm_retry_deadline_s: float = 60.0
+    xcuda_gains: tuple[float, float, float] = (1.0, 20.0, 0.0)  # kp, ki, kd sent with every placement
+    # Place shares naming the planned GPU (mps:<model>g<i>:<pct>) on per-GPU-typed nodes. Slurm 22.05 cannot
+    # move such a share to another GPU later: only where jobs do not move (docs/SLURM.md).
+    slurm_name_gpus: bool = False
+    # The round period: a round plans each window of this length (paper: 15 minutes). It must divide a
+    # day; the simulated cluster needs whole minutes. Sensors tick every sensor_interval_s (the round
+    # sensor at most a third of the period).
+    round_period_s: int = 900
+    sensor_interval_s: int = 30
+    sensors_running: bool = False  # the sensors start with the daemon (else an operator turns them on)
+    # Slurm's profile partition: overrides of executors.profiling.settings.ProfilingSettings / SamplingSettings
+    # (bound_s, iterations, partition, budget_gpu_s, …; MUXFLOW_PROFILING_* / MUXFLOW_SAMPLING_*).
+    profiling: dict = dataclasses.field(default_factory=dict)
+    sampling: dict = dataclasses.field(default_factory=dict)
     gpu_types: tuple[str, ...] = ("a10", "t4")
     rounds_start: dt.datetime = DEFAULT_ROUNDS_START
     # Exclusive end of the round partitions; None = open-ended (a live cluster). The main
@@ -55,14 +81,27 @@ class MuxflowSettings:
             raise SettingsError("cluster 'slurm' needs slurm_url (MUXFLOW_SLURM_URL)")
         if not self.gpu_types or len(set(self.gpu_types)) != len(self.gpu_types):
             raise SettingsError(f"gpu_types must be a non-empty list of distinct names, got {self.gpu_types!r}")
+        try:
+            clock = RoundClock(self.round_period_s)
+        except ValueError as exc:
+            raise SettingsError(f"round_period_s: {exc}") from exc
+        if self.cluster == "simulated" and self.round_period_s % 60:
+            raise SettingsError("round_period_s: the simulated cluster steps whole minutes; use a multiple of 60")
+        if self.sensor_interval_s < 1:
+            raise SettingsError("sensor_interval_s must be >= 1")
+        try:
+            self.slurm_config()
+        except SlurmConfigError as exc:
+            raise SettingsError(str(exc)) from exc
         for name in ("rounds_start", "rounds_end"):
             t = getattr(self, name)
             if t is None:
                 continue
             if t.tzinfo is None:
                 raise SettingsError(f"{name} must carry a time zone (UTC)")
-            if t.minute % 15 or t.second or t.microsecond:
-                raise SettingsError(f"{name} must fall on a 15-minute boundary, got {t.isoformat()}")
+            if not clock.is_window_start(t):
+                raise SettingsError(f"{name} must be the start of a round window ({self.round_period_s} s, "
+                                    f"aligned to midnight UTC), got {t.isoformat()}")
         if self.rounds_end is not None and self.rounds_end <= self.rounds_start:
             raise SettingsError("rounds_end must be after rounds_start")
         if not 0 < self.max_holdout_mae:
@@ -71,9 +110,36 @@ class MuxflowSettings:
             raise SettingsError("samples_per_type >= 10, epochs >= 1, migration_penalty >= 0 and "
                                 "warmup_minutes >= 15 are required")
 
+    def slurm_config(self, *, default_url: str | None = None, default_conf: str | None = None) -> SlurmConfig:
+        """The Slurm part of these settings: the one object the cluster resource, the CLI and the node agent
+        build their Slurm client and backend from (``default_url``/``default_conf``: the dev cluster's, where
+        the settings name no Slurm)."""
+        return SlurmConfig.build(
+            url=self.slurm_url or default_url, api_version=self.slurm_api_version, jwt_file=self.slurm_jwt_file,
+            user=self.slurm_user, conf=self.slurm_conf or default_conf, retry_deadline_s=self.slurm_retry_deadline_s,
+            name_gpus=self.slurm_name_gpus, gains=self.xcuda_gains, profiling=self.profiling, sampling=self.sampling)
+
+    def cluster_resource(self):
+        """The cluster resource these settings describe: what Dagster runs and the CLI both use."""
+        from assets.resources import ClusterResource
+
+        kp, ki, kd = self.xcuda_gains
+        return ClusterResource(
+            kind=self.cluster, seed=self.seed, slurm_url=self.slurm_url, warmup_minutes=self.warmup_minutes,
+            slurm_api_version=self.slurm_api_version, slurm_jwt_file=self.slurm_jwt_file, slurm_user=self.slurm_user,
+            slurm_conf=self.slurm_conf, slurm_retry_deadline_s=self.slurm_retry_deadline_s,
+            xcuda_kp=kp, xcuda_ki=ki, xcuda_kd=kd, slurm_name_gpus=self.slurm_name_gpus,
+            profiling=dict(self.profiling), sampling=dict(self.sampling),
+        )
+
+    @property
+    def round_clock(self) -> RoundClock:
+        return RoundClock(self.round_period_s)
+
     def to_json(self) -> dict:
         d = dataclasses.asdict(self)
         d["gpu_types"] = list(self.gpu_types)
+        d["xcuda_gains"] = list(self.xcuda_gains)
         d["rounds_start"] = self.rounds_start.isoformat()
         d["rounds_end"] = self.rounds_end.isoformat() if self.rounds_end else None
         return d
@@ -85,8 +151,9 @@ class MuxflowSettings:
         if unknown:
             raise SettingsError(f"unknown settings: {', '.join(unknown)}")
         d = dict(d)
-        if "gpu_types" in d:
-            d["gpu_types"] = tuple(d["gpu_types"])
+        for name in ("gpu_types", "xcuda_gains"):
+            if name in d:
+                d[name] = tuple(d[name])
         for name in ("rounds_start", "rounds_end"):
             if d.get(name) is not None:
                 d[name] = _parse_time(d[name], name)
@@ -106,11 +173,36 @@ def _parse_time(v: str | dt.datetime, name: str = "rounds_start") -> dt.datetime
     return t if t.tzinfo else t.replace(tzinfo=dt.timezone.utc)
 
 
+def _flag(v: str) -> bool:
+    if v.strip().lower() in ("1", "true", "yes", "on"):
+        return True
+    if v.strip().lower() in ("0", "false", "no", "off", ""):
+        return False
+    raise ValueError(f"expected 1/0, true/false, yes/no or on/off, got {v!r}")
+
+
 def write_settings(settings: MuxflowSettings, dagster_home: Path) -> Path:
     dagster_home.mkdir(parents=True, exist_ok=True)
     path = dagster_home / SETTINGS_FILE
     path.write_text(json.dumps(settings.to_json(), indent=2) + "\n")
     return path
+
+
+ENV_VARS: dict[str, tuple[str, Callable[[str], Any]]] = {  # variable -> (setting, parser); docs/CONFIGURATION.md
+    "MUXFLOW_CLUSTER": ("cluster", str), "MUXFLOW_SLURM_URL": ("slurm_url", str),
+    "MUXFLOW_GPU_TYPES": ("gpu_types", lambda v: tuple(x.strip() for x in v.split(",") if x.strip())),
+    "MUXFLOW_ROUNDS_START": ("rounds_start", _parse_time),
+    "MUXFLOW_ROUNDS_END": ("rounds_end", lambda v: _parse_time(v, "rounds_end")), "MUXFLOW_SEED": ("seed", int),
+    "MUXFLOW_SAMPLES_PER_TYPE": ("samples_per_type", int), "MUXFLOW_MAX_HOLDOUT_MAE": ("max_holdout_mae", float),
+    "MUXFLOW_MIGRATION_PENALTY": ("migration_penalty", float), "MUXFLOW_EPOCHS": ("epochs", int),
+    "MUXFLOW_REPORT_DIR": ("report_dir", str),
+    "MUXFLOW_SLURM_API_VERSION": ("slurm_api_version", str), "MUXFLOW_SLURM_JWT_FILE": ("slurm_jwt_file", str),
+    "MUXFLOW_SLURM_USER": ("slurm_user", str), "SLURM_CONF": ("slurm_conf", str),
+    "MUXFLOW_SLURM_RETRY_DEADLINE_S": ("slurm_retry_deadline_s", float),
+    "MUXFLOW_XCUDA_GAINS": ("xcuda_gains", lambda v: tuple(float(x) for x in v.split(","))),
+    "MUXFLOW_ROUND_PERIOD_S": ("round_period_s", int), "MUXFLOW_SENSOR_INTERVAL_S": ("sensor_interval_s", int),
+    "MUXFLOW_SENSORS_RUNNING": ("sensors_running", _flag), "MUXFLOW_SLURM_NAME_GPUS": ("slurm_name_gpus", _flag),
+}
 
 
 def load_settings(environ: dict[str, str] | None = None) -> MuxflowSettings:
@@ -126,20 +218,20 @@ def load_settings(environ: dict[str, str] | None = None) -> MuxflowSettings:
             raise SettingsError(f"cannot read settings file {path}: {exc}") from exc
         data.setdefault("db_url", resolve_url(None, env))
         return MuxflowSettings.from_json(data)
+    for old in RENAMED:
+        if env.get(old):
+            raise SettingsError(f"{old} is no longer read: set MUXFLOW_SLURM_URL (http(s)://host:port, or "
+                                f"unix:/path/to/slurmrestd.sock for a unix socket)")
     d: dict = {"db_url": resolve_url(None, env)}
-    conv = {
-        "MUXFLOW_CLUSTER": ("cluster", str), "MUXFLOW_SLURM_URL": ("slurm_url", str),
-        "MUXFLOW_GPU_TYPES": ("gpu_types", lambda v: tuple(x.strip() for x in v.split(",") if x.strip())),
-        "MUXFLOW_ROUNDS_START": ("rounds_start", _parse_time),
-        "MUXFLOW_ROUNDS_END": ("rounds_end", lambda v: _parse_time(v, "rounds_end")), "MUXFLOW_SEED": ("seed", int),
-        "MUXFLOW_SAMPLES_PER_TYPE": ("samples_per_type", int), "MUXFLOW_MAX_HOLDOUT_MAE": ("max_holdout_mae", float),
-        "MUXFLOW_MIGRATION_PENALTY": ("migration_penalty", float), "MUXFLOW_EPOCHS": ("epochs", int),
-        "MUXFLOW_REPORT_DIR": ("report_dir", str),
-    }
-    for var, (name, fn) in conv.items():
+    for var, (name, fn) in ENV_VARS.items():
         if var in env:
             try:
                 d[name] = fn(env[var])
             except ValueError as exc:
                 raise SettingsError(f"{var}={env[var]!r}: {exc}") from exc
+    try:
+        d["profiling"] = overrides_from_env(ProfilingSettings, "MUXFLOW_PROFILING_", env)
+        d["sampling"] = overrides_from_env(SamplingSettings, "MUXFLOW_SAMPLING_", env)
+    except ProfilingSettingsError as exc:
+        raise SettingsError(str(exc)) from exc
     return MuxflowSettings(**d)

@@ -9,9 +9,11 @@ import logging
 import signal
 import socket
 import sys
+from dataclasses import replace
 from pathlib import Path
 
 import click
+from pipelines.cli.common import open_store, slurm_config
 
 log = logging.getLogger(__name__)
 
@@ -35,32 +37,55 @@ log = logging.getLogger(__name__)
               help="Raw samples kept in memory per GPU.")
 @click.option("--sysmonitor-config", "sm_config", type=click.Path(dir_okay=False, exists=True, path_type=Path),
               default=None, help="SysMonitor thresholds and back-off (TOML or .json; see docs/NODE_AGENT.md).")
+@click.option("--placements", "placements_from", type=click.Choice(["auto", "slurm", "store", "none"]), default="auto",
+              show_default=True,
+              help="Where the agent learns which offline job runs on which GPU at which share: 'slurm' (the node's "
+                   "running jobs and the plan in their comment; the settings' MUXFLOW_SLURM_URL, else the dev cluster), "
+                   "'store' (the latest dispatched round: the simulated cluster); auto = slurm when evicting with "
+                   "scontrol, else store.")
+@click.option("--placement-poll", "poll_s", type=click.FloatRange(0.1, 600), default=5.0, show_default=True,
+              help="Seconds between two reads of the placements.")
+@click.option("--scrape-interval", "scrape_s", type=click.FloatRange(0.1, 600), default=5.0, show_default=True,
+              help="Seconds between two scrapes of each replica's metrics endpoint.")
+@click.option("--scrape-timeout", "scrape_timeout_s", type=click.FloatRange(0.05, 60), default=2.0, show_default=True,
+              help="Timeout of one scrape (s).")
+@click.option("--solo-window", "solo_window_s", type=click.FloatRange(60, 7 * 86400), default=3600.0,
+              show_default=True, help="Seconds of a replica's recent latency without offline work on its GPU that "
+                                      "make its solo latency.")
+@click.option("--partial-every", "partial_every_s", type=click.FloatRange(min=0), default=0.0, show_default=True,
+              help="Also write the minute in progress every this many seconds, replacing the agent's own earlier "
+                   "version of it (0: only whole minutes).")
+@click.option("--sim-noise-pct", type=click.FloatRange(0, 20), default=1.0, show_default=True,
+              help="Simulated GPUs: measurement noise on SM activity and utilization (percentage points).")
+@click.option("--xcuda-check", "xcuda_check_s", type=click.FloatRange(min=0), default=5.0, show_default=True,
+              help="Seconds between two checks that every process of the node's offline Slurm jobs has xCUDA "
+                   "loaded (a job that unset LD_PRELOAD is evicted; docs/NODE_AGENT.md); 0: off.")
 @click.option("--time-scale", type=click.FloatRange(min=1e-3), default=1.0, hidden=True,
               help="Agent seconds per real second (tests: 60 makes a minute pass in one second).")
 @click.option("--seed", type=int, default=0, hidden=True)
 @click.pass_context
 def node_agent(ctx: click.Context, node: str | None, simulated: bool, db_url: str | None, interval_ms: float,
                duration: float | None, shm_dir: Path, no_shm: bool, evict_mode: str, mps_pipe_dir: str | None,
-               ring_seconds: float, sm_config: Path | None, time_scale: float, seed: int) -> None:
+               ring_seconds: float, sm_config: Path | None, placements_from: str, poll_s: float, scrape_s: float,
+               scrape_timeout_s: float, solo_window_s: float, partial_every_s: float, sim_noise_pct: float,
+               xcuda_check_s: float, time_scale: float, seed: int) -> None:
     """Run the node agent for the GPUs of one node until SIGTERM/SIGINT."""
     from executors.node.agent import AgentConfig
-    from executors.node.wiring import build_agent
-    from executors.store.db import Store, resolve_url
-
-    url = db_url or (ctx.obj or {}).get("db") or resolve_url(None)
+    from executors.node.wiring import SourceConfig, build_agent
     node = node or socket.gethostname()
     from executors.node.config import ConfigError, load_sysmonitor_config
 
-    cfg = AgentConfig(interval_s=interval_ms / 1000.0, ring_window_s=ring_seconds, time_scale=time_scale)
+    cfg = AgentConfig(interval_s=interval_ms / 1000.0, ring_window_s=ring_seconds, time_scale=time_scale,
+                      partial_every_s=partial_every_s or None)
     if sm_config is not None:
         try:
             smc, idle = load_sysmonitor_config(sm_config)
         except ConfigError as exc:
             raise click.ClickException(str(exc)) from exc
-        cfg = AgentConfig(interval_s=cfg.interval_s, ring_window_s=cfg.ring_window_s, time_scale=time_scale,
-                          sysmonitor=smc, idle_util_pct=idle)
+        cfg = replace(cfg, sysmonitor=smc, idle_util_pct=idle)
     requeue = None
-    if evict_mode == "scontrol" or (evict_mode == "auto" and not simulated):
+    scontrol = evict_mode == "scontrol" or (evict_mode == "auto" and not simulated)
+    if scontrol:
         from executors.slurm.scontrol import ScontrolRequeue
 
         rq = ScontrolRequeue()
@@ -68,12 +93,19 @@ def node_agent(ctx: click.Context, node: str | None, simulated: bool, db_url: st
         def requeue(slurm_job_id: int) -> None:
             rq(slurm_job_id, True)
 
+    if placements_from == "auto":
+        placements_from = "slurm" if scontrol else "store"
+    slurm = slurm_config().client if placements_from == "slurm" else None
+    sources = SourceConfig(placements=placements_from, slurm_client=slurm,
+                           poll_s=poll_s, scrape_s=scrape_s, scrape_timeout_s=scrape_timeout_s,
+                           solo_window_s=solo_window_s, noise_pct=sim_noise_pct, xcuda_check_s=xcuda_check_s)
+
     if not no_shm:
         shm_dir.mkdir(parents=True, exist_ok=True)
-    store = Store(url)
+    store = open_store(db_url or (ctx.obj or {}).get("db"))
     try:
         agent = build_agent(store, node, simulated=simulated, cfg=cfg, shm_dir=None if no_shm else shm_dir,
-                            requeue=requeue, mps_pipe_dir=mps_pipe_dir, seed=seed)
+                            requeue=requeue, mps_pipe_dir=mps_pipe_dir, seed=seed, sources=sources)
     except Exception as exc:
         store.dispose()
         raise click.ClickException(str(exc)) from exc

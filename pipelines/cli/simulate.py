@@ -1,7 +1,8 @@
 """`muxflow simulate`: the trace-driven simulator from the command line (docs/EVALUATION.md).
 
-    muxflow simulate --trace T [--gpus 1000] [--hours 24] [--policy muxflow] [--seed 0] [--json]
+    muxflow simulate --trace T [--gpus 1000] [--hours 24] [--policy muxflow] [--calibration transfer] [--json]
     muxflow simulate compare --trace T [...] [--policies a,b,...] [--out DIR] [--json]
+    muxflow simulate compare --trace T --sensitivity [--calibrations k80,p100,transfer,pessimistic]
 
 Every figure is SIMULATED. Progress goes to stderr; ``--json`` output to stdout.
 """
@@ -15,8 +16,8 @@ import time
 from pathlib import Path
 
 import click
+from pipelines.cli.common import HELP, CliError, parse_types
 
-HELP = {"help_option_names": ["-h", "--help"]}
 CACHE_DIR = Path(".muxflow") / "cache"
 DEFAULT_OUT = Path(".muxflow") / "simulate"
 
@@ -43,6 +44,9 @@ def _sim_options(fn):
         click.option("--migration-penalty", type=click.FloatRange(min=0.0), default=None,
                      help="Weight a MuxFlow round subtracts for moving a running job [default: restart cost "
                           "over one interval, 0.1]; 0 = the paper."),
+        click.option("--calibration", default="transfer", show_default=True,
+                     help="Interference calibration: transfer, pessimistic, or a measured GPU type's own fit "
+                          "(k80, p100, ...; docs/CALIBRATION.md)."),
         click.option("--json", "as_json", is_flag=True, help="Print the metrics as JSON."),
         click.option("--quiet", is_flag=True, help="No progress lines on stderr."),
     ]
@@ -53,10 +57,9 @@ def _sim_options(fn):
 
 def _config(gpus, types_text, hours, jobs, arrival_hours, mean_job_hours, seed, sm_fallback_levels=None,
             migration_penalty=None):
-    from pipelines.cli import CliError, _parse_types
     from scheduler_core.simulator import SimConfig
 
-    types = tuple(_parse_types(types_text).items()) if types_text else None
+    types = tuple(parse_types(types_text).items()) if types_text else None
     if arrival_hours is None:
         arrival_hours = min(16.0, hours * 2.0 / 3.0)
     try:
@@ -70,7 +73,6 @@ def _config(gpus, types_text, hours, jobs, arrival_hours, mean_job_hours, seed, 
 def _guarded(fn):
     @functools.wraps(fn)
     def wrapper(*args, **kwargs):
-        from pipelines.cli import CliError
         from scheduler_core.trace import TraceError
 
         try:
@@ -97,26 +99,39 @@ def _progress(policy: str, quiet: bool):
     return report
 
 
-def _prepare(trace_path, cfg, quiet):
-    from pipelines.cli import CliError
-    from executors.simulated.evaluation import load_trace, simulation_inputs
+def _load(trace_path):
+    from executors.simulated.evaluation import load_trace
 
     if trace_path is None:
         raise CliError("--trace is required (a Philly-format trace, e.g. ../shared/data/gavel/philly_vc_0e4a51.trace)")
-    trace = load_trace(trace_path)
+    return load_trace(trace_path)
+
+
+def _inputs(cfg, calibration, quiet):
+    from executors.simulated.evaluation import simulation_inputs
+
     if not quiet:
-        click.echo(f"trace {trace_path}: {len(trace)} jobs; preparing predictors (SIMULATED samples, cached in "
-                   f"{CACHE_DIR})", err=True)
-    inputs, info = simulation_inputs(cfg, CACHE_DIR)
-    return trace, inputs, info
+        click.echo(f"calibration {calibration}: preparing predictors (SIMULATED samples, cached in {CACHE_DIR})",
+                   err=True)
+    return simulation_inputs(cfg, CACHE_DIR, calibration.lower())
 
 
-def run_policies(trace, inputs, cfg, names: list[str], quiet: bool) -> dict:
+def _check_calibrations(names: list[str]) -> list[str]:
+    from executors.simulated.calibration import calibrations
+
+    known = calibrations()
+    for n in names:
+        if n.lower() not in known:
+            raise CliError(f"calibration: unknown {n!r} (known: {', '.join(known)})")
+    return [n.lower() for n in names]
+
+
+def run_policies(trace, inputs, cfg, names: list[str], quiet: bool, label: str = "") -> dict:
     from scheduler_core.simulator import get_policy, run_simulation
 
     out = {}
     for name in names:
-        res = run_simulation(trace, inputs, cfg, get_policy(name), _progress(name, quiet))
+        res = run_simulation(trace, inputs, cfg, get_policy(name), _progress(label + name, quiet))
         bad = _violations(res)
         if bad:
             raise click.ClickException(f"{name}: simulator invariant broken: {'; '.join(bad)}")
@@ -165,7 +180,7 @@ def _config_json(cfg) -> dict:
 @click.pass_context
 @_guarded
 def simulate(ctx, trace_path, gpus, types_text, hours, jobs, arrival_hours, mean_job_hours, seed, sm_fallback_levels,
-             migration_penalty, as_json, quiet, policy) -> None:
+             migration_penalty, calibration, as_json, quiet, policy) -> None:
     """Simulate one policy on a trace and print the paper's metrics (SIMULATED)."""
     if ctx.invoked_subcommand is not None:
         return
@@ -174,7 +189,9 @@ def simulate(ctx, trace_path, gpus, types_text, hours, jobs, arrival_hours, mean
     get_policy(policy)
     cfg = _config(gpus, types_text, hours, jobs, arrival_hours, mean_job_hours, seed, sm_fallback_levels,
                   migration_penalty)
-    trace, inputs, info = _prepare(trace_path, cfg, quiet)
+    [calibration] = _check_calibrations([calibration])
+    trace = _load(trace_path)
+    inputs, info = _inputs(cfg, calibration, quiet)
     res = run_policies(trace, inputs, cfg, [policy.lower()], quiet)[policy.lower()]
     m = {**res.metrics, "trace": str(trace_path), "config": _config_json(cfg), "inputs": info,
          "invariants": res.invariants}
@@ -195,11 +212,18 @@ def list_policies() -> None:
 @click.option("--policies", "policy_text", default=None, help="Comma-separated policies [default: all].")
 @click.option("--out", "out_dir", type=click.Path(file_okay=False, path_type=Path), default=None,
               help=f"Where the plots and results.json go [default: {DEFAULT_OUT}/<trace name>].")
+@click.option("--sensitivity", is_flag=True,
+              help="Rerun under each calibration of --calibrations; report which conclusions hold under all "
+                   "(sensitivity.json beside results.json).")
+@click.option("--calibrations", "calibrations_text", default=None,
+              help="Comma-separated calibrations for --sensitivity [default: each measured type, transfer, "
+                   "pessimistic].")
 @_guarded
 def compare(trace_path, gpus, types_text, hours, jobs, arrival_hours, mean_job_hours, seed, sm_fallback_levels,
-            migration_penalty, as_json, quiet, policy_text, out_dir) -> None:
+            migration_penalty, calibration, as_json, quiet, policy_text, out_dir, sensitivity,
+            calibrations_text) -> None:
     """Run every policy on the same trace; print the table normalized like the paper's Figures 11 and 13."""
-    from pipelines.cli import CliError
+    from executors.simulated.calibration import calibrations
     from executors.simulated.evaluation import plot_comparison, plot_utilization
     from scheduler_core.simulator import POLICIES, get_policy
     from scheduler_core.simulator.metrics import compare_table
@@ -211,8 +235,16 @@ def compare(trace_path, gpus, types_text, hours, jobs, arrival_hours, mean_job_h
         raise CliError("policies: the comparison is normalized to muxflow; include it")
     cfg = _config(gpus, types_text, hours, jobs, arrival_hours, mean_job_hours, seed, sm_fallback_levels,
                   migration_penalty)
-    trace, inputs, info = _prepare(trace_path, cfg, quiet)
-    results = run_policies(trace, inputs, cfg, names, quiet)
+    [calibration] = _check_calibrations([calibration])
+    others = []
+    if sensitivity:
+        others = _check_calibrations(calibrations_text.split(",") if calibrations_text else calibrations())
+        others = [c for c in others if c != calibration]
+    elif calibrations_text:
+        raise CliError("calibrations: only with --sensitivity")
+    trace = _load(trace_path)
+    inputs, info = _inputs(cfg, calibration, quiet)
+    results = run_policies(trace, inputs, cfg, names, quiet, f"{calibration}/" if sensitivity else "")
     metrics = {n: r.metrics for n, r in results.items()}
     rows = compare_table(metrics)
     out = out_dir or DEFAULT_OUT / Path(trace_path).stem
@@ -222,18 +254,64 @@ def compare(trace_path, gpus, types_text, hours, jobs, arrival_hours, mean_job_h
                                             title)),
         "comparison": str(plot_comparison(rows, out / "comparison.png", title)),
     }
-    doc = {"simulated": True, "trace": str(trace_path), "config": _config_json(cfg), "inputs": info,
-           "table": rows, "metrics": metrics, "invariants": {n: r.invariants for n, r in results.items()},
-           "plots": plots}
+    doc = {"simulated": True, "trace": str(trace_path), "config": _config_json(cfg), "calibration": calibration,
+           "inputs": info, "table": rows, "metrics": metrics,
+           "invariants": {n: r.invariants for n, r in results.items()}, "plots": plots}
     (out / "results.json").write_text(json.dumps(doc, indent=2, default=str))
+    if sensitivity:
+        doc["sensitivity"] = _sensitivity(trace, cfg, names, quiet, calibration, rows, others)
+        (out / "sensitivity.json").write_text(json.dumps(
+            {"simulated": True, "trace": str(trace_path), "config": _config_json(cfg), **doc["sensitivity"]},
+            indent=2, default=str))
     if as_json:
         click.echo(json.dumps(doc, indent=2, default=str))
         return
-    click.echo(format_table(rows))
-    click.echo(f"plots: {plots['utilization']}, {plots['comparison']}; results: {out / 'results.json'}")
+    click.echo(format_table(rows, calibration))
+    if sensitivity:
+        for cal, part in doc["sensitivity"]["calibrations"].items():
+            if cal != calibration:
+                click.echo("")
+                click.echo(format_table(part["table"], cal))
+        click.echo("")
+        click.echo(format_conclusions(doc["sensitivity"]["matrix"]))
+    click.echo(f"plots: {plots['utilization']}, {plots['comparison']}; results: {out / 'results.json'}"
+               + (f", {out / 'sensitivity.json'}" if sensitivity else ""))
 
 
-def format_table(rows: list[dict]) -> str:
+def _sensitivity(trace, cfg, names, quiet, primary: str, primary_rows: list[dict], others: list[str]) -> dict:
+    """The comparison under each further calibration, and which conclusions hold under all of them."""
+    from scheduler_core.simulator.conclusions import conclusion_matrix, conclusions
+    from scheduler_core.simulator.metrics import compare_table
+
+    tables = {primary: primary_rows}
+    for cal in others:
+        inputs, _ = _inputs(cfg, cal, quiet)
+        res = run_policies(trace, inputs, cfg, names, quiet, f"{cal}/")
+        tables[cal] = compare_table({n: r.metrics for n, r in res.items()})
+    found = {cal: conclusions(rows) for cal, rows in tables.items()}
+    return {"calibrations": {cal: {"table": rows, "conclusions": [c.as_dict() for c in found[cal]]}
+                             for cal, rows in tables.items()},
+            "matrix": conclusion_matrix(found)}
+
+
+def format_conclusions(matrix: list[dict]) -> str:
+    """Conclusions x calibrations: yes / NO / n/a per cell, the deciding figures below."""
+    cals = list(matrix[0]["by_calibration"]) if matrix else []
+    word = {True: "yes", False: "NO", None: "n/a"}
+    cells = [["conclusion", *cals, "all"]]
+    for row in matrix:
+        cells.append([row["name"], *(word[row["by_calibration"][c]["holds"]] for c in cals),
+                      word[row["holds_under_all"]]])
+    widths = [max(len(r[i]) for r in cells) for i in range(len(cells[0]))]
+    lines = ["  ".join(c.ljust(w) for c, w in zip(r, widths)) for r in cells]
+    lines.insert(1, "  ".join("-" * w for w in widths))
+    for row in matrix:
+        lines.append(f"{row['name']}: {row['claim']}")
+        lines.extend(f"  {c}: {row['by_calibration'][c]['value']}" for c in cals)
+    return "SIMULATED — which conclusions hold under each interference calibration\n" + "\n".join(lines)
+
+
+def format_table(rows: list[dict], calibration: str = "transfer") -> str:
     cols = [("policy", "policy", "{}"), ("avg_latency_vs_online_only", "avg lat", "{:.3f}"),
             ("p99_latency_vs_online_only", "p99 lat", "{:.3f}"),
             ("shared_avg_latency_vs_online_only", "shared avg", "{:.3f}"),
@@ -247,7 +325,8 @@ def format_table(rows: list[dict]) -> str:
     widths = [max(len(row[i]) for row in cells) for i in range(len(cols))]
     lines = ["  ".join(c.ljust(w) for c, w in zip(row, widths)) for row in cells]
     lines.insert(1, "  ".join("-" * w for w in widths))
-    return "SIMULATED — latency normalized to Online-only, JCT and oversold GPU to MuxFlow\n" + "\n".join(lines)
+    return (f"SIMULATED (calibration {calibration}) — latency normalized to Online-only, JCT and oversold GPU to "
+            "MuxFlow\n" + "\n".join(lines))
 
 
 if __name__ == "__main__":  # pragma: no cover

@@ -1,4 +1,4 @@
-"""``muxflow slurm …``: the dev cluster (dev-up / dev-down / dev-status) and REST checks.
+"""``muxflow slurm …``: the dev cluster (dev-up / dev-down / dev-status), REST checks, pick-up, dispatch, submit.
 
 docs/SLURM.md describes the cluster's layout and how to point MuxFlow at a real one.
 """
@@ -12,8 +12,8 @@ import click
 
 from executors.slurm.dev.cluster import DevCluster, DevClusterError, DevStatus
 from executors.slurm.dev.state import log_tail
+from pipelines.cli.common import HELP, CliError, CliFailure, db_option, open_store, slurm_config
 
-HELP = {"help_option_names": ["-h", "--help"]}
 _state_dir = click.option("--state-dir", envvar="MUXFLOW_SLURM_DIR", default=None, type=click.Path(),
                           help="Where the dev cluster keeps everything (default /tmp/muxflow-slurm).")
 
@@ -126,95 +126,45 @@ def token(state_dir: str | None, user: str, lifespan_s: int) -> None:
 @slurm.command("ping", context_settings=HELP)
 @_state_dir
 def ping(state_dir: str | None) -> None:
-    """Ask slurmrestd who answers. Uses MUXFLOW_SLURM_REST_URL/_SOCKET, SLURM_JWT, MUXFLOW_SLURM_API_VERSION;
-    without them the dev cluster's unix socket."""
-    from executors.slurm.client import SlurmRestClient
+    """Ask slurmrestd who answers: the settings' Slurm (MUXFLOW_SLURM_URL, SLURM_JWT or MUXFLOW_SLURM_JWT_FILE,
+    MUXFLOW_SLURM_API_VERSION; docs/CONFIGURATION.md), else the dev cluster's unix socket."""
     from executors.slurm.errors import SlurmError
-    from executors.slurm.settings import SlurmRestSettings
 
-    layout = DevCluster(state_dir).load_layout()
+    conf = slurm_config(state_dir)
     try:
-        settings = SlurmRestSettings.from_env(os.environ,
-                                              default_socket=str(layout.rest_socket) if layout else None)
-        with SlurmRestClient(settings) as client:
+        with conf.client() as client:
             version = client.version()
             pings = client.ping()
     except (SlurmError, ValueError, OSError) as exc:
         _err(f"error: {exc}")
         sys.exit(1)
-    click.echo(f"{settings.endpoint}: {version.plugin}, Slurm {version.release}")
+    click.echo(f"{conf.url}: {version.plugin}, Slurm {version.release}")
     for p in pings:
         click.echo(f"  controller {p.hostname} ({p.mode}): {'UP' if p.up else 'DOWN'}")
 
 
 # -- the dispatcher (docs/SLURM.md "Offline pick-up", "Dispatcher") -------------------------------
-_db = click.option("--db", "db_url", envvar="MUXFLOW_DATABASE_URL", default=None,
-                   help="Feature store URL (default: MUXFLOW_DATABASE_URL, else the SQLite default).")
-
-
-def _backend(state_dir: str | None, retry_deadline_s: float, gains=None):
-    """SlurmBackend from MUXFLOW_SLURM_* (else the dev cluster's unix socket and slurm.conf)."""
-    from executors.slurm.backend import SlurmBackend, XcudaGains
-    from executors.slurm.client import SlurmRestClient
-    from executors.slurm.scontrol import ScontrolRequeue
-    from executors.slurm.settings import SlurmRestSettings
-
-    layout = DevCluster(state_dir).load_layout()
-    settings = SlurmRestSettings.from_env(os.environ, default_socket=str(layout.rest_socket) if layout else None)
-    conf = os.environ.get("SLURM_CONF") or (str(layout.slurm_conf) if layout else None)
-    return SlurmBackend(lambda: SlurmRestClient(settings, requeue_fallback=ScontrolRequeue(conf)),
-                        retry_deadline_s=retry_deadline_s, gains=gains or XcudaGains())
-
-
-def _open_store(db_url: str | None):
-    """The feature store, refused (one line, exit 2) unless it exists and is migrated.
-
-    A SQLite path that does not exist is never created here: a dispatcher pointed at a
-    store that vanished must say so, not carry on with an empty new one.
-    """
-    from pathlib import Path
-
-    from executors.store.db import Store, resolve_url
-    from executors.store.migrate import current_revision, head_revision
-
-    url = resolve_url(db_url)
-    path = url.split("///", 1)[-1] if url.startswith("sqlite") else ""
-    if path and path != ":memory:" and not Path(path).is_file():
-        _err(f"error: database: no store at {path} (`muxflow db upgrade` creates one)")
-        sys.exit(2)
-    try:
-        rev = current_revision(url)
-    except Exception as exc:  # unreachable server, bad URL
-        _err(f"error: database: cannot open {url}: {exc.__class__.__name__}: {str(exc).splitlines()[0]}")
-        sys.exit(2)
-    if rev != head_revision():
-        _err(f"error: database: schema is at {rev or 'nothing'}, expected {head_revision()}; run `muxflow db upgrade`")
-        sys.exit(2)
-    return Store(url)
 
 
 @slurm.command("register-nodes", context_settings=HELP)
 @_state_dir
-@_db
+@db_option
 def register_nodes(state_dir: str | None, db_url: str | None) -> None:
     """Record Slurm's GPU nodes (gpu:<type>:<n>) as the store's nodes and GPUs."""
     from executors.slurm.backend import register_slurm_nodes
 
-    backend = _backend(state_dir, 10.0)
-    n = register_slurm_nodes(_open_store(db_url), backend.client_factory())
+    n = register_slurm_nodes(open_store(db_url), slurm_config(state_dir).client())
     click.echo(f"registered {n} new GPU(s)")
 
 
 @slurm.command("pickup", context_settings=HELP)
 @_state_dir
-@_db
+@db_option
 def pickup(state_dir: str | None, db_url: str | None) -> None:
     """Import held offline-partition Slurm jobs into the store; reject (and cancel) bad submissions."""
-    from executors.simulated.calibration import default_catalog
     from executors.slurm.pickup import import_submissions
 
-    backend = _backend(state_dir, 10.0)
-    rep = import_submissions(_open_store(db_url), backend.client_factory(), set(default_catalog().offline))
+    rep = import_submissions(open_store(db_url), slurm_config(state_dir).client())
     click.echo(f"imported {len(rep.imported)} job(s), rejected {len(rep.rejected)}")
     for sid, reason in rep.rejected:
         click.echo(f"  slurm job {sid}: {reason}")
@@ -222,37 +172,43 @@ def pickup(state_dir: str | None, db_url: str | None) -> None:
 
 @slurm.command("dispatch", context_settings=HELP)
 @_state_dir
-@_db
+@db_option
 @click.option("--round", "round_id", type=int, required=True, help="Scheduling round whose plan to carry out.")
-@click.option("--retry-deadline", "retry_deadline_s", type=float, default=60.0, show_default=True,
-              help="Seconds to keep retrying while Slurm does not answer.")
-@click.option("--kp", type=float, default=1.0, show_default=True, help="xCUDA PID gain kp sent with each placement.")
-@click.option("--ki", type=float, default=20.0, show_default=True, help="xCUDA PID gain ki (1/s).")
-@click.option("--kd", type=float, default=0.0, show_default=True, help="xCUDA PID gain kd (s).")
-def dispatch(state_dir: str | None, db_url: str | None, round_id: int, retry_deadline_s: float, kp: float, ki: float,
-             kd: float) -> None:
+@click.option("--retry-deadline", "retry_deadline_s", type=float, default=None,
+              help="Seconds to keep retrying while Slurm does not answer [default: the settings' "
+                   "slurm_retry_deadline_s, 60].")
+@click.option("--kp", type=float, default=None, help="xCUDA PID gain kp sent with each placement [default: the "
+              "settings' xcuda_gains, 1].")
+@click.option("--ki", type=float, default=None, help="xCUDA PID gain ki (1/s) [default: the settings', 20].")
+@click.option("--kd", type=float, default=None, help="xCUDA PID gain kd (s) [default: the settings', 0].")
+@click.option("--name-gpus/--no-name-gpus", default=None, help="Name the planned GPU in each share "
+              "(mps:<type>:<pct>) on nodes with one gres Type per GPU; a job placed so moves to no other GPU on "
+              "Slurm 22.05 (docs/SLURM.md) [default: the settings' slurm_name_gpus, off].")
+def dispatch(state_dir: str | None, db_url: str | None, round_id: int, retry_deadline_s: float | None,
+             kp: float | None, ki: float | None, kd: float | None, name_gpus: bool | None) -> None:
     """Carry out a stored round's plan on Slurm (idempotent: re-run after a crash to finish it)."""
     import datetime as dt
+    from dataclasses import replace
 
     from executors import round_runner
-    from executors.slurm.backend import SlurmUnavailable, XcudaGains, dispatch_status
+    from executors.slurm.backend import dispatch_status
+    from executors.slurm.retry import SlurmUnavailable
     from executors.store import models as m
 
+    conf = slurm_config(state_dir, retry_deadline_s=retry_deadline_s, name_gpus=name_gpus)
     try:
-        gains = XcudaGains(kp=kp, ki=ki, kd=kd)
+        gains = replace(conf.gains, **{k: v for k, v in dict(kp=kp, ki=ki, kd=kd).items() if v is not None})
     except ValueError as exc:
-        _err(f"error: {exc}")
-        sys.exit(2)
-    store = _open_store(db_url)
+        raise CliError(str(exc)) from exc
+    store = open_store(db_url)
     with store.session() as s:
         rnd = s.get(m.SchedulingRound, round_id)
         if rnd is None:
-            _err(f"error: no round {round_id}")
-            sys.exit(1)
+            raise CliFailure(f"no round {round_id}")
         result = round_runner.stored_result(s, rnd)
+    backend = replace(conf, gains=gains).backend()
     try:
-        ok, failed = _backend(state_dir, retry_deadline_s, gains).dispatch(store, round_id, result,
-                                                                             dt.datetime.now(dt.UTC))
+        ok, failed = backend.dispatch(store, round_id, result, dt.datetime.now(dt.UTC))
     except SlurmUnavailable as exc:
         _err(f"plan of round {round_id} PENDING: {exc}; run this again when Slurm answers "
              f"({dispatch_status(store, round_id)})")
@@ -264,11 +220,11 @@ def dispatch(state_dir: str | None, db_url: str | None, round_id: int, retry_dea
 
 @slurm.command("submit", context_settings=HELP)
 @_state_dir
-@_db
+@db_option
 @click.option("--script", "script_path", required=True, type=click.Path(exists=True, dir_okay=False),
               help="Batch script (must start with #!).")
 @click.option("--name", required=True)
-@click.option("--job-type", required=True)
+@click.option("--job-type", default="", help="A free label for the job (optional); profiling measures the job itself.")
 @click.option("--mem", "mem_text", required=True, help="GPU memory, e.g. 4GiB.")
 @click.option("--gpu-types", required=True, help="Allowed GPU types, comma-separated.")
 @click.option("--checkpoint-dir", required=True)
@@ -282,29 +238,26 @@ def submit(state_dir, db_url, script_path, name, job_type, mem_text, gpu_types, 
 
     from executors.submission import JobSpec, SubmissionError, parse_size_bytes
 
-    store = _open_store(db_url)
+    store = open_store(db_url)
     script = Path(script_path)
     try:
         spec = JobSpec(name=name, command=str(script), job_type=job_type, mem_bytes=parse_size_bytes(mem_text),
                        allowed_gpu_types=tuple(t.strip().lower() for t in gpu_types.split(",") if t.strip()),
                        checkpoint_dir=checkpoint_dir, total_steps=steps, priority=priority)
-        sid, rep = submit_to_slurm(store, _backend(state_dir, 10.0).client_factory(), spec, script.read_text(),
+        sid, rep = submit_to_slurm(store, slurm_config(state_dir).client(), spec, script.read_text(),
                                    mps_pct=mps_pct, working_dir=str(script.resolve().parent))
     except SubmissionError as exc:
-        _err(f"error: {exc}")
-        sys.exit(2)
+        raise CliError(str(exc)) from exc
+    if rep.rejected:
+        raise CliError(f"Slurm job {sid}: {rep.rejected[0][1]}")
     click.echo(f"submitted Slurm job {sid} (held for placement); imported {len(rep.imported)} job(s)")
 
 
 def submit_to_slurm(store, client, spec, script: str, *, mps_pct: int, working_dir: str):
-    """Submit ``spec`` held through slurmrestd and pick it up (``muxflow submit`` and ``muxflow slurm submit``)."""
-    from executors.simulated.calibration import default_catalog
+    """Submit ``spec`` held through slurmrestd and pick it up (``muxflow submit`` and ``muxflow slurm submit``).
+
+    Any job type label goes (or none): on a real cluster profiling measures the job itself."""
     from executors.slurm.pickup import submit_held
 
     return submit_held(store, client, spec, script, mps_pct=mps_pct, working_dir=working_dir,
-                       environment={"PATH": os.environ.get("PATH", "/usr/bin:/bin")},
-                       known_job_types=set(default_catalog().offline))
-
-
-if __name__ == "__main__":  # pragma: no cover
-    slurm()
+                       environment={"PATH": os.environ.get("PATH", "/usr/bin:/bin")}, known_job_types=None)

@@ -1,0 +1,188 @@
+"""`muxflow calibrate`: the interference model's measurements, errors and refit (docs/CALIBRATION.md).
+
+    muxflow calibrate report [--data FILE ...] [--json]
+    muxflow calibrate refit --data FILE [--types t4,a10,a100,h100] [--no-predictors] [--json]
+    muxflow calibrate check FILE
+    muxflow calibrate convert-gavel IN OUT
+
+Measured pairs are real (the bundled Gavel K80/P100 data, or a site's own file); the predictors'
+samples are SIMULATED from the calibrated model.
+"""
+
+from __future__ import annotations
+
+import functools
+import json
+import os
+from pathlib import Path
+
+import click
+from pipelines.cli.common import HELP, CliError
+
+
+
+def _guarded(fn):
+    @functools.wraps(fn)
+    def wrapper(*args, **kwargs):
+
+        try:
+            return fn(*args, **kwargs)
+        except (ValueError, KeyError) as exc:  # MeasurementError is a ValueError
+            raise CliError(str(exc.args[0] if isinstance(exc, KeyError) else exc)) from exc
+
+    return wrapper
+
+
+@click.group("calibrate", context_settings=HELP)
+def calibrate() -> None:
+    """The interference model: measured co-location samples, its errors, refit from a site's file."""
+
+
+def _pct(v: float) -> str:
+    return "-" if v != v else f"{100 * v:.1f}%"
+
+
+def format_model_errors(e: dict) -> str:
+    lines = [f"measured types: {', '.join(e['measured_types'])} (stressor {e['stressor']!r}; "
+             f"{'; '.join(e['sources'])})",
+             "leave one GPU type out (MAPE, MAE of normalized throughput; pairs with the stressor are probes, "
+             "not scored):",
+             f"  {'train -> test':<18} {'pairs':>5}  {'constant':>15}  {'before: per-job':>15}  "
+             f"{'after: transfer':>15}  {'zero-shot':>15}"]
+    for r in e["leave_one_type_out"]:
+        cells = [f"{_pct(r[k]['mape'])} {r[k]['mae']:.3f}" for k in ("constant", "before", "after", "zero_shot")]
+        lines.append(f"  {','.join(r['train']) + ' -> ' + r['test']:<18} {r['after']['pairs']:>5}  "
+                     + "  ".join(f"{c:>15}" for c in cells))
+    lines.append("within type (20% of unordered pairs held out, seed 0):")
+    lines.append(f"  {'type':<18} {'pairs':>5}  {'constant':>15}  {'before: per-job':>15}  {'after: transfer':>15}  "
+                 f"{'+ residuals':>15}")
+    for r in e["within_type"]:
+        cells = [f"{_pct(r[k]['mape'])} {r[k]['mae']:.3f}" for k in ("constant", "before", "after", "refined")]
+        lines.append(f"  {r['gpu_type']:<18} {r['after']['pairs']:>5}  " + "  ".join(f"{c:>15}" for c in cells))
+    lines.append(f"pessimistic bound: sigma and pi x{_factor(e):.3f} (zero-shot 90th-percentile over-prediction "
+                 f"{_pct(e['pessimistic_overestimate'])})")
+    return "\n".join(lines)
+
+
+def _factor(e: dict) -> float:
+    from scheduler_core.interference_transfer import pessimistic_factor
+
+    return pessimistic_factor(e["pessimistic_overestimate"])
+
+
+def format_predictors(name: str, cells: list[dict]) -> str:
+    from executors.simulated.refit import diagonal_and_off
+
+    types = list(dict.fromkeys(c["train"] for c in cells))
+    by = {(c["train"], c["test"]): c for c in cells}
+    diag, off = diagonal_and_off(cells)
+    lines = [f"predictors, {name}: MAE of normalized throughput (slowdown), rows trained on, columns tested on "
+             f"(SIMULATED samples); mean {diag:.3f} on the trained type, {off:.3f} on the others"]
+    lines.append("  " + f"{'':<6}" + "".join(f"{t:>22}" for t in types))
+    for g in types:
+        row = []
+        for h in types:
+            c = by[(g, h)]
+            acc = "" if c["accepted"] >= 0.999 else f" [{c['accepted']:.0%}]"
+            row.append(f"{c['mae_tput']:.3f} ({c['mae_slowdown']:.3f}){acc}")
+        lines.append("  " + f"{g:<6}" + "".join(f"{v:>22}" for v in row))
+    return "\n".join(lines)
+
+
+@calibrate.command("report", context_settings=HELP)
+@click.option("--data", "files", multiple=True, type=click.Path(dir_okay=False),
+              help="Measurement files to add to the installed ones (bundled Gavel + MUXFLOW_MEASUREMENTS).")
+@click.option("--json", "as_json", is_flag=True)
+@_guarded
+def report(files, as_json) -> None:
+    """Errors of the per-job fit and the transferable model on the measured pairs."""
+    from executors.simulated.calibration import Calibrator, installed_calibrator
+    from executors.simulated.measurements import load_file
+    from executors.simulated.refit import model_errors
+
+    c = installed_calibrator()
+    if files:
+        mset = c.mset
+        for f in files:
+            mset = mset.merged(load_file(f))
+        c = Calibrator(mset)
+    e = model_errors(c)
+    click.echo(json.dumps(e, indent=2) if as_json else format_model_errors(e))
+
+
+@calibrate.command("refit", context_settings=HELP)
+@click.option("--data", "files", multiple=True, required=True, type=click.Path(dir_okay=False),
+              help="A muxflow.colocation/1 file (or Gavel's layout); repeat for several.")
+@click.option("--types", "types_text", default=None,
+              help="Simulated GPU types to train predictors for [default: t4,a10,a100,h100].")
+@click.option("--samples", type=click.IntRange(min=100), default=2000, show_default=True,
+              help="Simulated co-location samples per predictor.")
+@click.option("--epochs", type=click.IntRange(min=1), default=250, show_default=True)
+@click.option("--no-predictors", is_flag=True, help="Refit the interference model only.")
+@click.option("--json", "as_json", is_flag=True)
+@_guarded
+def refit(files, types_text, samples, epochs, no_predictors, as_json) -> None:
+    """Refit the interference model and the predictors with FILE added; print the errors before and after."""
+    from executors.simulated.measurements import ENV_VAR
+    from executors.simulated.refit import refit_report
+    from scheduler_core.gpu_specs import GPU_SPECS
+
+    types = [t.strip().lower() for t in types_text.split(",") if t.strip()] if types_text else None
+    for t in types or []:
+        if t not in GPU_SPECS:
+            raise CliError(f"types: unknown GPU type {t!r} (known: {', '.join(sorted(GPU_SPECS))})")
+    rep = refit_report(list(files), types, samples, epochs, with_predictors=not no_predictors)
+    if as_json:
+        click.echo(json.dumps(rep, indent=2))
+        return
+    click.echo("BEFORE (installed measurements)")
+    click.echo(format_model_errors(rep["before"]))
+    click.echo("")
+    click.echo(f"AFTER (with {', '.join(rep['files'])})")
+    click.echo(format_model_errors(rep["after"]))
+    click.echo("")
+    click.echo("on the file's own pairs (installed model with the file's profiles -> refit model):")
+    for g in rep["file_types"]:
+        a, b = rep["on_file_pairs"]["installed"][g], rep["on_file_pairs"]["refit"][g]
+        click.echo(f"  {g}: {a['pairs']} pairs, MAPE {_pct(a['mape'])} -> {_pct(b['mape'])}, "
+                   f"MAE {a['mae']:.3f} -> {b['mae']:.3f}")
+    for name, cells in rep.get("predictors", {}).items():
+        click.echo("")
+        click.echo(format_predictors(name, cells))
+    click.echo("")
+    if rep["same_measurements"]:
+        click.echo("the file adds nothing the installed measurements lack; nothing to install")
+    else:
+        paths = os.pathsep.join(str(Path(f).resolve()) for f in rep["files"])
+        current = os.environ.get(ENV_VAR)
+        click.echo(f"to use it everywhere (simulator, pipeline, predictors' samples): "
+                   f"export {ENV_VAR}={paths + (os.pathsep + current if current else '')}")
+
+
+@calibrate.command("check", context_settings=HELP)
+@click.argument("path", type=click.Path(dir_okay=False))
+@_guarded
+def check(path) -> None:
+    """Validate a measurement file and summarise it."""
+    from executors.simulated.measurements import load_file
+
+    m = load_file(path)
+    click.echo(f"{path}: stressor {m.stressor!r}")
+    for g, t in sorted(m.types.items()):
+        probes = sum(1 for p in t.pairs if m.stressor in (p.workload, p.partner))
+        click.echo(f"  {g}: {t.meta.gpu_model}, driver {t.meta.driver}, method {t.meta.method}, {t.meta.date}: "
+                   f"{len(t.solo_steps_per_s)} solo runs, {len(t.pairs)} pair measurements ({probes} with the "
+                   f"stressor), counters for {len(t.counters)} jobs")
+
+
+@calibrate.command("convert-gavel", context_settings=HELP)
+@click.argument("src", type=click.Path(dir_okay=False))
+@click.argument("dst", type=click.Path(dir_okay=False, writable=True))
+@_guarded
+def convert_gavel(src, dst) -> None:
+    """Write Gavel's layout as a muxflow.colocation/1 file (then edit gpus.*: model, driver, method, date)."""
+    from executors.simulated.measurements import load_file, to_document
+
+    doc = to_document(load_file(src))
+    Path(dst).write_text(json.dumps(doc, indent=1) + "\n")
+    click.echo(f"{dst}: {len(doc['solo'])} solo runs, {len(doc['pairs'])} pair rows, types {', '.join(doc['gpus'])}")

@@ -1,0 +1,145 @@
+"""What every ``muxflow`` command shares: the one-line error, the store, the settings, the cluster, GPU types.
+
+Every command validates its input before it writes, and writes in one transaction: a
+bad call prints one line naming the field (``error: mem: must be positive``), exits 2
+and leaves the store as it was.
+"""
+
+from __future__ import annotations
+
+import functools
+from pathlib import Path
+
+import click
+
+from executors.store.db import Store, resolve_url
+
+EXIT_USAGE = 2
+HELP = {"help_option_names": ["-h", "--help"]}
+
+
+class CliError(click.ClickException):
+    """Bad input: one line on stderr, exit status 2, nothing written."""
+
+    exit_code = EXIT_USAGE
+
+    def show(self, file=None) -> None:
+        click.echo(f"error: {self.message}", err=True)
+
+
+class CliFailure(CliError):
+    """Not the input's fault (a cluster that does not answer): the same one line, exit status 1."""
+
+    exit_code = 1
+
+
+db_option = click.option("--db", "db_url", envvar="MUXFLOW_DATABASE_URL", default=None,
+                         help="Feature store URL (default: MUXFLOW_DATABASE_URL, else the SQLite default).")
+
+
+def open_store(db: str | None) -> Store:
+    """The feature store at ``db`` (a URL, or None for the default), refused unless it exists and is migrated.
+
+    A SQLite path that does not exist is never created here (only ``muxflow db upgrade``
+    creates a store): a command pointed at a store that vanished says so instead of carrying
+    on with an empty new one.
+    """
+    from executors.store.migrate import current_revision, head_revision
+
+    url = resolve_url(db)
+    path = url.split("///", 1)[-1] if url.startswith("sqlite") else ""
+    if path and path != ":memory:" and not Path(path).is_file():
+        raise CliError(f"database: no store at {path} (`muxflow db upgrade` creates one)")
+    try:
+        rev = current_revision(url)
+    except Exception as exc:  # unreachable server, bad URL
+        raise CliError(f"database: cannot open {url}: {exc.__class__.__name__}: {str(exc).splitlines()[0]}") from exc
+    if rev != head_revision():
+        raise CliError(f"database: schema is at {rev or 'nothing'}, expected {head_revision()}; "
+                       "run `muxflow db upgrade`")
+    return Store(url)
+
+
+def store_of(ctx: click.Context) -> Store:
+    """The store named by ``muxflow --db`` (or MUXFLOW_DATABASE_URL)."""
+    return open_store(ctx.obj["db"] if ctx.obj else None)
+
+
+def guard(fn):
+    """Turn validation errors from lower layers into one-line CLI errors."""
+    from executors.submission import SubmissionError
+    from scheduler_core.domain import IllegalTransition
+    from scheduler_core.trace import TraceError
+
+    @functools.wraps(fn)
+    def wrapper(*args, **kwargs):
+        try:
+            return fn(*args, **kwargs)
+        except (SubmissionError, TraceError, IllegalTransition, KeyError, ValueError) as exc:
+            msg = exc.args[0] if isinstance(exc, KeyError) and exc.args else str(exc)
+            raise CliError(str(msg)) from exc
+
+    return wrapper
+
+
+def settings():
+    """The deployment's settings (pipelines.settings: MUXFLOW_SETTINGS, $DAGSTER_HOME/muxflow.json, MUXFLOW_*)."""
+    from pipelines.settings import SettingsError, load_settings
+
+    try:
+        return load_settings()
+    except SettingsError as exc:
+        raise CliError(f"settings: {exc}") from exc
+
+
+def cluster_backend(s=None):
+    """The cluster backend the settings describe: the one factory Dagster's cluster resource uses too."""
+    from dagster import Failure
+
+    s = s or settings()
+    try:
+        return s.cluster_resource().backend()
+    except Failure as exc:
+        raise CliError(f"settings: {exc.description}") from exc
+
+
+def slurm_config(state_dir: str | None = None, **given):
+    """The deployment's Slurm configuration (the settings' ``slurm_*``, ``xcuda_gains``, profiling and sampling:
+    executors.slurm.config.SlurmConfig, the object Dagster's cluster resource and the node agent use too); where
+    the settings name no Slurm, the dev cluster's unix socket and slurm.conf under ``state_dir``. ``given``:
+    the command-line options the user gave (None: not given), over the settings."""
+    from dataclasses import replace
+
+    from executors.slurm.config import SlurmConfigError
+    from executors.slurm.dev.cluster import DevCluster
+
+    layout = DevCluster(state_dir).load_layout()
+    try:
+        conf = settings().slurm_config(default_url=f"unix:{layout.rest_socket}" if layout else None,
+                                       default_conf=str(layout.slurm_conf) if layout else None)
+        conf = replace(conf, **{k: v for k, v in given.items() if v is not None})
+        conf.rest_settings(token="")  # a URL is set and valid
+        return conf
+    except SlurmConfigError as exc:
+        raise CliError(f"slurm: {exc}") from exc
+
+
+def parse_types(text: str) -> dict[str, int]:
+    """``t4:32,a10:32`` → {"t4": 32, "a10": 32}, known GPU types with positive counts."""
+    from scheduler_core.gpu_specs import get_spec
+
+    out: dict[str, int] = {}
+    for part in filter(None, (p.strip() for p in text.split(","))):
+        name, sep, count = part.partition(":")
+        if not sep or not count.strip().isdigit():
+            raise CliError(f"types: expected TYPE:COUNT[,TYPE:COUNT], got {part!r}")
+        try:
+            spec = get_spec(name.strip())
+        except KeyError as exc:
+            raise CliError(f"types: {exc.args[0]}") from exc
+        if int(count) <= 0:
+            raise CliError(f"types: count for {name} must be positive")
+        out[spec.name] = out.get(spec.name, 0) + int(count)
+    if not out:
+        raise CliError("types: name at least one GPU type")
+    return out

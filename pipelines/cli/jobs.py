@@ -1,0 +1,67 @@
+"""``muxflow jobs``: offline jobs, where they are and, for those that do not run, why (executors.job_status)."""
+
+from __future__ import annotations
+
+import click
+import pandas as pd
+
+from executors.store import inventory
+from pipelines.cli.common import CliError, cluster_backend, store_of
+
+
+@click.group()
+def jobs() -> None:
+    """Offline jobs."""
+
+@jobs.command("list")
+@click.option("--state", "states", multiple=True, help="Only jobs in this state (repeatable).")
+@click.pass_context
+def jobs_list(ctx, states: tuple[str, ...]) -> None:
+    """Offline jobs with state, progress and, for those not running, why.
+
+    On a Slurm cluster (settings: cluster "slurm") held submissions not imported yet are listed too.
+    """
+    from executors.job_status import whereabouts
+    from scheduler_core.domain import JobState
+
+    bad = [x for x in states if x.upper() not in JobState.__members__]
+    if bad:
+        raise CliError(f"state: unknown state(s) {bad} (known: {', '.join(JobState.__members__)})")
+    store = store_of(ctx)
+    with store.session() as s:
+        rows_ = inventory.listed_jobs(s, list(states))
+        why = whereabouts(s, rows_)
+        rows = [(j.id, j.name, j.job_type or "-", j.state, f"{100 * j.steps_done / j.total_steps:.1f}%",
+                 why[j.id]) for j in rows_]
+        known = inventory.imported_slurm_ids(s)
+    if not states:
+        rows += [("-", name, "-", "HELD", "0.0%", reason) for _sid, name, reason in _held_for_pickup(known)]
+    if not rows:
+        click.echo("no jobs")
+        return
+    with pd.option_context("display.max_colwidth", None):
+        click.echo(pd.DataFrame(rows, columns=["id", "name", "type", "state", "progress", "why"])
+                   .to_string(index=False, justify="left"))
+
+
+def _held_for_pickup(known: set[int]) -> list[tuple[int, str, str]]:
+    """Slurm submissions the store has not imported yet, when the CLI is configured for Slurm (else none)."""
+    from executors.job_status import held_for_pickup
+    from executors.slurm.errors import SlurmError
+    from pipelines.settings import SettingsError, load_settings
+
+    try:
+        conf = load_settings()
+    except SettingsError:
+        return []
+    if conf.cluster != "slurm":
+        return []
+    try:
+        client = cluster_backend(conf).client_factory()
+        try:
+            return held_for_pickup(client, known)
+        finally:
+            getattr(client, "close", lambda: None)()
+    except (CliError, SlurmError) as exc:  # the store's jobs are still worth listing
+        click.echo(f"note: cannot list Slurm's held submissions: {exc}", err=True)
+        return []

@@ -1,0 +1,39 @@
+"""The ``muxflow`` group: global options, and every command, one module per concern.
+
+Commands import what they run inside their function bodies, so ``muxflow --help`` and
+a one-line error stay fast (no PyTorch or Dagster import before it is needed).
+"""
+
+from __future__ import annotations
+
+import logging
+
+import click
+
+from executors.store.db import resolve_url
+from pipelines.cli import (bench, calibrate, cluster, db, jobs, node, online, profile, rounds, simulate, simulate_users,
+                           slurm, submit)
+from pipelines.cli.common import HELP
+
+
+@click.group(context_settings=HELP)
+@click.option("--db", "db_url", envvar="MUXFLOW_DATABASE_URL", default=None,
+              help="SQLAlchemy URL of the feature store (default: SQLite under .muxflow/).")
+@click.option("-v", "--verbose", is_flag=True, help="Log progress details.")
+@click.pass_context
+def main(ctx: click.Context, db_url: str | None, verbose: bool) -> None:
+    """muxflow: space-share GPUs between online inference and offline training (MuxFlow)."""
+    logging.basicConfig(level=logging.INFO if verbose else logging.WARNING, format="%(levelname)s %(name)s: %(message)s")
+    ctx.ensure_object(dict)
+    ctx.obj["db"] = resolve_url(db_url)
+
+
+for command in (
+    db.db, cluster.cluster, online.online, submit.submit, jobs.jobs,          # the store and the queue
+    profile.profile, profile.sample, profile.train,                          # the predictor's inputs
+    rounds.round_cmd, rounds.report_cmd, rounds.run_cmd,                     # rounds, reports, the main job
+    simulate.simulate, calibrate.calibrate, bench.bench,                     # evaluation
+    slurm.slurm, node.node_agent,                                            # the cluster
+):
+    main.add_command(command)
+simulate.simulate.add_command(simulate_users.users)
