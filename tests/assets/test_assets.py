@@ -14,9 +14,9 @@ from dagster import AssetKey, DagsterInstance, Failure, materialize
 from sqlalchemy import func, select, update
 
 from assets.resources import ClusterResource, FeatureStoreResource, PredictorStoreResource
-from executors import round_runner
 from executors.simulated.backend import SimulatedBackend
 from executors.store import models as m
+from executors.store import rounds as rounds_db
 from executors.store.db import Store
 from pipelines.definitions import build_definitions
 from scheduler_core.domain import JobState
@@ -25,6 +25,13 @@ from pipelines.settings import MuxflowSettings
 START = dt.datetime(2026, 1, 5, 0, 0, tzinfo=dt.timezone.utc)
 WINDOW = START + dt.timedelta(hours=1)
 KEY = WINDOW.strftime("%Y-%m-%d-%H:%M")
+
+
+def round_key(instance: DagsterInstance, key: str = KEY) -> str:
+    """The round partition ``key``, added as the round sensor adds each window's."""
+    if not instance.has_dynamic_partition("rounds", key):
+        instance.add_dynamic_partitions("rounds", [key])
+    return key
 
 
 def settings_for(url: str, tmp_path: Path, **over) -> MuxflowSettings:
@@ -146,11 +153,11 @@ def test_round_partition_plans_dispatches_and_observes(cluster_store: Store, tmp
     url = cluster_store.url
     a = prepare(url, tmp_path, dagster_instance)
     rounds = [a["placement_plan"], a["plan_dispatch"], a["cluster_interval"]]
-    res = materialize(rounds, partition_key=KEY, resources=resources(url), instance=dagster_instance)
+    res = materialize(rounds, partition_key=round_key(dagster_instance), resources=resources(url), instance=dagster_instance)
     assert res.success
     plan = meta(res, "placement_plan")
     with cluster_store.session() as s:
-        rnd = round_runner.round_for_window(s, WINDOW)
+        rnd = rounds_db.round_for_window(s, WINDOW)
         assert rnd is not None and rnd.status == "dispatched"
         placements = s.scalar(select(func.count()).select_from(m.Placement).where(m.Placement.round_id == rnd.id))
         running = s.scalar(select(func.count()).select_from(m.OfflineJob)
@@ -158,6 +165,7 @@ def test_round_partition_plans_dispatches_and_observes(cluster_store: Store, tmp
     assert plan["round_id"] == rnd.id and plan["placements"] == placements > 0
     assert plan["objective"] == pytest.approx(rnd.objective, abs=1e-4)
     assert plan["gpus_considered"] == 16 and plan["jobs_pending"] == 6
+    assert plan["jobs_unplaced"] == 6 - placements == sum(plan["unplaced_by_reason"].values())
     assert plan["start"] == placements and plan["keep"] == plan["migrate"] == plan["evict"] == 0
     assert plan["warmup_minutes_recorded"] == 60 and plan["replayed_from_snapshot"] is False
     assert plan["cluster"] == "SIMULATED"
@@ -180,14 +188,14 @@ def test_dispatch_retries_a_failing_cluster_and_sends_each_action_once(cluster_s
     url = cluster_store.url
     a = prepare(url, tmp_path, dagster_instance)
     RecordingBackend.fail_dispatches = 1
-    res = materialize([a["placement_plan"], a["plan_dispatch"]], partition_key=KEY, resources=resources(url),
+    res = materialize([a["placement_plan"], a["plan_dispatch"]], partition_key=round_key(dagster_instance), resources=resources(url),
                       instance=dagster_instance)
     assert res.success
     assert len(RecordingBackend.calls) == 2  # the failure, then the retry
     retried = [e for e in res.all_events if e.event_type_value == "STEP_UP_FOR_RETRY"]
     assert len(retried) == 1
     # Dispatching the same partition again sends nothing new: every action key is done.
-    res2 = materialize([a["plan_dispatch"]], partition_key=KEY, resources=resources(url), instance=dagster_instance)
+    res2 = materialize([a["plan_dispatch"]], partition_key=round_key(dagster_instance), resources=resources(url), instance=dagster_instance)
     d = meta(res2, "plan_dispatch")
     assert d["sent_now_ok"] == 0 and d["done_total"] == d["actions"] > 0
     with cluster_store.session() as s:
@@ -199,8 +207,8 @@ def test_rematerializing_a_round_replays_its_snapshot(cluster_store: Store, tmp_
     url = cluster_store.url
     a = prepare(url, tmp_path, dagster_instance)
     rounds = [a["placement_plan"], a["plan_dispatch"], a["cluster_interval"]]
-    first = materialize(rounds, partition_key=KEY, resources=resources(url), instance=dagster_instance)
-    again = materialize(rounds, partition_key=KEY, resources=resources(url), instance=dagster_instance)
+    first = materialize(rounds, partition_key=round_key(dagster_instance), resources=resources(url), instance=dagster_instance)
+    again = materialize(rounds, partition_key=round_key(dagster_instance), resources=resources(url), instance=dagster_instance)
     p1, p2 = meta(first, "placement_plan"), meta(again, "placement_plan")
     assert p2["replayed_from_snapshot"] is True
     for k in ("round_id", "placements", "objective", "start", "keep", "migrate", "evict"):
@@ -214,11 +222,11 @@ def test_rematerializing_a_round_replays_its_snapshot(cluster_store: Store, tmp_
 def test_replay_fails_when_the_stored_plan_was_altered(cluster_store: Store, tmp_path, dagster_instance) -> None:
     url = cluster_store.url
     a = prepare(url, tmp_path, dagster_instance)
-    assert materialize([a["placement_plan"]], partition_key=KEY, resources=resources(url),
+    assert materialize([a["placement_plan"]], partition_key=round_key(dagster_instance), resources=resources(url),
                        instance=dagster_instance).success
     with cluster_store.session() as s:
         s.execute(update(m.Placement).values(sm_pct=m.Placement.sm_pct - 1))
-    res = materialize([a["placement_plan"]], partition_key=KEY, resources=resources(url), instance=dagster_instance,
+    res = materialize([a["placement_plan"]], partition_key=round_key(dagster_instance), resources=resources(url), instance=dagster_instance,
                       raise_on_error=False)
     assert not res.success
     failure = next(e for e in res.all_events if e.event_type_value == "STEP_FAILURE")
@@ -228,10 +236,10 @@ def test_replay_fails_when_the_stored_plan_was_altered(cluster_store: Store, tmp
 def test_round_before_the_latest_cannot_be_planned(cluster_store: Store, tmp_path, dagster_instance) -> None:
     url = cluster_store.url
     a = prepare(url, tmp_path, dagster_instance)
-    assert materialize([a["placement_plan"]], partition_key=KEY, resources=resources(url),
+    assert materialize([a["placement_plan"]], partition_key=round_key(dagster_instance), resources=resources(url),
                        instance=dagster_instance).success
     earlier = (WINDOW - dt.timedelta(minutes=15)).strftime("%Y-%m-%d-%H:%M")
-    res = materialize([a["placement_plan"]], partition_key=earlier, resources=resources(url),
+    res = materialize([a["placement_plan"]], partition_key=round_key(dagster_instance, earlier), resources=resources(url),
                       instance=dagster_instance, raise_on_error=False)
     assert not res.success
     failure = next(e for e in res.all_events if e.event_type_value == "STEP_FAILURE")
@@ -240,7 +248,7 @@ def test_round_before_the_latest_cannot_be_planned(cluster_store: Store, tmp_pat
 
 def test_round_without_a_predictor_fails_clearly(cluster_store: Store, tmp_path, dagster_instance) -> None:
     a = assets_of(cluster_store.url, tmp_path)
-    res = materialize([a["placement_plan"]], partition_key=KEY, resources=resources(cluster_store.url),
+    res = materialize([a["placement_plan"]], partition_key=round_key(dagster_instance), resources=resources(cluster_store.url),
                       instance=dagster_instance, raise_on_error=False)
     assert not res.success
     failure = next(e for e in res.all_events if e.event_type_value == "STEP_FAILURE")
@@ -252,7 +260,7 @@ def test_round_without_a_predictor_fails_clearly(cluster_store: Store, tmp_path,
 def test_utilization_report_writes_csvs(cluster_store: Store, tmp_path, dagster_instance) -> None:
     url = cluster_store.url
     a = prepare(url, tmp_path, dagster_instance)
-    assert materialize([a["placement_plan"], a["plan_dispatch"], a["cluster_interval"]], partition_key=KEY,
+    assert materialize([a["placement_plan"], a["plan_dispatch"], a["cluster_interval"]], partition_key=round_key(dagster_instance),
                        resources=resources(url), instance=dagster_instance).success
     res = materialize([a["utilization_report"]], resources=resources(url), instance=dagster_instance)
     md = meta(res, "utilization_report")

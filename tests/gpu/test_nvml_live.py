@@ -1,7 +1,8 @@
 """NVML sampling on a real NVIDIA GPU. Skipped cleanly where nvmlInit fails (no GPU or no driver).
 
 Run with ``pytest tests/gpu`` on a GPU node. Asserts real values, the ≤ 10 ms sampling rate,
-GPM SM activity/occupancy on Hopper and newer, and that a busy GPU shows up in the samples.
+GPM SM activity/occupancy on Hopper and newer, that a busy GPU shows up in the samples, and NVML's
+per-process accounting (the online/offline split).
 """
 
 from __future__ import annotations
@@ -14,7 +15,7 @@ import time
 
 import pytest
 
-from executors.node.sampler import nvml_available
+from executors.node.sampler import NvmlSampler, nvml_available
 
 _OK, _WHY = nvml_available()
 # MUXFLOW_REQUIRE_GPU=1 (make test-gpu on a GPU node): a missing driver fails instead of skipping.
@@ -148,3 +149,49 @@ def test_shm_record_from_real_samples(sampler, tmp_path):
     assert rec.sample.sm_clock_mhz > 0 and rec.sample.clock_max_mhz >= rec.sample.sm_clock_mhz - 1
     assert abs(rec.timestamp_ns - time.monotonic_ns()) < 5e9
     agent.shutdown()
+
+
+def test_per_process_accounting_attributes_our_load(tmp_path):
+    """NVML's per-process calls on a real GPU: our busy process, marked as an offline Slurm job (a /proc
+    stand-in with its SLURM_JOB_ID), takes the SM samples and its memory off the online side."""
+    import pynvml
+
+    from executors.node.attribution import ProcessAttribution
+
+    try:
+        ctypes.CDLL("libcuda.so.1")
+    except OSError:
+        pytest.skip("libcuda.so.1 not loadable")
+    pid = os.getpid()
+    (tmp_path / str(pid)).mkdir()
+    (tmp_path / str(pid) / "environ").write_bytes(b"SLURM_JOB_ID=4242\0")
+    (tmp_path / str(pid) / "comm").write_text("python\n")
+    attribution = ProcessAttribution(pynvml, lambda i: {4242}, refresh_s=0.5, proc_root=tmp_path)
+    smp = NvmlSampler([0], attribution=attribution)
+    stop, ready = threading.Event(), threading.Event()
+    t = threading.Thread(target=_busy_gpu, args=(stop, ready), daemon=True)
+    t.start()
+    try:
+        assert ready.wait(30)
+        h = pynvml.nvmlDeviceGetHandleByIndex(0)
+        procs = {p.pid: p for p in pynvml.nvmlDeviceGetComputeRunningProcesses(h)}
+        assert pid in procs, f"our context is not listed: {sorted(procs)}"
+        t_end, k, seen = time.monotonic() + 4.0, 0, []
+        while time.monotonic() < t_end:
+            s = smp.sample(0, 0.6 * k)  # agent-clock seconds: a fresh per-process read each time
+            k += 1
+            seen.append(s)
+            time.sleep(0.1)  # the sampling period, not a race
+    finally:
+        stop.set()
+        t.join(30)
+        smp.close()
+    gap = attribution.gap(0)
+    if gap and "NotSupported" in gap:
+        pytest.skip(f"this GPU/driver has no per-process utilization: {gap}")
+    busy = [s for s in seen if s.gpu_util_pct > 10.0 and not math.isnan(s.online_gpu_util_pct)]
+    assert busy, (gap, [(s.gpu_util_pct, s.online_gpu_util_pct) for s in seen])
+    # our process is the offline side: the online share of the load is small, its memory is not online
+    assert min(s.online_gpu_util_pct for s in busy) < 0.5 * max(s.gpu_util_pct for s in busy)
+    if procs[pid].usedGpuMemory is not None:
+        assert all(s.online_mem_used_bytes <= s.mem_used_bytes - 0.9 * (1 << 30) for s in busy)

@@ -1,4 +1,4 @@
-"""Reference workloads, solo profiling and the co-location harness on a real NVIDIA GPU (issue 8).
+"""Reference workloads, solo profiling and the co-location harness on a real NVIDIA GPU.
 
 Skipped where NVML or CUDA-enabled torch is missing; ``MUXFLOW_REQUIRE_GPU=1`` (``make test-gpu``)
 turns that into a failure. With a GPU every test asserts real, measured values.

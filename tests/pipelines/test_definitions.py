@@ -1,4 +1,4 @@
-"""The Dagster deployment: definitions load, settings, schedule and sensors, backfills, Postgres instance storage."""
+"""The Dagster deployment: definitions load, settings, the round sensor and the other sensors, backfills, Postgres instance storage."""
 
 from __future__ import annotations
 
@@ -13,21 +13,26 @@ from dagster import (
     AssetCheckKey,
     AssetKey,
     DagsterInstance,
+    DagsterRunStatus,
     Definitions,
-    build_schedule_context,
+    DynamicPartitionsDefinition,
     build_sensor_context,
+    instance_for_test,
+    partition_loading_context,
 )
 from sqlalchemy import func, select
 
 from executors import round_runner
 from executors.cluster import EvictionRecord, IntervalReport
 from executors.store import models as m
+from executors.store import rounds as rounds_db
 from executors.store.db import Store
 from executors.store.jobs import transition
-from pipelines.definitions import build_definitions, partition_key_for, window_start_for
+from pipelines.definitions import build_definitions
 from pipelines.main_job import DagsterDriver
 from pipelines.settings import MuxflowSettings, SettingsError, load_settings, write_settings
 from scheduler_core.domain import JobState
+from scheduler_core.round_clock import RoundClock
 
 REPO = Path(__file__).resolve().parents[2]
 START = dt.datetime(2026, 1, 5, 0, 0, tzinfo=dt.timezone.utc)
@@ -47,7 +52,7 @@ def settings(url: str, tmp_path: Path, **over) -> MuxflowSettings:
 # -- loading -------------------------------------------------------------------------------
 
 
-def test_definitions_resolve_every_asset_check_job_schedule_and_sensor(tmp_path: Path) -> None:
+def test_definitions_resolve_every_asset_check_job_and_sensor(tmp_path: Path) -> None:
     defs = build_definitions(settings("sqlite:///" + str(tmp_path / "x.db"), tmp_path))
     Definitions.validate_loadable(defs)
     repo = defs.get_repository_def()
@@ -56,14 +61,14 @@ def test_definitions_resolve_every_asset_check_job_schedule_and_sensor(tmp_path:
     assert checks == CHECKS
     for name in JOBS:
         assert defs.resolve_job_def(name).name == name
-    sched = defs.resolve_schedule_def("round_schedule")
-    assert sched.cron_schedule == "*/15 * * * *" and sched.execution_timezone == "UTC"
-    assert sched.job_name == "round_job"
+    assert defs.resolve_sensor_def("round_sensor").job_name == "round_job"
     assert defs.resolve_sensor_def("new_submission_sensor").job_name == "profile_job"
     assert defs.resolve_sensor_def("eviction_sensor").job_name == "requeue_job"
+    assert {s.name for s in defs.sensors} == {"round_sensor", "new_submission_sensor", "eviction_sensor"}
     assert set(defs.resolve_job_def("train_job").partitions_def.get_partition_keys()) == {"a10", "t4"}
     parts = defs.resolve_job_def("round_job").partitions_def
-    assert parts.get_first_partition_key() == "2026-01-05-00:00"
+    assert isinstance(parts, DynamicPartitionsDefinition) and parts.name == "rounds"
+    assert defs.resolve_job_def("round_job").tags["muxflow/kind"] == "round"
     # Retries on the steps that talk to the cluster.
     graph = defs.resolve_job_def("round_job").graph
     for node in ("plan_dispatch", "cluster_interval"):
@@ -91,7 +96,9 @@ def test_settings_from_environment_and_errors(tmp_path: Path) -> None:
     bad = [
         ({"MUXFLOW_CLUSTER": "kubernetes"}, "cluster must be"),
         ({"MUXFLOW_CLUSTER": "slurm"}, "needs slurm_url"),
-        ({"MUXFLOW_ROUNDS_START": "2026-03-01T06:20"}, "15-minute boundary"),
+        ({"MUXFLOW_ROUNDS_START": "2026-03-01T06:20"}, "start of a round window"),
+        ({"MUXFLOW_ROUND_PERIOD_S": "7"}, "must divide a day"),
+        ({"MUXFLOW_ROUND_PERIOD_S": "30"}, "simulated cluster steps whole minutes"),
         ({"MUXFLOW_ROUNDS_START": "yesterday"}, "not an ISO time"),
         ({"MUXFLOW_SEED": "zero"}, "MUXFLOW_SEED"),
         ({"MUXFLOW_GPU_TYPES": "t4,t4"}, "distinct"),
@@ -100,10 +107,18 @@ def test_settings_from_environment_and_errors(tmp_path: Path) -> None:
     for env, msg in bad:
         with pytest.raises(SettingsError, match=msg):
             load_settings({"MUXFLOW_DATABASE_URL": "sqlite:///x.db", **env})
-    bounded = load_settings({"MUXFLOW_DATABASE_URL": "sqlite:///x.db", "MUXFLOW_ROUNDS_END": "2026-01-05T03:00"})
-    parts = build_definitions(bounded).resolve_job_def("round_job").partitions_def
-    keys = parts.get_partition_keys()
-    assert keys[0] == "2026-01-05-00:00" and keys[-1] == "2026-01-05-02:45" and len(keys) == 12
+    slurm = load_settings({"MUXFLOW_DATABASE_URL": "sqlite:///x.db", "MUXFLOW_CLUSTER": "slurm",
+                           "MUXFLOW_SLURM_URL": "unix:/run/slurmrestd.sock", "MUXFLOW_ROUND_PERIOD_S": "20",
+                           "MUXFLOW_XCUDA_GAINS": "0.5,12.5,0.02", "MUXFLOW_SLURM_API_VERSION": "v0.0.40",
+                           "MUXFLOW_SLURM_NAME_GPUS": "yes"})
+    assert slurm.round_period_s == 20 and slurm.xcuda_gains == (0.5, 12.5, 0.02)
+    assert MuxflowSettings.from_json(slurm.to_json()) == slurm
+    res = slurm.cluster_resource()
+    assert (res.kind, res.xcuda_kp, res.xcuda_ki, res.xcuda_kd, res.slurm_api_version) == \
+        ("slurm", 0.5, 12.5, 0.02, "v0.0.40")
+    assert res.backend().gains.ki == 12.5 and res.backend().name_gpus is True
+    with pytest.raises(SettingsError, match="MUXFLOW_SLURM_NAME_GPUS"):
+        load_settings({"MUXFLOW_DATABASE_URL": "sqlite:///x.db", "MUXFLOW_SLURM_NAME_GPUS": "maybe"})
     with pytest.raises(SettingsError, match="after rounds_start"):
         load_settings({"MUXFLOW_DATABASE_URL": "sqlite:///x.db", "MUXFLOW_ROUNDS_END": "2026-01-04T03:00"})
     (tmp_path / "bad.json").write_text('{"db_url": "sqlite:///x.db", "colour": "red"}')
@@ -114,25 +129,57 @@ def test_settings_from_environment_and_errors(tmp_path: Path) -> None:
 # -- schedule and sensors -------------------------------------------------------------------
 
 
-def test_round_schedule_requests_the_window_that_starts_at_the_tick(tmp_path: Path) -> None:
-    defs = build_definitions(settings(f"sqlite:///{tmp_path / 'x.db'}", tmp_path))
-    sched = defs.resolve_schedule_def("round_schedule")
-    with DagsterInstance.ephemeral() as inst:
-        for at, key in [(dt.datetime(2026, 2, 3, 10, 15, tzinfo=dt.timezone.utc), "2026-02-03-10:15"),
-                        (dt.datetime(2026, 2, 3, 23, 45, 7, tzinfo=dt.timezone.utc), "2026-02-03-23:45")]:
-            with build_schedule_context(instance=inst, scheduled_execution_time=at,
-                                        repository_def=defs.get_repository_def()) as ctx:
-                data = sched.evaluate_tick(ctx)
-            assert [r.partition_key for r in data.run_requests] == [key]
-            assert data.run_requests[0].run_key == f"round-{key}"
-    assert window_start_for(dt.datetime(2026, 2, 3, 10, 29, 59, tzinfo=dt.timezone.utc)).minute == 15
-    assert partition_key_for(dt.datetime(2026, 2, 3, 11, 0, tzinfo=dt.timezone(dt.timedelta(hours=1)))) \
-        == "2026-02-03-10:00"
-
-
-def _tick(defs, name: str, inst, cursor: str | None):
-    with build_sensor_context(instance=inst, cursor=cursor, resources=defs.resources, definitions=defs) as ctx:
+def _tick(defs, name: str, inst, cursor: str | None, resources: bool = True):
+    # As the daemon evaluates sensors: dynamic partitions are read from the instance.
+    with partition_loading_context(dynamic_partitions_store=inst), \
+            build_sensor_context(instance=inst, instance_ref=inst.get_ref() if inst.is_persistent else None,
+                                 cursor=cursor, resources=defs.resources if resources else None,
+                                 definitions=defs) as ctx:
         return defs.resolve_sensor_def(name).evaluate_tick(ctx)
+
+
+def test_round_sensor_requests_each_window_once_as_it_starts(tmp_path: Path) -> None:
+    clock = [dt.datetime(2026, 2, 3, 10, 15, 3, tzinfo=dt.timezone.utc)]
+    end = dt.datetime(2026, 2, 3, 11, 0, tzinfo=dt.timezone.utc)
+    defs = build_definitions(settings(f"sqlite:///{tmp_path / 'x.db'}", tmp_path, rounds_end=end),
+                             now=lambda: clock[0])
+    with instance_for_test() as inst:  # an instance with a ref, as the daemon's
+        first = _tick(defs, "round_sensor", inst, None, resources=False)
+        assert [(r.partition_key, r.run_key) for r in first.run_requests] == [("2026-02-03-10:15", "round-2026-02-03-10:15")]
+        assert [list(r.partition_keys) for r in first.dynamic_partitions_requests] == [["2026-02-03-10:15"]]
+        assert first.run_requests[0].tags["muxflow/kind"] == "round"
+        clock[0] = dt.datetime(2026, 2, 3, 10, 29, 59, tzinfo=dt.timezone.utc)  # same window: nothing more
+        again = _tick(defs, "round_sensor", inst, first.cursor, resources=False)
+        assert not again.run_requests and "requested already" in again.skip_message
+        clock[0] = dt.datetime(2026, 2, 3, 10, 30, 0, 1, tzinfo=dt.timezone.utc)
+        nxt = _tick(defs, "round_sensor", inst, again.cursor or first.cursor, resources=False)
+        assert [r.partition_key for r in nxt.run_requests] == ["2026-02-03-10:30"]
+        clock[0] = end
+        assert "rounds ended" in _tick(defs, "round_sensor", inst, nxt.cursor, resources=False).skip_message
+        clock[0] = START - dt.timedelta(seconds=1)
+        assert "rounds start" in _tick(defs, "round_sensor", inst, nxt.cursor, resources=False).skip_message
+
+
+def test_round_sensor_never_starts_a_round_while_the_previous_one_runs(tmp_path: Path) -> None:
+    clock = [dt.datetime(2026, 2, 3, 10, 0, 21, tzinfo=dt.timezone.utc)]
+    s = settings(f"sqlite:///{tmp_path / 'x.db'}", tmp_path, cluster="slurm", slurm_url="unix:/nonexistent.sock",
+                 round_period_s=20)
+    defs = build_definitions(s, now=lambda: clock[0])
+    assert defs.resolve_sensor_def("round_sensor").minimum_interval_seconds == 6
+    with instance_for_test() as inst:  # an instance with a ref, as the daemon's
+        first = _tick(defs, "round_sensor", inst, None, resources=False)
+        assert [r.partition_key for r in first.run_requests] == ["2026-02-03-10:00:20"]
+        assert RoundClock(20).parse_key("2026-02-03-10:00:20") == dt.datetime(2026, 2, 3, 10, 0, 20,
+                                                                              tzinfo=dt.timezone.utc)
+        # The run it asked for is still going when the next window starts.
+        inst.create_run_for_job(defs.resolve_job_def("round_job"), run_id="a" * 32,
+                                status=DagsterRunStatus.STARTED, tags={"muxflow/kind": "round"})
+        clock[0] = dt.datetime(2026, 2, 3, 10, 0, 41, tzinfo=dt.timezone.utc)
+        busy = _tick(defs, "round_sensor", inst, first.cursor, resources=False)
+        assert not busy.run_requests and "still running" in busy.skip_message
+        inst.report_run_failed(inst.get_run_by_id("a" * 32))
+        later = _tick(defs, "round_sensor", inst, busy.cursor or first.cursor, resources=False)
+        assert [r.partition_key for r in later.run_requests] == ["2026-02-03-10:00:40"]
 
 
 def test_submission_sensor_requests_one_profiling_run_per_batch(cluster_store: Store, submit_more,
@@ -177,7 +224,7 @@ def test_eviction_sensor_requeues_evicted_jobs(cluster_store: Store, tmp_path: P
             reasons = s.scalars(select(m.JobTransition.reason).where(m.JobTransition.to_state == "PENDING",
                                                                      m.JobTransition.from_state == "EVICTED")).all()
         assert set(states.values()) == {JobState.PENDING.value}
-        assert len(reasons) == 2 and all("eviction sensor" in r for r in reasons)
+        assert reasons == ["requeued after eviction"] * 2  # by the backend's job-state sync
         again = _tick(defs, "eviction_sensor", inst, tick.cursor)
         assert not again.run_requests
 
@@ -187,7 +234,7 @@ def test_eviction_sensor_requeues_evicted_jobs(cluster_store: Store, tmp_path: P
 
 def _stored_plan(store: Store, window: dt.datetime) -> list[tuple]:
     with store.session() as s:
-        rnd = round_runner.round_for_window(s, window)
+        rnd = rounds_db.round_for_window(s, window)
         return [(p.job_id, p.gpu_id, p.sm_pct, p.mem_quota_bytes, p.predicted_norm_tput, p.action)
                 for p in s.scalars(select(m.Placement).where(m.Placement.round_id == rnd.id).order_by(m.Placement.job_id))]
 
@@ -205,12 +252,12 @@ def test_backfill_of_two_past_rounds_reproduces_their_plans(cluster_store: Store
             if k == 1:
                 submit_more(cluster_store, 4)
                 driver.execute("profile_job")
-            driver.execute("round_job", partition_key=partition_key_for(w))
+            driver.execute("round_job", partition_key=RoundClock().key(w))
         before = {w: _stored_plan(cluster_store, w) for w in windows[:2]}
         assert all(before.values()) and before[windows[0]] != before[windows[1]]
         # A backfill of the first two windows: one run per partition, tagged as a backfill.
         for w in windows[:2]:
-            res = driver.execute("round_job", partition_key=partition_key_for(w), tags={"dagster/backfill": "test"})
+            res = driver.execute("round_job", partition_key=RoundClock().key(w), tags={"dagster/backfill": "test"})
             mat = res.asset_materializations_for_node("placement_plan")[-1]
             assert mat.metadata["replayed_from_snapshot"].value is True
         after = {w: _stored_plan(cluster_store, w) for w in windows[:2]}
@@ -247,3 +294,18 @@ def test_postgres_instance_storage_records_and_reads_back_a_run(make_postgres_da
         assert run is not None and run.is_success and run.job_name == "profile_job"
         mat = inst.get_latest_materialization_event(AssetKey("offline_job_profiles"))
         assert mat.asset_materialization.metadata["profiled_now"].value == 6
+
+
+def test_the_configuration_table_documents_every_setting_and_variable() -> None:
+    """docs/CONFIGURATION.md is the one table of the deployment's settings: every field and every variable."""
+    import dataclasses
+    import re
+
+    from pipelines.settings import ENV_VARS, MuxflowSettings
+
+    doc = (Path(__file__).resolve().parents[2] / "docs" / "CONFIGURATION.md").read_text()
+    rows = {m.group(1): m.group(2) for m in re.finditer(r"^\| `(\w+)` \| ([^|]*) \|", doc, re.M)}
+    fields = {f.name for f in dataclasses.fields(MuxflowSettings)}
+    assert set(rows) == fields, f"undocumented {sorted(fields - set(rows))}, stale {sorted(set(rows) - fields)}"
+    for var, (name, _parse) in ENV_VARS.items():
+        assert f"`{var}`" in rows[name], f"{var} is not in the row of {name}"

@@ -2,7 +2,6 @@
 
 from __future__ import annotations
 
-import math
 from pathlib import Path
 
 import pytest
@@ -48,7 +47,7 @@ def test_summary_figures(sqlite_runs) -> None:
     assert sum(summary["jobs_by_state"].values()) == 20
     assert summary["jobs_by_state"].get("SUBMITTED", 0) == 0  # every arrived job was profiled
     slowdown = summary["online_latency_slowdown_on_shared_gpus"]
-    assert math.isfinite(slowdown["avg"]) and slowdown["avg"] >= 0
+    assert 0 < slowdown["avg"] < 1  # sharing slows the replicas a little (SysMonitor keeps it bounded)
 
 
 def test_plots_and_summary_file(sqlite_runs) -> None:
@@ -94,6 +93,6 @@ def test_rounds_went_through_dagster(sqlite_runs) -> None:
         assert by_job["profile_job"] >= 1  # launched by the submission sensor
         keys = sorted(inst.get_materialized_partitions(AssetKey("placement_plan")))
         assert keys == ["2026-01-05-01:00", "2026-01-05-01:15", "2026-01-05-01:30", "2026-01-05-01:45"]
-        assert all(r.tags.get("dagster/schedule_name") == "round_schedule" for r in runs if r.job_name == "round_job")
+        assert all(r.tags.get("dagster/sensor_name") == "round_sensor" for r in runs if r.job_name == "round_job")
     settings = (home / "muxflow.json").read_text()
     assert '"rounds_end": "2026-01-05T02:00:00+00:00"' in settings

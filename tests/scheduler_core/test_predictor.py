@@ -13,6 +13,7 @@ import torch
 
 from scheduler_core import predictor as pred_mod
 from scheduler_core.features import FEATURE_NAMES, N_FEATURES, PHYSICAL_BOUNDS, FeatureError
+from scheduler_core.predictor_nets import GPU_COLUMNS, JOB_COLUMNS
 from scheduler_core.predictor import PredictorConfig, SpeedPredictor, TrainingReport, _mlp, should_promote, train
 
 
@@ -154,6 +155,54 @@ def test_invalid_architecture(kwargs) -> None:
 
 @pytest.mark.parametrize(("layers", "hidden"), [(2, 64), (4, 64), (8, 64), (4, 256)])
 def test_architectures_of_figure_12_build(layers, hidden) -> None:
-    net = _mlp(PredictorConfig(layers=layers, hidden=hidden))
+    net = _mlp(PredictorConfig(arch="mlp", layers=layers, hidden=hidden))
     linears = [m for m in net if isinstance(m, torch.nn.Linear)]
     assert len(linears) == layers and linears[0].in_features == N_FEATURES and linears[-1].out_features == 2
+
+
+def test_factorized_pair_tables_equal_row_predictions() -> None:
+    """A round predicts every (GPU row, profile) pair as a matrix product; it equals predict() on each pair."""
+    torch.set_num_threads(1)
+    x, yt, ys = synthetic(600, seed=1)
+    model, _ = train(x, yt, ys, PredictorConfig(arch="factorized", epochs=10, seed=3))
+    assert model.factorized
+    x, _, _ = synthetic(40, seed=11)
+    gpu_side, job_side = x[:25][:, GPU_COLUMNS], x[25:][:, JOB_COLUMNS]
+    t_tab, s_tab = model.pair_tables(model.embed_gpu(gpu_side), model.embed_job(job_side))
+    assert t_tab.shape == s_tab.shape == (25, 15)
+    pairs = np.zeros((25 * 15, N_FEATURES))
+    pairs[:, GPU_COLUMNS] = np.repeat(gpu_side, 15, axis=0)
+    pairs[:, JOB_COLUMNS] = np.tile(job_side, (25, 1))
+    t_row, s_row = model.predict(pairs)
+    np.testing.assert_array_equal(t_tab.reshape(-1).astype(np.float64), t_row)
+    np.testing.assert_array_equal(s_tab.reshape(-1).astype(np.float64), s_row)
+    assert (t_row >= 0).all() and (t_row <= 1).all() and (s_row >= 1).all()
+
+
+def test_a_blob_without_an_architecture_is_an_mlp() -> None:
+    torch.set_num_threads(1)
+    x, yt, ys = synthetic(200, seed=12)
+    model, _ = train(x, yt, ys, PredictorConfig(arch="mlp", epochs=2, seed=1))
+    old = {k: v for k, v in model.cfg.__dict__.items() if k not in ("arch", "embed_dim", "optimizer")}
+    buf = io.BytesIO()
+    torch.save({"config": old, "state": model.net.state_dict(), "mean": torch.from_numpy(model.mean),
+                "std": torch.from_numpy(model.std)}, buf)
+    loaded = SpeedPredictor.from_bytes(buf.getvalue())
+    assert loaded.cfg.arch == "mlp" and not loaded.factorized
+    np.testing.assert_array_equal(loaded.predict(x[:20])[0], model.predict(x[:20])[0])
+    with pytest.raises(TypeError, match="factorized"):
+        loaded.embed_gpu(x[:2][:, GPU_COLUMNS])
+
+
+@pytest.mark.parametrize("kwargs", [{"arch": "transformer"}, {"optimizer": "rmsprop"}])
+def test_unknown_architecture_or_optimizer_is_refused(kwargs) -> None:
+    with pytest.raises(ValueError, match="arch|optimizer"):
+        PredictorConfig(**kwargs)
+
+
+def test_each_architecture_has_its_own_optimizer_defaults() -> None:
+    assert (PredictorConfig(arch="mlp").optimizer_name, PredictorConfig(arch="mlp").learning_rate) == ("sgd", 0.02)
+    assert (PredictorConfig(arch="factorized").optimizer_name, PredictorConfig(arch="factorized").learning_rate) \
+        == ("adam", 0.003)
+    assert PredictorConfig().arch == "mlp"  # the paper's network unless asked otherwise
+    assert PredictorConfig(arch="mlp", optimizer="adam", lr=0.01).learning_rate == 0.01

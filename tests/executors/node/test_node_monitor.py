@@ -3,14 +3,13 @@
 from __future__ import annotations
 
 import datetime as dt
-import math
 
 import numpy as np
 import pytest
 
 from executors.node.aggregate import aggregate_minute, minute_floor
 from executors.node.ring import SampleRing
-from executors.node.sampler import FIELDS, NAN, RawSample, SimGpuModel, SimulatedSampler, nvml_available
+from executors.node.sampler import FIELDS, NAN, RawSample, SimulatedSampler, nvml_available
 
 MIN = dt.datetime(2026, 1, 1, 12, 0, tzinfo=dt.timezone.utc)
 
@@ -56,15 +55,27 @@ def test_ring_append_does_not_allocate_arrays():
 
 
 def test_aggregate_full_minute_means():
-    data = np.array([[*map(float, [40, 30, 20, 4e9, 24e9, 10, 1500, 1695, 100, 50])],
-                     [*map(float, [60, 50, 40, 6e9, 24e9, 30, 1300, 1695, 200, 60])]])
+    online = [NAN] * (len(FIELDS) - 10)
+    data = np.array([[*map(float, [40, 30, 20, 4e9, 24e9, 10, 1500, 1695, 100, 50]), *online],
+                     [*map(float, [60, 50, 40, 6e9, 24e9, 30, 1300, 1695, 200, 60]), *online]])
     agg = aggregate_minute(7, MIN, data, expected=2, health="Healthy")
     r = agg.row
     assert agg.coverage == 1.0 and agg.samples == 2
     assert (r.gpu_id, r.minute_utc, r.health) == (7, MIN, "Healthy")
     assert (r.gpu_util_pct, r.sm_activity_pct, r.sm_occupancy_pct) == (50.0, 40.0, 30.0)
     assert (r.mem_used_bytes, r.sm_clock_mhz, r.power_w, r.temperature_c, r.mem_bw_util_pct) == (5e9, 1400.0, 150.0, 55.0, 20.0)
-    assert r.online_qps is None and r.offline_job_id is None
+    assert r.online_qps is None and r.online_gpu_util_pct is None and r.offline_job_id is None
+
+
+def test_aggregate_averages_the_online_split_like_any_metric():
+    ring = SampleRing(10)
+    for k, on in enumerate((10.0, NAN, 30.0)):
+        ring.append(float(k), RawSample(40.0, 30.0, 20.0, 4e9, 24e9, 10.0, 1500.0, 1695.0, online_gpu_util_pct=on,
+                                        online_mem_used_bytes=3e9, online_qps=NAN))
+    _, data = ring.since(0)
+    r = aggregate_minute(1, MIN, data, expected=3, health="Healthy").row
+    assert r.online_gpu_util_pct == 20.0 and r.online_mem_used_bytes == 3e9
+    assert r.online_qps is None and r.online_sm_activity_pct is None  # never read: None, not 0
 
 
 def test_aggregate_with_gaps_and_nans():
@@ -108,10 +119,9 @@ def test_minute_floor():
 
 def test_simulated_sampler_model_replay_gaps_and_xids():
     seq = [raw(sm=1.0), None, raw(sm=3.0)]
-    smp = SimulatedSampler(models={0: SimGpuModel()}, replay={1: seq}, xids=[(5.0, 1, 31), (1.0, 0, 13)])
+    smp = SimulatedSampler(models={0: lambda t: raw(sm=t)}, replay={1: seq}, xids=[(5.0, 1, 31), (1.0, 0, 13)])
     assert smp.source == "simulated" and smp.gpu_indices() == [0, 1]
-    a = smp.sample(0, 0.0)
-    assert 0.0 <= a.sm_activity_pct <= 100.0 and a.sm_clock_mhz <= a.sm_clock_max_mhz
+    assert smp.sample(0, 7.0).sm_activity_pct == 7.0
     assert [smp.sample(1, t) for t in range(4)] == [seq[0], None, seq[2], seq[2]]  # holds the last
     assert smp.poll_xids(0.5) == []
     assert [(e.gpu_index, e.xid) for e in smp.poll_xids(2.0)] == [(0, 13)]
@@ -122,14 +132,7 @@ def test_simulated_sampler_model_replay_gaps_and_xids():
     smp.set_override(0, None)
     assert smp.sample(0, 0.0) is None
     with pytest.raises(ValueError):
-        SimulatedSampler(models={0: SimGpuModel()}, replay={0: []})
-
-
-def test_simulated_model_clock_falls_with_load():
-    hi = SimGpuModel(online_sm_pct=80.0, online_swing_pct=0.0, offline_sm_pct=20.0, noise_pct=0.0).at(0.0, 0.0)
-    lo = SimGpuModel(online_sm_pct=10.0, online_swing_pct=0.0, offline_sm_pct=0.0, noise_pct=0.0).at(0.0, 0.0)
-    assert hi.sm_clock_mhz < lo.sm_clock_mhz == lo.sm_clock_max_mhz
-    assert not math.isnan(hi.power_w)
+        SimulatedSampler(models={0: lambda t: raw()}, replay={0: []})
 
 
 def test_nvml_sampler_fails_cleanly_without_a_driver():

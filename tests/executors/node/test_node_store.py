@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import datetime as dt
 
+import pytest
 from sqlalchemy import select
 
 from executors.node.agent import AgentConfig
@@ -140,3 +141,105 @@ def test_store_writer_batches_without_losing_good_events_to_a_bad_one(cluster_st
     with store.session() as s:
         details = sorted(e.detail for e in s.scalars(select(m.DeviceError)))
     assert details == sorted(f"event {k}" for k in range(40))
+
+
+# -- online columns, the minute in progress, evictions moving the job -----------------------------
+
+def _wait(what: str, check, timeout_s: float = 20.0):
+    import time
+
+    end = time.monotonic() + timeout_s
+    while not (value := check()):
+        assert time.monotonic() < end, f"timed out waiting for {what}"
+        time.sleep(0.05)  # polling a real condition (the writer thread's progress), not a race
+    return value
+
+
+def _running(s, job_id: int, slurm_id: int, to: str = "RUNNING") -> None:
+    from executors.store.jobs import transition
+    from scheduler_core.domain import JobState
+
+    for st in ("PROFILING", "PENDING", *(() if to == "PENDING" else (to,))):
+        transition(s, job_id, JobState(st), "test")
+    s.get(m.OfflineJob, job_id).slurm_job_id = slurm_id
+
+
+def test_a_burst_evicts_the_slurm_job_which_the_store_shows_evicted_with_online_rows(cluster_store, tmp_path):
+    """Endpoint registered on GPU 0 (a real reference endpoint), a RUNNING Slurm job on GPU 0 and a job the
+    store no longer has RUNNING on GPU 1; the minute in progress is written every 10 s."""
+    from executors.node.placements import OfflineOnGpu, StaticPlacements
+    from executors.node.wiring import SourceConfig
+    from executors.simulated.calibration import default_catalog
+    from executors.workloads.endpoint import Endpoint, ServeMetrics, TargetQps
+
+    store = cluster_store
+    pairs = node_gpus(store, "sim-t4-000")
+    g0, g1 = pairs[0][0].id, pairs[1][0].id
+    target = TargetQps(10.0)
+    metrics = ServeMetrics("cnn", "tiny", "cpu", target)
+    endpoint = Endpoint(metrics, target).start()
+    traits = default_catalog().offline["ResNet-50 (batch size 64)"].traits
+    with store.session() as s:
+        inst = s.scalars(select(m.ServiceInstance).where(m.ServiceInstance.gpu_id == g0)).one()
+        inst.metrics_url = endpoint.url
+        inst.service.model_family = "cnn"
+        j1, j2 = [j.id for j in s.scalars(select(m.OfflineJob).order_by(m.OfflineJob.id)).all()[:2]]
+        _running(s, j1, 9001)
+        _running(s, j2, 9002, to="PENDING")  # the job-state sync requeued it meanwhile
+    placements = StaticPlacements({0: (OfflineOnGpu(j1, 9001, 70, 2 << 30, traits, T0),),
+                                   1: (OfflineOnGpu(j2, 9002, 70, 2 << 30, traits, T0),)})
+    requeued: list[int] = []
+    clock = FakeClock()
+    agent = build_agent(store, "sim-t4-000", simulated=True, cfg=AgentConfig(interval_s=1.0, partial_every_s=10.0),
+                        shm_dir=None, requeue=requeued.append, clock=clock, placements=placements,
+                        sources=SourceConfig(placements="none", scrape_s=3600.0, noise_pct=0.0))
+    scraper = agent.loops[0].accounting.scrapers.get(0)
+    try:
+        _wait("the first scrape", lambda: scraper.scrapes + scraper.failures)
+
+        def run(seconds: int, qps: float) -> None:
+            for _ in range(seconds):
+                metrics.on_batch([0.0] * int(qps), 0.0, 0.01)  # qps requests of 10 ms each second
+                if int(clock.t - T0) % 5 == 0:
+                    assert scraper.scrape_once()
+                agent.tick()
+                clock.t += 1.0
+
+        run(25, 10.0)
+        with store.session() as s:  # a row of another writer for GPU 1's minute 1: kept, never replaced
+            s.add(m.GpuMetricMinute(gpu_id=g1, minute_utc=dt.datetime.fromtimestamp(T0 + 60, dt.timezone.utc),
+                                    gpu_util_pct=1.0, sm_activity_pct=1.0, sm_occupancy_pct=0.0, mem_used_bytes=1.0,
+                                    mem_total_bytes=2.0, sm_clock_mhz=1.0, health="Healthy", source="simulated"))
+
+        def early():
+            with store.session() as s:
+                return s.scalars(select(m.GpuMetricMinute).where(m.GpuMetricMinute.gpu_id == g0)).all()
+
+        (row,) = _wait("the minute in progress in the store", early)
+        assert row.online_qps == pytest.approx(10.0) and row.offline_job_id == j1 and row.source == "simulated"
+        run(40, 10.0)  # minute 0 closes at 10 QPS
+        target.set(250.0)
+        run(30, 250.0)
+    finally:
+        agent.shutdown()
+        endpoint.close()
+    assert sorted(requeued) == [9001, 9002]  # the Slurm jobs on both hot GPUs were requeued held
+    with store.session() as s:
+        job1, job2 = s.get(m.OfflineJob, j1), s.get(m.OfflineJob, j2)
+        assert job1.state == "EVICTED" and "Overlimit" in job1.state_reason
+        assert job2.state == "PENDING"  # moved by someone else first: logged, left alone
+        last = s.scalars(select(m.JobTransition).where(m.JobTransition.job_id == j1)
+                         .order_by(m.JobTransition.id.desc())).first()
+        assert (last.from_state, last.to_state) == ("RUNNING", "EVICTED")
+        assert {e.job_id for e in s.scalars(select(m.Eviction))} == {j1, j2}
+        rows = s.scalars(select(m.GpuMetricMinute).where(m.GpuMetricMinute.gpu_id == g0)
+                         .order_by(m.GpuMetricMinute.minute_utc)).all()
+        assert [r.minute_utc.replace(tzinfo=dt.timezone.utc).timestamp() - T0 for r in rows] == [0.0, 60.0]
+        assert rows[0].online_qps == pytest.approx(10.0) and rows[0].online_latency_ms == pytest.approx(10.0)
+        assert rows[0].online_gap_reason is not None and "solo latency" in rows[0].online_gap_reason
+        assert rows[1].online_qps > 100.0 and rows[1].health == "Overlimit"
+        foreign = s.scalars(select(m.GpuMetricMinute).where(m.GpuMetricMinute.gpu_id == g1)
+                            .order_by(m.GpuMetricMinute.minute_utc)).all()
+        assert [r.sm_activity_pct for r in foreign][1] == 1.0
+        no_endpoint = s.scalars(select(m.GpuMetricMinute).where(m.GpuMetricMinute.gpu_id == g1)).first()
+        assert "p99 latency: not modelled" in no_endpoint.online_gap_reason

@@ -1,38 +1,48 @@
 """A stateful fake of the slurmrestd client (the :class:`executors.slurm.client.SlurmApi` calls MuxFlow makes).
 
 Jobs live in a dict; submit holds offline jobs the way job_submit.lua does, updates
-apply node list / GRES / comment / hold, cancel finishes a job. Every call is
+apply node list / GRES / comment / admin comment / hold, cancel finishes a job. Every call is
 recorded in ``calls`` so tests can count what was sent. ``down`` makes every call
-fail as if slurmctld did not answer.
+fail as if slurmctld did not answer. Nodes have one gres Type per GPU (``gpu:t4g0:1,…,mps:t4g0:100,…``)
+as the dev cluster's do, except those named in ``untyped`` (``gpu:t4:4,mps:400``). GRES updates follow
+Slurm 22.05 (checked on the dev cluster): an untyped share becomes a typed one only after
+:meth:`clear_gres`; a job that once had a typed share never gets an untyped one again; what Slurm would
+get wrong silently (another Type added next to a job's old one, a typed request cleared — slurmctld
+then crashes) fails the test.
 """
 
 from __future__ import annotations
 
+from collections.abc import Collection
 from dataclasses import replace
 from pathlib import Path
 
 from executors.slurm.client import SlurmNotFound
-from executors.slurm.errors import SlurmErrorEntry, SlurmTransportError
-from executors.slurm.hostlist import parse_gres
+from executors.slurm.errors import SlurmErrorEntry, SlurmRestError, SlurmTransportError
+from executors.slurm.hostlist import parse_gres, per_gpu_type
 from executors.slurm.models import Job, Node, SubmitResult
 from executors.slurm.spec import JobSpec, JobUpdate
 from executors.store.db import Store
 from executors.store.migrate import upgrade
 
 
-def make_job(job_id: int, *, comment: str = "", gres: str = "gres:mps:30", partition: str = "offline",
+def make_job(job_id: int, *, comment: str = "", admin_comment: str = "", gres: str = "gres:mps:30", partition: str = "offline",
              held: bool = True, name: str | None = None, state: str = "PENDING") -> Job:
     return Job(job_id=job_id, name=name or f"job{job_id}", state=state,
                state_reason="JobHeldUser" if held else "None", partition=partition, user_name="u", nodes=(),
                required_nodes=(), gres_per_node=gres, priority=0 if held else 100, requeue=True, restart_count=0,
                exit_code=None, comment=comment, working_dir="/home/u", submit_time_utc=None, start_time_utc=None,
-               end_time_utc=None)
+               end_time_utc=None, admin_comment=admin_comment)
 
 
 class FakeSlurm:
-    def __init__(self, jobs: list[Job] = (), nodes: dict[str, tuple[str, int]] | None = None):
+    def __init__(self, jobs: list[Job] = (), nodes: dict[str, tuple[str, int]] | None = None,
+                 untyped: Collection[str] = ()):
         self.jobs: dict[int, Job] = {j.job_id: j for j in jobs}
         self.nodes = nodes if nodes is not None else {"mx-t4-1": ("t4", 4), "mx-a10-1": ("a10", 4)}
+        self.untyped = set(untyped)
+        # jobs Slurm remembers as having had a typed GRES
+        self.typed_once = {j.job_id for j in self.jobs.values() if any(g.type for g in parse_gres(j.gres_per_node))}
         self.calls: list[tuple] = []
         self.down = False
         self.closed = False
@@ -73,12 +83,28 @@ class FakeSlurm:
         if update.nodelist is not None:
             changes["required_nodes"] = (update.nodelist,)
         if update.gres_per_node is not None:
+            old = {g.type for g in parse_gres(j.gres_per_node)}
+            new = {g.type for g in parse_gres(update.gres_per_node)}
+            typed = new != {None}
+            if (typed and None in old) or (not typed and (old - {None} or job_id in self.typed_once)):
+                raise SlurmRestError("POST", f"/job/{job_id}", 500, [SlurmErrorEntry(
+                    message="Invalid GRES specification (with and without type identification)", number=2119)])
+            assert not (old - {None} - new), f"Slurm 22.05 would add {new} next to job {job_id}'s {old}"
+            if typed:
+                self.typed_once.add(job_id)
             changes["gres_per_node"] = f"gres:{update.gres_per_node}"
         if update.comment is not None:
             changes["comment"] = update.comment
+        if update.admin_comment is not None:
+            changes["admin_comment"] = update.admin_comment
         if update.hold is not None:
             changes["priority"] = 0 if update.hold else 100
         self.jobs[job_id] = replace(j, **changes)
+
+    def clear_gres(self, job_id: int) -> None:
+        self._call("clear_gres", job_id)
+        assert job_id not in self.typed_once, f"clearing typed job {job_id}'s request crashes slurmctld 22.05"
+        self.jobs[job_id] = replace(self._job(job_id), gres_per_node="")
 
     def hold(self, job_id: int) -> None:
         self.update_job(job_id, JobUpdate(hold=True))
@@ -93,11 +119,18 @@ class FakeSlurm:
         self._call("requeue", job_id, hold)
         self.jobs[job_id] = replace(self._job(job_id), state="PENDING", priority=0 if hold else 100, nodes=())
 
+    def node_gres(self, name: str) -> str:
+        model, k = self.nodes[name]
+        if name in self.untyped:
+            return f"gpu:{model}:{k},mps:{100 * k}"
+        types = [per_gpu_type(model, i) for i in range(k)]
+        return ",".join([f"gpu:{t}:1" for t in types] + [f"mps:{t}:100" for t in types])
+
     def list_nodes(self) -> list[Node]:
         self._call("list_nodes")
         return [Node(name=n, address="", hostname=n, state="IDLE", state_flags=(), partitions=("offline",),
-                     gres=parse_gres(f"gpu:{t}:{k},mps:{100 * k}"), gres_used=(), cpus=8, alloc_cpus=0, reason="")
-                for n, (t, k) in self.nodes.items()]
+                     gres=parse_gres(self.node_gres(n)), gres_used=(), cpus=8, alloc_cpus=0, reason="")
+                for n in self.nodes]
 
     def close(self) -> None:
         self.closed = True
@@ -107,12 +140,12 @@ class FakeSlurm:
         return [c for c in self.calls if c[0] == kind]
 
 
-def store_with_fake_nodes(tmp_path: Path) -> Store:
+def store_with_fake_nodes(tmp_path: Path, fake: FakeSlurm | None = None) -> Store:
     """A migrated SQLite store whose nodes and GPUs are the fake cluster's (as ``register-nodes`` records them)."""
     from executors.slurm.backend import register_slurm_nodes
 
     url = f"sqlite:///{tmp_path / 'store.db'}"
     upgrade(url)
     store = Store(url)
-    register_slurm_nodes(store, FakeSlurm())
+    register_slurm_nodes(store, fake or FakeSlurm())
     return store

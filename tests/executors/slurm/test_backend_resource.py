@@ -2,8 +2,6 @@
 
 from __future__ import annotations
 
-import datetime as dt
-
 import pytest
 from dagster import Failure
 
@@ -29,13 +27,6 @@ def test_slurm_kind_returns_the_slurm_backend_for_a_socket_and_a_url(tmp_path) -
 def test_slurm_kind_with_bad_settings_fails_clearly() -> None:
     with pytest.raises(Failure, match="cluster 'slurm'"):
         ClusterResource(kind="slurm", slurm_url="ftp://x").backend()
-
-
-def test_observe_refuses_a_window_not_passed_and_books_nothing() -> None:
-    b = ClusterResource(kind="slurm", slurm_url="unix:/tmp/x.sock").backend()
-    with pytest.raises(ValueError, match="not passed"):
-        b.observe(None, dt.datetime.now(dt.UTC), 15, None)
-    assert b.observe(None, dt.datetime(2020, 1, 1, tzinfo=dt.UTC), 15, None) is None
 
 
 def test_plan_comment_round_trip() -> None:

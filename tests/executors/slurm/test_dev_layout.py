@@ -32,12 +32,35 @@ def test_config_has_what_the_issue_asks() -> None:
     for line in ("GresTypes=gpu,mps", "SelectType=select/cons_tres", "AuthAltTypes=auth/jwt",
                  "SlurmctldHost=devhost(10.213.7.1)", "SlurmUser=muxflow-slurm"):
         assert line in conf.splitlines()
-    assert "Gres=gpu:t4:4,mps:400" in conf and "Gres=gpu:a10:4,mps:400" in conf
+    # one gres Type per GPU, so a placement can name its GPU (docs/SLURM.md)
+    assert ("Gres=gpu:t4g0:1,gpu:t4g1:1,gpu:t4g2:1,gpu:t4g3:1,mps:t4g0:100,mps:t4g1:100,mps:t4g2:100,mps:t4g3:100"
+            in conf)
     assert "NodeAddr=10.213.7.11" in conf and "NodeAddr=10.213.7.12" in conf
     for part in ("online", "offline", "profile"):
         assert f"PartitionName={part} Nodes=mx-t4-1,mx-a10-1" in conf
-    gres = LAYOUT.render_gres_conf()
-    assert "NodeName=mx-a10-1 Name=mps Count=400 File=/tmp/muxflow-slurm/gpu/mx-a10-1-gpu[0-3]" in gres
+    gres = LAYOUT.render_gres_conf().splitlines()
+    assert "NodeName=mx-a10-1 Name=gpu Type=a10g2 File=/tmp/muxflow-slurm/gpu/mx-a10-1-gpu2" in gres
+    assert ("NodeName=mx-a10-1 Name=mps Type=a10g2 Count=100 File=/tmp/muxflow-slurm/gpu/mx-a10-1-gpu2 "
+            "Flags=all_sharing") in gres
+    # without all_sharing Slurm 22.05 runs MPS jobs on one GPU of a node at a time (DESIGN §4)
+    assert all(line.endswith("Flags=all_sharing") for line in gres if "Name=mps" in line)
+
+
+def test_a_node_without_per_gpu_types_has_the_classic_gres_with_all_sharing() -> None:
+    layout = DevClusterLayout(state_dir=Path("/s"), controller_host="h",
+                              nodes=(DevNode("a", "t4"), DevNode("b", "a10", gpus=2, mps_count=200,
+                                                                 per_gpu_types=False)))
+    conf = layout.render_slurm_conf()
+    assert "Gres=gpu:a10:2,mps:200 " in conf and "Gres=gpu:t4g0:1," in conf
+    gres = layout.render_gres_conf().splitlines()
+    assert "NodeName=b Name=gpu Type=a10 File=/s/gpu/b-gpu[0-1]" in gres
+    assert "NodeName=b Name=mps Count=200 File=/s/gpu/b-gpu[0-1] Flags=all_sharing" in gres
+    assert sum("NodeName=a Name=mps Type=t4g" in line for line in gres) == 4
+
+
+def test_mps_must_split_evenly_over_the_gpus() -> None:
+    with pytest.raises(ValueError, match="split evenly"):
+        DevNode("a", "t4", gpus=3, mps_count=400)
 
 
 def test_network_names_fit_linux_limits() -> None:

@@ -67,7 +67,7 @@ def test_a_start_is_one_read_and_one_update_carrying_the_plan_and_the_gains(stor
     assert [u[1] for u in updates] == [11, 12] and len(fake.sent("get_job")) == 2
     up = updates[0][2]
     assert (up.nodelist, up.gres_per_node, up.hold, up.eligible_now) == ("mx-a10-1", "mps:35", False, True)
-    assert parse_plan_comment(up.comment) == {"job": str(ids[11]), "gpu": "2", "pct": "35",
+    assert parse_plan_comment(up.admin_comment) == {"job": str(ids[11]), "gpu": "2", "pct": "35",
                                               "mem": str(2 * 1024**3), "kp": "0.5", "ki": "12.0", "kd": "0.01"}
     j = fake.jobs[11]
     assert not j.held and j.required_nodes == ("mx-a10-1",) and j.mps_pct == 35
@@ -100,7 +100,7 @@ def test_a_job_placed_with_other_gains_is_placed_again(store: Store) -> None:
     fake.calls.clear()
     assert SlurmBackend(lambda: fake).dispatch(store, rid, result, dt.datetime.now(dt.UTC)) == (1, 0)
     [(_, _, up)] = fake.sent("update_job")
-    assert parse_plan_comment(fake.jobs[31].comment)["kp"] == "1.0"
+    assert parse_plan_comment(fake.jobs[31].admin_comment)["kp"] == "1.0"
 
 
 @pytest.mark.parametrize("kwargs", [{"kp": -1}, {"ki": 1001}, {"kd": 11}, {"kp": float("nan")}, {"ki": "20"},

@@ -1,9 +1,10 @@
 """Payload builders per slurmrestd API version, against golden files (delete one to re-record it).
 
 v0.0.38 bodies are also checked against the OpenAPI description a live
-slurmrestd 22.05 served (data/openapi_v0.0.38.json); the v0.0.40 golden files
-follow Slurm 23.11's published schema and were never sent to a live server
-(golden/README.md).
+slurmrestd 22.05 served (data/openapi_v0.0.38.json). Every golden file of every
+version is sent to a live slurmrestd that serves its version by
+tests/live/test_rest_versions_live.py (22.05: v0.0.38; 24.11: v0.0.40 – v0.0.42),
+which must accept it (golden/README.md).
 """
 
 from __future__ import annotations
@@ -44,7 +45,7 @@ FULL = JobSpec(
 )
 MINIMAL = JobSpec(name="probe", script="#!/bin/sh\ntrue\n", partition="profile")
 GATED = JobSpec(name="bench-1", script="#!/bin/sh\nsleep 600\n", partition="offline", hold=True,
-                gres_per_node="mps:1", dependency="afterok:41")
+                gres_per_node="mps:1", dependency="afterok:1")  # the live test's first job is job 1
 PINNED = JobSpec(name="online-svc", script="#!/bin/sh\nexec serve\n", partition="online", nodelist="mx-t4-1",
                  gres_per_node="mps:100")
 
@@ -59,6 +60,10 @@ REQUESTS: dict[str, Any] = {
     "update_place_release": ("update", JobUpdate(nodelist="mx-a10-1", gres_per_node="mps:70", hold=False,
                                                  eligible_now=True)),
     "update_eligible_now": ("update", JobUpdate(eligible_now=True)),
+    # MuxFlow's placement: the plan in the admin comment (v0.0.38 cannot update it: scontrol does)
+    "update_place_plan": ("update", JobUpdate(nodelist="mx-a10-1", gres_per_node="mps:35", hold=False,
+                                              eligible_now=True, admin_comment="muxflow-job=17 muxflow-gpu=2 "
+                                              "muxflow-pct=35 muxflow-mem=2147483648")),
     "cancel_signal": ("cancel", "SIGUSR1"),
     "cancel_kill": ("cancel", None),
 }
@@ -85,11 +90,21 @@ def check_golden(path: Path, value: Any) -> None:
     assert json.loads(path.read_text()) == value, f"{path.relative_to(HERE)} differs; delete it to re-record"
 
 
-@pytest.mark.parametrize("version", sorted(API_VERSIONS))
-@pytest.mark.parametrize("name", sorted(REQUESTS))
+def requests_of(version: str) -> list[str]:
+    """The golden requests of a version: all but the admin-comment update on v0.0.38."""
+    return sorted(n for n, (kind, arg) in REQUESTS.items()
+                  if not (version == "v0.0.38" and kind == "update" and arg.admin_comment is not None))
+
+
+@pytest.mark.parametrize("version, name", [(v, n) for v in sorted(API_VERSIONS) for n in requests_of(v)])
 def test_payload_matches_golden(version: str, name: str) -> None:
     kind, arg = REQUESTS[name]
     check_golden(GOLDEN / version / f"{name}.json", build(version, kind, arg))
+
+
+def test_v0038_cannot_update_the_admin_comment() -> None:
+    with pytest.raises(PayloadError, match="admin_comment"):
+        build("v0.0.38", "update", REQUESTS["update_place_plan"][1])
 
 
 def test_v0040_batch_only_signal_golden() -> None:
@@ -125,7 +140,7 @@ def _check_against(props: dict[str, Any], body: dict[str, Any], where: str) -> N
             assert value in spec["enum"], f"{where}.{key}: {value!r} not in {spec['enum']}"
 
 
-@pytest.mark.parametrize("name", [n for n, (k, _) in REQUESTS.items() if k in ("submit", "update")])
+@pytest.mark.parametrize("name", [n for n in requests_of("v0.0.38") if REQUESTS[n][0] in ("submit", "update")])
 def test_v0038_bodies_use_served_schema_fields(name: str) -> None:
     schemas = _schemas()
     props = schemas["v0.0.38_job_properties"]["properties"]

@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import pytest
 
-from executors.slurm.backend import Retry, SlurmUnavailable
+from executors.slurm.retry import Retry, SlurmUnavailable
 from executors.slurm.errors import SlurmTransportError
 from executors.slurm.models import Job
 from executors.slurm.pickup import is_candidate, spec_from_job

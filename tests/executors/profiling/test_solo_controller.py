@@ -1,0 +1,159 @@
+"""The solo profiler's bookkeeping against a fake Slurm and a fake clock (SQLite and Postgres):
+reuse, the bound, the queue limit, restarts that neither lose nor duplicate a run."""
+
+from __future__ import annotations
+
+import pytest
+from sqlalchemy import select
+
+from executors.profiling.settings import ProfilingSettings
+from executors.profiling.solo import ProfilingSummary, SoloProfiler
+from executors.store import models as m
+from tests.executors.profiling.helpers import (
+    GOOD_PROBE,
+    FakeClock,
+    FakeSlurm,
+    add_gpu_types,
+    add_job,
+    job_state,
+    runs_of,
+)
+
+
+@pytest.fixture
+def env(store, tmp_path):
+    add_gpu_types(store, "t4", "a10")
+    clock = FakeClock()
+    ex = FakeSlurm(clock)
+    settings = ProfilingSettings(bound_s=100, profile_seconds=50, max_queue_s=300, wait_s=0,
+                                 profile_dir=str(tmp_path / "runs"))
+    return store, ex, clock, settings
+
+
+def profiler(env, **over):
+    store, ex, clock, settings = env
+    from dataclasses import replace
+
+    return SoloProfiler(store, ex, replace(settings, **over), now=clock, sleep=lambda s: None)
+
+
+def test_a_job_is_profiled_on_each_allowed_gpu_type_and_stored_with_its_measurements(env) -> None:
+    store, ex, clock, _ = env
+    job = add_job(store, "two-types", "python train.py", gpu_types=("t4", "a10"))
+    p = profiler(env)
+    s = p.run()
+    assert s.submitted == 2 and s.in_progress == [job] and job_state(store, job)[0] == "PROFILING"
+    script = ex.jobs[ex.handle_of(job, "t4")].spec.script
+    assert "executors.profiling.probe" in script and "--gpu-type t4" in script and "--deadline 90.0" in script
+    assert (ex.jobs[ex.handle_of(job, "t4")].spec.run_dir / "job.sh").read_text() == "#!/bin/sh\npython train.py\n"
+    for g in ("t4", "a10"):
+        ex.start(ex.handle_of(job, g))
+        ex.finish(ex.handle_of(job, g), GOOD_PROBE)
+    s = p.run()
+    assert s.profiled == [job] and job_state(store, job)[0] == "PENDING"
+    with store.session() as ses:
+        prof = {r.gpu_type: (r.method, r.source, r.iter_time_s, r.measured_iter_time_s, r.iterations, r.slurm_job_id)
+                for r in ses.scalars(select(m.JobProfile).where(m.JobProfile.job_id == job))}
+    assert prof["t4"] == ("simulated-metrics", "simulated", 0.21, 0.05, 20, ex.handle_of(job, "t4"))
+    assert [r.state for r in runs_of(store, job)] == ["done", "done"]
+
+
+def test_one_failed_gpu_type_fails_the_job_and_cancels_the_other_run(env) -> None:
+    store, ex, clock, _ = env
+    job = add_job(store, "crashy", "python crash.py", gpu_types=("t4", "a10"))
+    p = profiler(env)
+    p.run()
+    ex.finish(ex.handle_of(job, "a10"), {**GOOD_PROBE, "exit_code": 1, "iteration_report": None,
+                                         "stderr_tail": "RuntimeError: CUDA error\n"})
+    s = p.run()
+    state, reason = job_state(store, job)
+    assert state == "FAILED" and reason.startswith("profiling failed on a10: crashed (exit code 1)")
+    assert "RuntimeError: CUDA error" in reason and s.failed == {job: reason}
+    assert ex.jobs[ex.handle_of(job, "t4")].cancelled
+    assert {r.gpu_type: r.state for r in runs_of(store, job)} == {"a10": "failed", "t4": "failed"}
+
+
+def test_reuse_takes_the_profile_of_the_same_job_type_instead_of_a_run(env) -> None:
+    store, ex, clock, _ = env
+    first = add_job(store, "first", "python a.py")
+    p = profiler(env, reuse_profiles=True)
+    p.run()
+    ex.finish(ex.handle_of(first, "t4"), GOOD_PROBE)
+    p.run()
+    second = add_job(store, "second", "python b.py")
+    other = add_job(store, "other-type", "python c.py", job_type="Transformer (batch size 32)")
+    s = p.run()
+    assert s.reused == [second] and job_state(store, second)[0] == "PENDING"
+    assert len(ex.jobs) == 2  # first's run, and a run for the other job type; none for the reused one
+    with store.session() as ses:
+        r = ses.scalars(select(m.JobProfile).where(m.JobProfile.job_id == second)).one()
+        assert (r.method, r.reused_from_job_id, r.iter_time_s, r.measured_iter_time_s) == ("reused", first, 0.21, 0.05)
+    assert job_state(store, other)[0] == "PROFILING"
+    no_reuse = add_job(store, "third", "python d.py")
+    profiler(env, reuse_profiles=False).run()
+    assert job_state(store, no_reuse)[0] == "PROFILING" and len(ex.jobs) == 3
+
+
+def test_a_run_that_never_starts_or_never_ends_fails_with_the_reason(env) -> None:
+    store, ex, clock, _ = env
+    queued = add_job(store, "queued", "python q.py")
+    hung = add_job(store, "hung", "python h.py")
+    p = profiler(env)
+    p.run()
+    ex.start(ex.handle_of(hung, "t4"))
+    clock.advance(131)  # past bound (100) + 30 s of grace for the running one
+    p.run()
+    assert job_state(store, hung) == ("FAILED", "profiling failed on t4: exceeded the profiling bound of 100 s "
+                                                "(cancelled)")
+    assert ex.jobs[ex.handle_of(hung, "t4")].cancelled and job_state(store, queued)[0] == "PROFILING"
+    clock.advance(200)  # 331 s in the queue > max_queue_s 300
+    p.run()
+    state, reason = job_state(store, queued)
+    assert state == "FAILED" and "not started on the profile partition within 300 s" in reason
+
+
+def test_slurm_down_at_submission_then_back_submits_each_run_exactly_once(env) -> None:
+    store, ex, clock, _ = env
+    job = add_job(store, "later", "python l.py")
+    ex.unavailable = True
+    s = profiler(env).run()
+    assert s.submitted == 0 and job_state(store, job)[0] == "PROFILING"
+    (run,) = runs_of(store, job)
+    assert run.state == "submitted" and run.slurm_job_id is None
+    ex.unavailable = False
+    # a profiler that crashed right after Slurm took the job, before recording the id: the key finds it
+    ex.submit(profiler(env)._spec(run, "ResNet-18 (batch size 16)", "#!/bin/sh\ntrue\n", None))
+    s = profiler(env).run()  # a fresh process
+    assert s.submitted == 0 and len(ex.jobs) == 1
+    assert runs_of(store, job)[0].slurm_job_id == next(iter(ex.jobs))
+    ex.finish(next(iter(ex.jobs)), GOOD_PROBE)
+    assert profiler(env).run().profiled == [job]
+
+
+def test_a_job_left_profiling_without_runs_gets_them(env) -> None:
+    store, ex, clock, _ = env
+    job = add_job(store, "orphan", "python o.py", gpu_types=("t4", "a10"))
+    from executors.store.jobs import transition
+    from scheduler_core.domain import JobState
+
+    with store.session() as s:  # a profiler that stopped between the transition and its runs
+        transition(s, job, JobState.PROFILING, "test")
+    summary = ProfilingSummary()
+    profiler(env).start_new(summary)
+    assert summary.submitted == 2 and sorted(r.gpu_type for r in runs_of(store, job)) == ["a10", "t4"]
+    profiler(env).start_new(summary)  # open runs are not duplicated
+    assert len(runs_of(store, job)) == 2
+
+
+def test_a_job_whose_script_cannot_be_read_fails_with_that_reason(env) -> None:
+    store, ex, clock, _ = env
+    from executors.profiling.runs import ExecutorError
+
+    def no_script(sid, command):
+        raise ExecutorError("cannot read the batch script of Slurm job 77: Invalid job id specified")
+
+    ex.job_script = no_script
+    job = add_job(store, "gone", "sbatch job 77")
+    profiler(env).run()
+    assert job_state(store, job) == ("FAILED", "profiling failed: cannot read the batch script of Slurm job 77: "
+                                               "Invalid job id specified")

@@ -1,0 +1,102 @@
+"""The round's view of the GPUs (what the node agents wrote) and how dispatch results are booked."""
+
+from __future__ import annotations
+
+import datetime as dt
+from pathlib import Path
+
+from sqlalchemy import select
+
+from executors import round_runner
+from executors.cluster import DispatchResult, MetricRow, RunningJob
+from executors.store import models as m
+from executors.store import repo
+from executors.store.db import Store
+from executors.store.jobs import transition
+from executors.store.migrate import upgrade
+from scheduler_core.domain import Action, JobState, PlanAction, RoundResult
+from scheduler_core.forecast import ForecastPolicy
+from scheduler_core.gpu_specs import get_spec
+
+NOW = dt.datetime(2026, 3, 2, 12, 0, tzinfo=dt.timezone.utc)
+
+
+def _store(tmp_path: Path, gpus: int = 2) -> tuple[Store, list[int]]:
+    url = f"sqlite:///{tmp_path / 's.db'}"
+    upgrade(url)
+    store = Store(url)
+    with store.session() as s:
+        repo.upsert_gpu_type(s, get_spec("t4"))
+        node = m.Node(name="n1")
+        svc = m.OnlineService(name="svc", model_family="cnn", qps_min=10, qps_max=50, latency_slo_ms=100,
+                              mem_bytes=2 * 1024**3)
+        s.add_all([node, svc])
+        s.flush()
+        ids = []
+        for i in range(gpus):
+            g = m.Gpu(node_id=node.id, gpu_index=i, gpu_type="t4", uuid=f"u{i}", health="Healthy")
+            s.add(g)
+            s.flush()
+            s.add(m.ServiceInstance(service_id=svc.id, gpu_id=g.id))
+            ids.append(g.id)
+    return store, ids
+
+
+def _row(gpu_id: int, minutes_ago: int, online_sm: float | None) -> MetricRow:
+    on = online_sm is not None
+    return MetricRow(gpu_id, NOW - dt.timedelta(minutes=minutes_ago), 60.0, 50.0, 30.0, 4e9, 15e9, 30.0, 1400.0,
+                     None, None, 30.0 if on else None, online_sm, 2e9 if on else None, 20.0 if on else None,
+                     40.0 if on else None, 8.0 if on else None, 7.0 if on else None, None, "Healthy")
+
+
+def test_a_gpu_whose_latest_split_is_a_gap_keeps_its_last_known_online_load(tmp_path: Path) -> None:
+    store, (g1, g2) = _store(tmp_path)
+    with store.session() as s:
+        # g1: online SM known an hour ago, then 20 minutes without a split (an offline job ran there).
+        repo.write_metrics(s, [_row(g1, k, 25.0) for k in range(60, 80)] + [_row(g1, k, None) for k in range(1, 21)],
+                           "measured")
+        repo.write_metrics(s, [_row(g2, k, None) for k in range(1, 30)], "measured")  # never split
+    with store.session() as s:
+        gpus = round_runner._gpu_candidates(s, NOW, {}, ForecastPolicy())
+    assert [g.gpu_id for g in gpus] == [g1]
+    assert gpus[0].online.sm_activity_pct == 25.0 and gpus[0].forecast_sm_pct == 25.0
+
+
+def test_dispatch_books_placed_on_a_cluster_that_starts_jobs_later_and_keeps_the_newer_truth(tmp_path: Path) -> None:
+    store, (g1, g2) = _store(tmp_path)
+    with store.session() as s:
+        jobs = []
+        for k in range(2):
+            j = m.OfflineJob(name=f"j{k}", job_type="x", command="c", mem_bytes=1, allowed_gpu_types=["t4"],
+                             checkpoint_dir="/c", total_steps=10)
+            s.add(j)
+            s.flush()
+            for st in (JobState.PROFILING, JobState.PENDING):
+                transition(s, j.id, st, "setup")
+            jobs.append(j.id)
+    actions = [PlanAction(Action.START, jobs[0], g1, None, 40), PlanAction(Action.START, jobs[1], g2, None, 30)]
+    result = RoundResult([], actions, 0.0, 2, 2, 2)
+    with store.session() as s:
+        rid = repo.record_round(s, NOW, result, {}, False, 2, {}).id
+
+    class Later:
+        """A cluster that takes both starts; job 1 finished meanwhile (the sync saw it first)."""
+
+        simulated = False
+        starts_jobs_at_once = False
+
+        def dispatch(self, acts, now):
+            with store.session() as s:
+                transition(s, jobs[1], JobState.FAILED, "cancelled in the cluster")
+            return [DispatchResult(a, True, "released") for a in acts]
+
+        def running(self):
+            return {jobs[0]: RunningJob(jobs[0], g1, 40)}
+
+    assert round_runner.dispatch_round(store, Later(), rid, result, NOW) == (2, 0)
+    with store.session() as s:
+        states = {j: s.get(m.OfflineJob, j).state for j in jobs}
+        logged = {r.job_id: (r.status, r.error) for r in s.scalars(select(m.DispatchLog))}
+    assert states == {jobs[0]: "PLACED", jobs[1]: "FAILED"}
+    assert logged[jobs[0]] == ("done", None)
+    assert logged[jobs[1]][0] == "done" and logged[jobs[1]][1].startswith("not booked:")

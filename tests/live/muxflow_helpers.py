@@ -1,0 +1,83 @@
+"""Helpers for the pick-up and dispatcher tests on the live dev cluster: real ``sbatch``, a SQLite store."""
+
+from __future__ import annotations
+
+import datetime as dt
+import os
+import subprocess
+import sys
+from pathlib import Path
+
+from sqlalchemy import select
+
+from executors.slurm.backend import SlurmBackend, XcudaGains, register_slurm_nodes
+from executors.slurm.client import SlurmRestClient
+from executors.store import models as m
+from executors.store.db import Store
+from executors.store.jobs import transition
+from executors.store.migrate import upgrade
+from scheduler_core.domain import JobState
+
+REPO = Path(__file__).resolve().parents[2]
+GOOD_COMMENT = "muxflow: type='ResNet-50 (batch size 64)' mem=2GiB gpu-types=t4,a10 ckpt=/ckpt/{name} steps=1000"
+
+
+def make_store(tmp_path: Path) -> tuple[Store, str]:
+    url = f"sqlite:///{tmp_path / 'store.db'}"
+    upgrade(url)
+    return Store(url), url
+
+
+def sbatch(dev_cluster, script: Path, *args: str, user: str | None = None) -> int:
+    """``sbatch`` of the cluster's Slurm release, as root or as ``user`` (a real non-root user)."""
+    env = {**os.environ, **dev_cluster.cluster.slurm_env(dev_cluster.layout)}
+    argv = ["sbatch", "--parsable", *args, str(script)]
+    if user is not None:
+        argv = ["runuser", "-u", user, "--", *argv]
+    out = subprocess.run(dev_cluster.cluster.command(dev_cluster.layout, argv), env=env, capture_output=True,
+                         text=True, timeout=30, cwd="/tmp")
+    assert out.returncode == 0, out.stderr
+    return int(out.stdout.strip().split(";")[0])
+
+
+def write_script(d: Path, body: str, name: str = "job.sh") -> Path:
+    p = d / name
+    p.write_text("#!/bin/sh\n" + body)
+    p.chmod(0o755)
+    return p
+
+
+def backend(dev_cluster, retry_deadline_s: float = 30.0, gains: XcudaGains | None = None) -> SlurmBackend:
+    settings = dev_cluster.cluster.rest_settings(dev_cluster.layout, "local")
+    fallback = dev_cluster.cluster.scontrol_fallback(dev_cluster.layout)
+    return SlurmBackend(lambda: SlurmRestClient(settings, requeue_fallback=fallback),
+                        retry_deadline_s=retry_deadline_s, gains=gains or XcudaGains())
+
+
+def register(store: Store, dev_cluster) -> dict[tuple[str, int], int]:
+    with dev_cluster.client() as c:
+        register_slurm_nodes(store, c)
+    with store.session() as s:
+        return {(g.node.name, g.gpu_index): g.id for g in s.scalars(select(m.Gpu))}
+
+
+def make_pending(store: Store, job_ids: list[int]) -> None:
+    with store.session() as s:
+        for j in job_ids:
+            transition(s, j, JobState.PROFILING, "test: no profiling")
+            transition(s, j, JobState.PENDING, "test: profiled")
+
+
+def make_round(store: Store, actions: list[dict], window: dt.datetime | None = None) -> int:
+    window = window or dt.datetime(2026, 1, 1, tzinfo=dt.UTC) + dt.timedelta(minutes=15 * (os.getpid() % 10000))
+    with store.session() as s:
+        rnd = m.SchedulingRound(window_start_utc=window, status="planned", plan_actions=actions,
+                                placements=len(actions))
+        s.add(rnd)
+        s.flush()
+        return rnd.id
+
+
+def dispatch_cmd(url: str, round_id: int, retry_deadline_s: float = 60.0, state_dir: Path | None = None) -> list[str]:
+    return [sys.executable, "-m", "pipelines.cli", "slurm", "dispatch", "--db", url, "--round", str(round_id),
+            "--retry-deadline", str(retry_deadline_s), *(["--state-dir", str(state_dir)] if state_dir else [])]

@@ -1,0 +1,371 @@
+"""The real loop, end to end, on a dev Slurm cluster of its own: from plain ``sbatch --gres=mps:N`` to DONE.
+
+What runs (as an operator deploys it, docs/DEPLOY.md), all real processes:
+
+- a two-node Slurm cluster (slurmctld, two slurmd in network namespaces, slurmrestd; per-GPU gres
+  Types with ``Flags=all_sharing``, job_submit.lua, Prolog/TaskProlog/Epilog);
+- the feature store on PostgreSQL;
+- two online reference services (``executors.workloads.serve``, CPU), one replica per GPU, each with
+  its Prometheus endpoint registered;
+- one node agent per node (``muxflow node-agent --simulated``): its GPUs are simulated, and follow
+  what really runs — the Slurm jobs on each GPU at their shares, and each replica's real request rate;
+- ``dagster-daemon`` (the round sensor every ``PERIOD_S`` seconds, the pick-up, profiling, job-state
+  and eviction sensors) and ``dagster-webserver``;
+- six reference training jobs submitted with plain ``sbatch -p offline --gres=mps:N`` by the test.
+
+It checks: every job is placed by a round and runs on its planned node, GPU and share with the xCUDA
+environment; a request burst on one replica drives its GPU to Overlimit and the agent evicts the job
+there on that sample; the job is requeued, placed again by a later round and resumes from its checkpoint
+(every job ends with the same step and loss as an uninterrupted run); every job ends DONE; the SQL
+reports on PostgreSQL cover the run; the Dagster UI (headless Chromium) shows a round with placements.
+A summary (durations, one job's life from the audit trail, placements per round) is written to
+``test-artifacts/real_loop.json``.
+"""
+
+from __future__ import annotations
+
+import datetime as dt
+import json
+import os
+import subprocess
+import sys
+import time
+import urllib.request
+from pathlib import Path
+
+import pytest
+from sqlalchemy import select
+
+from executors.store import models as m
+from executors.store.db import Store
+from executors.store.reports import list_reports, run_report
+from executors.workloads.models import reference_job_types
+from tests.processes import Processes, processes
+from tests.live.conftest import make_private_cluster
+from tests.ui.browser import number, partition_metadata, require_browser, start_webserver
+
+pytestmark = pytest.mark.slow
+
+REPO = Path(__file__).resolve().parents[2]
+ARTIFACTS = REPO / "test-artifacts"
+PY = sys.executable
+PERIOD_S = 20      # the round period of this deployment
+SENSOR_S = 3       # sensors' minimum interval
+SERVE_QPS = 8.0    # each replica's steady offered load
+BURST_QPS = 400.0  # the scripted burst: far above what the simulated GPU's replica can take next to a job
+# (family, steps, MPS share asked for): six reference training jobs, tiny sizes for the CPU.
+JOBS = [("cnn", 700, 30), ("transformer", 1600, 25), ("recommender", 2400, 40),
+        ("cnn", 700, 20), ("transformer", 1600, 35), ("recommender", 2400, 30)]
+EVERY = 50         # checkpoint interval (steps)
+DEADLINE_S = 420   # the whole loop, submission to every job DONE
+
+
+def _env(extra: dict) -> dict:
+    return {**os.environ, "PYTHONUNBUFFERED": "1", **extra}
+
+
+def _cli(env: dict, *args: str, timeout_s: float = 180) -> str:
+    out = subprocess.run([PY, "-m", "pipelines.cli", *args], cwd=REPO, env=env, capture_output=True, text=True,
+                         timeout=timeout_s)
+    assert out.returncode == 0, f"muxflow {' '.join(args)} failed ({out.returncode}):\n{out.stdout}\n{out.stderr}"
+    return out.stdout
+
+
+def _poll(what: str, check, timeout_s: float, procs: Processes, interval_s: float = 0.5, describe=None):
+    end = time.monotonic() + timeout_s
+    last = None
+    while time.monotonic() < end:
+        dead = procs.dead()
+        if dead:
+            pytest.fail(f"while waiting for {what}, a process died:\n" + "\n".join(dead), pytrace=False)
+        last = check()
+        if last:
+            return last
+        time.sleep(interval_s)
+    logs = "\n".join(f"--- {p.name}\n{p.log_tail(2500)}" for p in procs.procs
+                     if p.name.startswith(("dagster-daemon", "node-agent")))
+    state = f"\n--- state\n{describe()}" if describe else ""
+    pytest.fail(f"timed out after {timeout_s:.0f}s waiting for {what} (last: {last!r}){state}\n{logs}", pytrace=False)
+
+
+def _job_script(d: Path, k: int, family: str, steps: int) -> Path:
+    """What a user writes: print where it runs, then train (checkpointing on SIGTERM/SIGUSR1, resuming)."""
+    script = d / f"train-{k}.sh"
+    script.write_text(f"""#!/bin/bash
+set -e
+env | grep -E '^(CUDA_[A-Z_]*|LD_PRELOAD|XCUDA_[A-Z_]*|MUXFLOW_PLANNED_GPU|SLURMD_NODENAME|SLURM_JOB_ID|SLURM_RESTART_COUNT)=' \\
+  > {d}/.env-$SLURM_JOB_ID && mv {d}/.env-$SLURM_JOB_ID {d}/env-$SLURM_JOB_ID-${{SLURM_RESTART_COUNT:-0}}
+cd {REPO}
+exec {PY} -m executors.workloads.train --family {family} --size tiny --steps {steps} --every {EVERY} \\
+  --ckpt {d}/ckpt-{k} --out {d}/result-$SLURM_JOB_ID.json --threads 1
+""")
+    script.chmod(0o755)
+    return script
+
+
+def _reference_results(jobs: list[tuple[str, int, int]], d: Path) -> dict[tuple[str, int], dict]:
+    """Each job's result when nothing interrupts it (same code, same seed, in this process)."""
+    from executors.workloads.train import train
+
+    out = {}
+    for family, steps, _ in jobs:
+        if (family, steps) not in out:
+            out[(family, steps)] = train(family, "tiny", str(d / f"ref-{family}-{steps}"), steps, every=EVERY)
+    return out
+
+
+def test_real_loop_end_to_end_from_sbatch_to_done(dev_cluster, make_postgres_database, tmp_path: Path) -> None:
+    require_browser()
+    t0 = time.monotonic()
+    timeline: dict[str, float] = {}
+    db = make_postgres_database()
+    with make_private_cluster() as live, processes(tmp_path) as procs:
+        lay = live.layout
+        work = live.job_dir("real-loop")  # job scripts, their output, checkpoints (every job user can write)
+        slurm_env = {"SLURM_CONF": str(lay.slurm_conf)}
+        env = _env({**slurm_env, "MUXFLOW_DATABASE_URL": db, "MUXFLOW_SLURM_URL": f"unix:{lay.rest_socket}"})
+        store = Store(db)
+
+        # -- the operator: store, nodes, predictors ------------------------------------------------
+        _cli(env, "db", "upgrade")
+        _cli(env, "slurm", "register-nodes", "--state-dir", str(lay.state_dir))
+        with store.session() as s:
+            gpus = {(g.node.name, g.gpu_index): (g.id, g.gpu_type) for g in s.scalars(select(m.Gpu))}
+        assert len(gpus) == 8, gpus
+        gpus_by_id = {gid: key for key, (gid, _) in gpus.items()}
+
+        # -- two online services, one replica (and endpoint) per GPU -----------------------------------
+        services = {"svc-vision": ("cnn", "mx-t4-1"), "svc-recsys": ("recommender", "mx-a10-1")}
+        ready: dict[int, Path] = {}
+        for svc, (family, node) in services.items():
+            for index in range(4):
+                gid = gpus[(node, index)][0]
+                ready[gid] = tmp_path / f"ready-{gid}.json"
+                procs.start(f"serve-{gid}", [PY, "-m", "executors.workloads.serve", "--family", family, "--size",
+                                             "tiny", "--qps", str(SERVE_QPS), "--metrics-port", "0", "--threads", "1",
+                                             "--ready", str(ready[gid]), "--seed", str(gid)], env=env, cwd=REPO)
+        replicas: dict[int, str] = {}  # GPU id → endpoint base URL
+        for gid, path in ready.items():
+            info = _poll(f"replica on GPU {gid} ready", lambda r=path: r.exists() and json.loads(r.read_text()), 90,
+                         procs)
+            replicas[gid] = info["metrics_url"].rsplit("/metrics", 1)[0]
+        for svc, (family, node) in services.items():
+            ids = [gpus[(node, index)][0] for index in range(4)]
+            _cli(env, "online", "register", "--name", svc, "--family", family, "--qps-min", "5", "--qps-max", "40",
+                 "--mem", "2GiB", "--gpu-ids", ",".join(map(str, ids)),
+                 *[a for gid in ids for a in ("--endpoint", f"{gid}={replicas[gid]}/metrics")])
+        _cli(env, "sample", "--per-type", "400")
+        _cli(env, "train", "--epochs", "40")
+        timeline["setup_s"] = time.monotonic() - t0
+
+        # -- the node agents: simulated GPUs that follow Slurm's jobs and the replicas' real load -------
+        # This site's SysMonitor thresholds on SM activity (the operator's choice, docs/NODE_AGENT.md): a job
+        # alone stays below Healthy's 70 % (the model's busiest reference job at its largest share, next to
+        # a replica at SERVE_QPS, is ~66 %); a replica at full load next to any job passes Overlimit's 80 %.
+        thresholds = tmp_path / "sysmonitor.toml"
+        thresholds.write_text("[healthy]\nsm_activity_pct = 70\n[unhealthy]\nsm_activity_pct = 75\n"
+                              "[overlimit]\nsm_activity_pct = 80\n")
+        for node in ("mx-t4-1", "mx-a10-1"):
+            procs.start(f"node-agent-{node}", [
+                PY, "-m", "pipelines.cli", "--db", db, "node-agent", "--node", node, "--simulated",
+                "--evict", "scontrol", "--placements", "slurm", "--interval-ms", "100", "--no-shm",
+                "--scrape-interval", "1", "--placement-poll", "1", "--partial-every", "3",
+                "--sysmonitor-config", str(thresholds)], env=env, cwd=REPO)
+
+        # -- Dagster: daemon (rounds every PERIOD_S, sensors) and webserver --------------------------------
+        home = tmp_path / "dagster_home"
+        home.mkdir()
+        (home / "dagster.yaml").write_text((REPO / "dagster.yaml").read_text())  # SQLite storage in the home
+        token = tmp_path / "jwt"
+        token.write_text(live.cluster.mint_token(lay, "root", 3600))  # profiling copies run as root's jobs
+        today = dt.datetime.now(dt.timezone.utc).replace(hour=0, minute=0, second=0, microsecond=0)
+        (home / "muxflow.json").write_text(json.dumps({
+            "db_url": db, "cluster": "slurm", "slurm_url": lay.rest_url, "slurm_jwt_file": str(token),
+            "slurm_conf": str(lay.slurm_conf), "round_period_s": PERIOD_S, "sensor_interval_s": SENSOR_S,
+            "sensors_running": True, "rounds_start": today.isoformat(), "gpu_types": ["a10", "t4"],
+            "report_dir": str(tmp_path / "report"),
+        }))
+        dagster_env = _env({**slurm_env, "DAGSTER_HOME": str(home), "MUXFLOW_SETTINGS": str(home / "muxflow.json")})
+        from dagster import DagsterInstance
+
+        with DagsterInstance.from_config(str(home)):
+            pass  # create the instance's storage once: the daemon and the webserver would race to
+        procs.start("dagster-daemon", [str(Path(PY).parent / "dagster-daemon"), "run", "-w",
+                                       str(REPO / "workspace.yaml")], env=dagster_env, cwd=REPO)
+        _server, ui_url = start_webserver(procs, dagster_env)
+
+        # -- the users: plain sbatch --------------------------------------------------------------------
+        t_submit = time.monotonic()
+        sids: dict[int, tuple[str, int, int]] = {}
+        ckpt_of: dict[int, Path] = {}
+        for k, (family, steps, share) in enumerate(JOBS):
+            script = _job_script(work, k, family, steps)
+            # Four jobs name the reference job type they stand for; two are unlabelled training scripts.
+            label = f"type='{reference_job_types()[(family, 'tiny')]}' " if k < 4 else ""
+            comment = f"muxflow: {label}mem=1GiB gpu-types=t4,a10 ckpt={work}/ckpt-{k} steps={steps}"
+            out = subprocess.run(["sbatch", "-p", "offline", f"--gres=mps:{share}", "-J", f"train-{k}",
+                                  "-o", str(work / f"out-%j-{k}.txt"), f"--comment={comment}", str(script)],
+                                 env=_env(slurm_env), capture_output=True, text=True, timeout=30)
+            assert out.returncode == 0, out.stderr
+            sid = int(out.stdout.split()[-1])
+            sids[sid] = (family, steps, share)
+            ckpt_of[sid] = work / f"ckpt-{k}"
+        refs = _reference_results(JOBS, tmp_path)
+
+        def job_rows() -> dict[int, m.OfflineJob]:
+            with store.session() as s:
+                return {j.slurm_job_id: j for j in s.scalars(select(m.OfflineJob)
+                                                             .where(m.OfflineJob.slurm_job_id.in_(list(sids))))}
+
+        _poll("every job picked up and profiled", lambda: len(rows := job_rows()) == len(sids) and all(
+            j.state not in ("SUBMITTED", "PROFILING") for j in rows.values()) and rows, 180, procs)
+        rows = job_rows()
+        assert all(j.state != "FAILED" for j in rows.values()), {s: (j.state, j.state_reason) for s, j in rows.items()}
+        timeline["profiled_s"] = time.monotonic() - t_submit
+
+        # -- every job placed by a round, running where the round put it ------------------------------
+        def started() -> dict[int, Path] | None:
+            found = {sid: next(iter(sorted(work.glob(f"env-{sid}-*"))), None) for sid in sids}
+            return found if all(found.values()) else None
+
+        def why_not() -> str:
+            with store.session() as s:
+                jobs = [(j.slurm_job_id, j.state, j.state_reason) for j in s.scalars(
+                    select(m.OfflineJob).where(m.OfflineJob.slurm_job_id.in_(list(sids))))]
+                rounds = [(r.window_start_utc.isoformat(), r.status, r.gpus_considered, r.jobs_pending,
+                           r.feasible_pairs, r.placements) for r in s.scalars(
+                    select(m.SchedulingRound).order_by(m.SchedulingRound.id.desc()).limit(3))]
+            return f"jobs (slurm id, state, reason): {jobs}\nlast rounds (window, status, gpus, jobs, pairs, placed): {rounds}"
+
+        envs = _poll("every job started on its planned GPU", started, 240, procs, describe=why_not)
+        timeline["all_started_s"] = time.monotonic() - t_submit
+        with store.session() as s:
+            for sid, path in envs.items():
+                job = rows[sid]
+                seen = dict(line.split("=", 1) for line in path.read_text().splitlines())
+                first = s.scalars(select(m.JobTransition).where(m.JobTransition.job_id == job.id,
+                                                                m.JobTransition.to_state == "PLACED")
+                                  .order_by(m.JobTransition.id)).first()
+                assert first is not None and first.reason.startswith("placed on GPU"), (sid, first)
+                placement = s.scalars(select(m.Placement).where(m.Placement.job_id == job.id)
+                                      .order_by(m.Placement.round_id)).first()
+                gpu = s.get(m.Gpu, placement.gpu_id)
+                ctx = f"Slurm job {sid}: {seen} vs placement GPU {gpu.node.name}:{gpu.gpu_index} at {placement.sm_pct}%"
+                assert seen["SLURMD_NODENAME"] == gpu.node.name, ctx
+                assert seen["CUDA_VISIBLE_DEVICES"] == seen["XCUDA_GPU_INDEX"] == str(gpu.gpu_index), ctx
+                assert seen["CUDA_MPS_ACTIVE_THREAD_PERCENTAGE"] == str(placement.sm_pct), ctx
+                assert seen["LD_PRELOAD"].endswith("libxcuda.so") and Path(seen["LD_PRELOAD"]).is_file(), ctx
+                assert int(seen["XCUDA_MEM_QUOTA_BYTES"]) == placement.mem_quota_bytes, ctx
+                assert {"XCUDA_KP", "XCUDA_KI", "XCUDA_KD"} <= set(seen), ctx
+
+        # -- a burst on one replica: Overlimit, eviction on that sample, requeue ------------------------
+        # On a cnn replica's GPU (T4): the simulated T4 reaches the cnn service's full load at ~195 QPS, which
+        # the replica serves on the CPU; the recommender service's A10 capacity (~490 QPS) it could not.
+        vision = {gid for gid in replicas if gpus_by_id[gid][0] == "mx-t4-1"}
+
+        def victim() -> tuple[int, int] | None:
+            for sid in sids:
+                if any(ckpt_of[sid].glob("ckpt-*.mxck")) and not (work / f"result-{sid}.json").exists():
+                    with store.session() as s:
+                        job = s.scalars(select(m.OfflineJob).where(m.OfflineJob.slurm_job_id == sid)).one()
+                        if job.state != "RUNNING":
+                            continue
+                        p = s.scalars(select(m.Placement).where(m.Placement.job_id == job.id)
+                                      .order_by(m.Placement.round_id.desc())).first()
+                        if p.gpu_id in vision:
+                            return sid, p.gpu_id
+            return None
+
+        def where_jobs_run() -> str:
+            with store.session() as s:
+                out = []
+                for j in s.scalars(select(m.OfflineJob).where(m.OfflineJob.slurm_job_id.in_(list(sids)))):
+                    p = s.scalars(select(m.Placement).where(m.Placement.job_id == j.id)
+                                  .order_by(m.Placement.round_id.desc())).first()
+                    out.append((j.slurm_job_id, j.state, p and p.gpu_id,
+                                len(list(ckpt_of[j.slurm_job_id].glob("ckpt-*.mxck")))))
+            return f"jobs (slurm id, state, GPU, checkpoints): {out}; T4 replicas' GPUs: {sorted(vision)}"
+
+        vsid, vgpu = _poll("a running job with a checkpoint", victim, 120, procs, describe=where_jobs_run)
+        vjob = rows[vsid].id
+        t_burst = time.monotonic()
+        _post_load(replicas[vgpu], BURST_QPS)
+
+        def evicted():
+            with store.session() as s:
+                ev = s.scalars(select(m.Eviction).where(m.Eviction.job_id == vjob)).first()
+                return (ev.at_utc, ev.reason, s.get(m.Gpu, vgpu).health, s.get(m.Gpu, vgpu).health_since_utc) \
+                    if ev else None
+
+        ev_at, ev_reason, health, health_since = _poll(f"job {vjob} evicted from GPU {vgpu}", evicted, 90, procs)
+        timeline["eviction_after_burst_s"] = time.monotonic() - t_burst
+        _post_load(replicas[vgpu], SERVE_QPS)
+        assert "Overlimit" in ev_reason, ev_reason
+        # On the sample that entered Overlimit: the GPU's health changed at the eviction's instant.
+        assert health == "Overlimit" and health_since == ev_at, (health, health_since, ev_at)
+        _poll(f"Slurm job {vsid} requeued held", lambda: (j := _slurm_job(live, vsid)).state == "PENDING"
+              or j.restart_count > 0, 60, procs)
+
+        # -- every job DONE; the victim placed again by a later round and resumed ------------------------
+        _poll("every job DONE", lambda: all(j.state == "DONE" for j in job_rows().values()),
+              DEADLINE_S - (time.monotonic() - t_submit), procs, interval_s=1.0)
+        timeline["all_done_s"] = time.monotonic() - t_submit
+        for sid, (family, steps, _) in sids.items():
+            result = json.loads((work / f"result-{sid}.json").read_text())
+            assert result == refs[(family, steps)], (sid, result, refs[(family, steps)])
+        with store.session() as s:
+            life = [(t.from_state, t.to_state, t.at_utc.isoformat(), t.reason) for t in s.scalars(
+                select(m.JobTransition).where(m.JobTransition.job_id == vjob).order_by(m.JobTransition.id))]
+            placements = s.scalars(select(m.Placement).where(m.Placement.job_id == vjob)
+                                   .order_by(m.Placement.round_id)).all()
+            rounds = s.scalars(select(m.SchedulingRound).order_by(m.SchedulingRound.id)).all()
+            per_round = [(r.id, r.window_start_utc.isoformat(), r.placements, dict(r.action_counts)) for r in rounds]
+        states = [(a, b) for a, b, _, _ in life]
+        times = [t for _, _, t, _ in life]
+        assert times == sorted(times), f"the audit trail is in time order: {life}"
+        assert ("RUNNING", "EVICTED") in states and ("EVICTED", "PENDING") in states, life
+        again = states.index(("EVICTED", "PENDING"))
+        assert ("PENDING", "PLACED") in states[again:] and states[-1] == ("RUNNING", "DONE"), life
+        assert len({p.round_id for p in placements}) >= 2, "the victim was placed again by a later round"
+        assert len(list(work.glob(f"env-{vsid}-*"))) >= 2, "the victim ran again"
+
+        # -- the SQL reports on PostgreSQL cover the run --------------------------------------------------
+        reports = {r.name: run_report(store.engine, r.name) for r in list_reports()}
+        util = reports["utilization_per_hour"]
+        assert len(util) and util["shared_minutes"].sum() > 0, util
+        over = reports["oversold_per_round"]
+        assert (over["placements"] > 0).any(), over
+        evictions = reports["evictions_per_day"]
+        assert evictions["evictions"].sum() >= 1, evictions
+
+        # -- the Dagster UI shows a round with placements ----------------------------------------------
+        first_round = next(r for r in per_round if r[2] > 0)
+        from scheduler_core.round_clock import RoundClock
+
+        key = RoundClock(PERIOD_S).key(dt.datetime.fromisoformat(first_round[1]).replace(tzinfo=dt.timezone.utc))
+        text, shown = partition_metadata(ui_url, "placement_plan", key, ("round_id", "placements"),
+                                         ARTIFACTS / "real_loop_placement_plan.png", 60)
+        assert int(number(shown["round_id"])) == first_round[0] and int(number(shown["placements"])) > 0, shown
+
+        timeline["total_s"] = time.monotonic() - t0
+        ARTIFACTS.mkdir(exist_ok=True)
+        (ARTIFACTS / "real_loop.json").write_text(json.dumps({
+            "timeline_s": {k: round(v, 1) for k, v in timeline.items()},
+            "victim": {"slurm_job_id": vsid, "store_job_id": vjob, "life": life},
+            "rounds": per_round, "reports": sorted(reports),
+        }, indent=2, default=str))
+        with live.client() as c:
+            for sid in sids:
+                assert c.get_job(sid).state == "COMPLETED"
+
+
+def _post_load(base_url: str, qps: float) -> None:
+    req = urllib.request.Request(f"{base_url}/load", data=json.dumps({"qps": qps}).encode(), method="POST",
+                                 headers={"Content-Type": "application/json"})
+    with urllib.request.urlopen(req, timeout=5) as resp:
+        assert resp.status == 200
+
+
+def _slurm_job(live, sid: int):
+    with live.client() as c:
+        return c.get_job(sid)

@@ -1,0 +1,94 @@
+"""A job that unsets LD_PRELOAD is seen and evicted by the node agent, live (docs/NODE_AGENT.md "xCUDA check").
+
+On a private dev cluster: two offline jobs of ``mxuser1``, submitted with plain ``sbatch`` and placed by the
+dispatcher on two GPUs of ``mx-t4-1``; one script runs ``unset LD_PRELOAD`` before its work. The TaskProlog
+preloads xCUDA into both; ``muxflow node-agent --simulated --evict scontrol`` finds the process without
+``libxcuda.so`` in its memory maps and evicts that job alone: requeued held in Slurm, an ``evictions`` row with
+the reason, EVICTED in the store. The well-behaved job, checked in the same pass, keeps running.
+"""
+
+from __future__ import annotations
+
+import datetime as dt
+import os
+import sys
+
+from sqlalchemy import select
+
+from executors.slurm.pickup import import_submissions
+from executors.store import models as m
+from executors.store.jobs import transition
+from scheduler_core.domain import Action, JobState, PlanAction
+from tests.processes import processes
+from tests.live.conftest import cancel_quietly
+from tests.live.muxflow_helpers import (
+    GOOD_COMMENT,
+    REPO,
+    backend,
+    make_pending,
+    make_store,
+    register,
+    sbatch,
+    write_script,
+)
+
+NODE = "mx-t4-1"
+
+
+def test_a_job_that_unsets_ld_preload_is_evicted_and_its_neighbour_is_not(private_cluster, private_tmp) -> None:
+    live = private_cluster
+    store, url = make_store(private_tmp)
+    gpus = register(store, live)
+    d = live.job_dir("xcuda-check")
+    scripts = {"rogue": write_script(d, "unset LD_PRELOAD\nsleep 600\n", "rogue.sh"),
+               "good": write_script(d, "sleep 600\n", "good.sh")}
+    sids = {k: sbatch(live, p, "-p", "offline", "--gres=mps:20", "-J", f"mx-xc-{k}", f"--output={d}/%j.out",
+                      f"--comment={GOOD_COMMENT.format(name=k)}", user="mxuser1") for k, p in scripts.items()}
+    try:
+        with live.client() as c:
+            import_submissions(store, c, None, only=list(sids.values()))
+        with store.session() as s:
+            ids = {k: s.scalars(select(m.OfflineJob.id).where(m.OfflineJob.slurm_job_id == sid)).one()
+                   for k, sid in sids.items()}
+        make_pending(store, list(ids.values()))
+        actions = [PlanAction(Action.START, ids[k], gpus[(NODE, i)], None, 20) for i, k in enumerate(("rogue", "good"))]
+        assert all(r.ok for r in backend(live).cluster(store).dispatch(actions, dt.datetime.now(dt.UTC)))
+        with live.client() as c:
+            for k, sid in sids.items():
+                live.wait_job(c, sid, lambda j: j.state == "RUNNING", f"the {k} job to run", timeout_s=60)
+        with store.session() as s:  # what the job-state sync does when it sees the release and the start
+            for job_id in ids.values():
+                transition(s, job_id, JobState.PLACED, "test: released on its planned GPU")
+                transition(s, job_id, JobState.RUNNING, "test: Slurm started it")
+
+        env = {**os.environ, **live.cluster.slurm_env(live.layout),
+               "PATH": os.environ["PATH"] + ":" + live.cluster.slurm_env(live.layout)["PATH"],
+               "MUXFLOW_SLURM_URL": f"unix:{live.layout.rest_socket}", "PYTHONUNBUFFERED": "1"}
+        with processes(private_tmp) as procs:
+            agent = procs.start("agent", [sys.executable, "-m", "pipelines.cli", "--db", url, "node-agent", "--node",
+                                          NODE, "--simulated", "--evict", "scontrol", "--no-shm", "--interval-ms",
+                                          "100", "--placement-poll", "1", "--xcuda-check", "1"], env=env, cwd=REPO)
+
+            def evicted():
+                assert agent.alive(), agent.log_tail()
+                with store.session() as s:
+                    return s.scalars(select(m.Eviction)).all()
+
+            [ev] = live.wait_for("the agent to evict the job without xCUDA", evicted, 90)
+            with live.client() as c:
+                held = live.wait_job(c, sids["rogue"], lambda j: j.held, "the rogue job requeued held", 60)
+                good = c.get_job(sids["good"])
+            assert held.state == "PENDING"
+            assert good.state == "RUNNING" and not good.held
+            with store.session() as s:
+                rogue, kept = s.get(m.OfflineJob, ids["rogue"]), s.get(m.OfflineJob, ids["good"])
+                assert (ev.job_id, ev.gpu_id, ev.source) == (ids["rogue"], gpus[(NODE, 0)], "simulated")
+                assert ev.reason.startswith("xCUDA not loaded: process ") and f"of Slurm job {sids['rogue']} " in ev.reason
+                assert "(sleep)" in ev.reason  # the script's child, started after the unset
+                assert rogue.state == "EVICTED" and rogue.state_reason.startswith("node agent: xCUDA not loaded")
+                # Checked in the same pass as the rogue one (its processes are as old), and kept.
+                assert kept.state == "RUNNING"
+                assert s.scalars(select(m.Eviction).where(m.Eviction.job_id == ids["good"])).all() == []
+            assert not procs.dead(), procs.dead()
+    finally:
+        cancel_quietly(live, sids.values())

@@ -1,0 +1,75 @@
+"""`muxflow calibrate` as a user runs it: errors of the interference model, a site's file, refit."""
+
+from __future__ import annotations
+
+import json
+import os
+
+import pytest
+from click.testing import CliRunner
+
+from executors.simulated import calibration as cal
+from executors.simulated.measurements import ENV_VAR, GAVEL_FILE, load_file, to_document
+from pipelines.cli import main
+
+
+def run(*args: str):
+    return CliRunner().invoke(main, list(args), catch_exceptions=False)
+
+
+@pytest.fixture()
+def v100(tmp_path):
+    """A site's file: Gavel's P100 pairs, as measured on a GPU twice as fast (a new type)."""
+    doc = to_document(load_file(GAVEL_FILE))
+    doc["gpus"] = {"v100": {"gpu_model": "test V100", "driver": "535.104.05", "method": "no-mps",
+                            "date": "2025-02-01"}}
+    doc["solo"] = [{**r, "gpu_type": "v100", "steps_per_s": 2 * r["steps_per_s"]} for r in doc["solo"]
+                   if r["gpu_type"] == "p100"]
+    doc["pairs"] = [{**r, "gpu_type": "v100"} for r in doc["pairs"] if r["gpu_type"] == "p100"]
+    path = tmp_path / "v100.json"
+    path.write_text(json.dumps(doc))
+    return path
+
+
+def test_report_prints_the_leave_one_type_out_table() -> None:
+    res = run("calibrate", "report")
+    assert res.exit_code == 0, res.stderr
+    assert "p100 -> k80" in res.stdout and "k80 -> p100" in res.stdout and "+ residuals" in res.stdout
+    doc = json.loads(run("calibrate", "report", "--json").stdout)
+    assert {r["test"] for r in doc["leave_one_type_out"]} == {"k80", "p100"}
+
+
+def test_check_and_convert(tmp_path) -> None:
+    out = tmp_path / "gavel.json"
+    res = run("calibrate", "convert-gavel", str(GAVEL_FILE), str(out))
+    assert res.exit_code == 0, res.stderr
+    res = run("calibrate", "check", str(out))
+    assert res.exit_code == 0, res.stderr
+    assert "p100: NVIDIA Tesla P100, driver not recorded, method unknown, 2020: 26 solo runs, 656 pair" in res.stdout
+
+
+def test_a_bad_file_is_a_one_line_error(tmp_path) -> None:
+    bad = tmp_path / "bad.json"
+    bad.write_text(json.dumps({"format": "muxflow.colocation/1", "gpus": {"v100": {"gpu_model": "x"}}}))
+    res = run("calibrate", "refit", "--data", str(bad), "--no-predictors")
+    assert res.exit_code == 2
+    assert res.stderr.strip() == f"error: {bad}: gpus.v100.driver: required, a non-empty string"
+
+
+def test_refit_prints_before_and_after_and_how_to_install(v100) -> None:
+    res = run("calibrate", "refit", "--data", str(v100), "--types", "t4", "--samples", "200", "--epochs", "3")
+    assert res.exit_code == 0, res.stderr
+    before, after = res.stdout.split("AFTER")
+    assert "v100" not in before.split("on the file")[0] and "p100 -> v100" not in before
+    assert "k80,p100 -> v100" in after and "v100: " in after
+    assert "predictors, p100 per-job fit" in res.stdout and "predictors, transfer, refit" in res.stdout
+    assert f"export {ENV_VAR}={v100.resolve()}" in res.stdout
+    # Nothing was installed by the command itself.
+    assert cal.calibrations() == ["k80", "p100", "transfer", "pessimistic"] and ENV_VAR not in os.environ
+
+
+def test_refit_json_on_the_data_already_installed_changes_nothing() -> None:
+    res = run("calibrate", "refit", "--data", str(GAVEL_FILE), "--no-predictors", "--json")
+    rep = json.loads(res.stdout)
+    assert rep["same_measurements"] is True and "predictors" not in rep
+    assert rep["before"]["leave_one_type_out"] == rep["after"]["leave_one_type_out"]

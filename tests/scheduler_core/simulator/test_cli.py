@@ -1,0 +1,122 @@
+"""`muxflow simulate`, `simulate compare` and `bench simulate` as a user runs them."""
+
+from __future__ import annotations
+
+import json
+from pathlib import Path
+
+import pytest
+from click.testing import CliRunner
+
+from executors.simulated.calibration import SAMPLE_TRACE
+from pipelines.cli import main
+
+TINY = ["--gpus", "12", "--hours", "1.5", "--jobs", "40", "--seed", "1"]
+
+
+@pytest.fixture()
+def in_tmp(tmp_path, monkeypatch) -> Path:
+    monkeypatch.chdir(tmp_path)  # the predictor cache and default outputs go under .muxflow/ here
+    return tmp_path
+
+
+def run(*args: str):
+    return CliRunner().invoke(main, list(args), catch_exceptions=False)
+
+
+def test_simulate_prints_json_metrics_and_progress(in_tmp) -> None:
+    res = run("simulate", "--trace", str(SAMPLE_TRACE), *TINY, "--policy", "muxflow", "--json")
+    assert res.exit_code == 0, res.stderr
+    m = json.loads(res.stdout)
+    assert m["simulated"] is True and m["policy"] == "muxflow"
+    assert m["config"]["gpus"] == 12 and m["offline"]["jobs"] == 40
+    assert m["invariants"]["all_accounted"]
+    assert m["inputs"]["interference_calibration_holdout"][0]["gpu_type"] == "k80"
+    assert "[muxflow] round 6/6 (100%)" in res.stderr
+    assert (in_tmp / ".muxflow" / "cache").is_dir()
+
+
+def test_simulate_compare_writes_plots_and_a_normalized_table(in_tmp) -> None:
+    out = in_tmp / "cmp"
+    res = run("simulate", "compare", "--trace", str(SAMPLE_TRACE), *TINY,
+              "--policies", "muxflow,time-sharing", "--out", str(out), "--quiet")
+    assert res.exit_code == 0, res.stderr
+    assert "SIMULATED" in res.stdout and "JCT/MuxFlow" in res.stdout
+    lines = {ln.split()[0]: ln.split() for ln in res.stdout.splitlines()[3:] if ln.strip() and ln[0].isalpha()}
+    assert set(lines) >= {"online-only", "time-sharing", "muxflow"}
+    for name in ("utilization.png", "comparison.png"):
+        assert (out / name).read_bytes()[:8] == b"\x89PNG\r\n\x1a\n"
+    doc = json.loads((out / "results.json").read_text())
+    assert [r["policy"] for r in doc["table"]] == ["online-only", "muxflow", "time-sharing"]
+    assert res.stderr == ""
+
+
+def test_a_malformed_trace_line_is_reported_with_its_number(in_tmp) -> None:
+    bad = in_tmp / "bad.trace"
+    good = SAMPLE_TRACE.read_text().splitlines()[:2]
+    bad.write_text("\n".join([*good, "ResNet-50 (batch size 64)\tcmd\t-s\t0\tmany\t10\t1"]) + "\n")
+    res = run("simulate", "--trace", str(bad), *TINY)
+    assert res.exit_code == 2
+    assert res.stderr.strip() == f"error: {bad}: trace line 3: total steps is not an integer: 'many'"
+
+
+@pytest.mark.parametrize("args,message", [
+    (["--policy", "fifo"], "unknown policy 'fifo'"),
+    (["--types", "t4:5"], "add up to 5, not 12"),
+    (["--trace", "/no/such/file.trace"], "cannot read /no/such/file.trace"),
+])
+def test_bad_options_are_one_line_errors(in_tmp, args, message) -> None:
+    base = ["--trace", str(SAMPLE_TRACE)] if "--trace" not in args else []
+    res = run("simulate", *base, *TINY, *args)
+    assert res.exit_code == 2, res.stdout
+    assert res.stderr.startswith("error: ") and message in res.stderr
+
+
+def test_bench_simulate_reports_time_per_policy_against_the_target(in_tmp) -> None:
+    res = run("bench", "simulate", "--gpus", "10", "--hours", "1", "--jobs", "20", "--policies", "muxflow,salus",
+              "--json")
+    assert res.exit_code == 0, res.stderr
+    out = json.loads(res.stdout)
+    assert out["target_s"] == 60.0 and out["jobs"] == 20
+    assert [r["policy"] for r in out["policies"]] == ["muxflow", "salus"]
+    assert all(r["within_target"] and r["rounds"] == 4 for r in out["policies"])
+
+
+def test_simulate_under_another_calibration_says_which(in_tmp) -> None:
+    res = run("simulate", "--trace", str(SAMPLE_TRACE), *TINY, "--calibration", "K80", "--json", "--quiet")
+    assert res.exit_code == 0, res.stderr
+    m = json.loads(res.stdout)
+    assert m["inputs"]["calibration"] == "k80" and m["inputs"]["traits_gpu_type"] == "t4"
+    loto = m["inputs"]["interference_model"]["leave_one_type_out"]
+    assert {r["test"] for r in loto} == {"k80", "p100"}
+
+
+def test_an_unknown_calibration_is_a_one_line_error(in_tmp) -> None:
+    res = run("simulate", "--trace", str(SAMPLE_TRACE), *TINY, "--calibration", "v100")
+    assert res.exit_code == 2
+    assert res.stderr.strip() == "error: calibration: unknown 'v100' (known: k80, p100, transfer, pessimistic)"
+    res = run("simulate", "compare", "--trace", str(SAMPLE_TRACE), *TINY, "--calibrations", "k80")
+    assert res.exit_code == 2 and res.stderr.strip() == "error: calibrations: only with --sensitivity"
+
+
+def test_compare_sensitivity_reruns_under_each_calibration(in_tmp) -> None:
+    out = in_tmp / "sens"
+    res = run("simulate", "compare", "--trace", str(SAMPLE_TRACE), *TINY, "--policies",
+              "muxflow,time-sharing,pb-time-sharing", "--sensitivity", "--calibrations", "p100,pessimistic",
+              "--out", str(out), "--quiet")
+    assert res.exit_code == 0, res.stderr
+    assert "SIMULATED (calibration transfer)" in res.stdout and "SIMULATED (calibration pessimistic)" in res.stdout
+    assert "which conclusions hold under each interference calibration" in res.stdout
+    doc = json.loads((out / "sensitivity.json").read_text())
+    assert doc["simulated"] is True
+    assert list(doc["calibrations"]) == ["transfer", "p100", "pessimistic"]
+    matrix = {row["name"]: row for row in doc["matrix"]}
+    assert set(matrix) == {"ranking", "jct_ratio", "oversold_ratio", "latency_bound"}
+    assert matrix["ranking"]["holds_under_all"] is None  # the ablations did not run
+    for row in matrix.values():
+        assert set(row["by_calibration"]) == {"transfer", "p100", "pessimistic"}
+        assert all(c["holds"] in (True, False, None) for c in row["by_calibration"].values())  # JSON booleans
+    # Each calibration ran its own comparison: the pessimistic bound slows MuxFlow's offline work.
+    tput = {cal: next(r for r in part["table"] if r["policy"] == "muxflow")["oversold_gpu"]
+            for cal, part in doc["calibrations"].items()}
+    assert tput["pessimistic"] < tput["transfer"]

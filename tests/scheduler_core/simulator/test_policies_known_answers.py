@@ -1,0 +1,91 @@
+"""Each policy on a hand-built one-GPU cluster with constant online load, against answers worked out by hand.
+
+The online service (CNN family) sees 100 QPS all day on a T4; the trace holds
+one Recommendation job (slowdown well inside the 20 % allowance) whose solo duration is scaled to 30 minutes on the
+reference P100 (so 1800 / 0.85 s on a T4). A round at minute 0 places it; it
+pays the 60 s start-up; then it progresses at the sharing mechanism's
+normalized throughput.
+"""
+
+from __future__ import annotations
+
+import math
+
+import pytest
+
+from scheduler_core.gpu_specs import get_spec
+from scheduler_core.interference import colocate
+from scheduler_core.online_load import load_of, solo_gpu_util_pct, solo_sm_activity_pct
+from scheduler_core.simulator import get_policy, run_simulation
+from scheduler_core.workloads import ONLINE_FAMILIES
+from tests.scheduler_core.simulator.conftest import flat_config, trace_job
+
+JOB_TYPE = "Recommendation (batch size 512)"
+
+CNN = ONLINE_FAMILIES["cnn"]
+T4 = get_spec("t4")
+LOAD = float(load_of(100.0, CNN, T4))
+U = float(solo_gpu_util_pct(LOAD, CNN)) / 100.0
+SOLO_T4_S = 1800.0 / T4.relative_speed
+
+
+def finish_time(tput: float) -> float:
+    return 60.0 + SOLO_T4_S / tput
+
+
+def only_job(inputs, policy: str, **cfg):
+    res = run_simulation([trace_job(1, 5000, job_type=JOB_TYPE)], inputs, flat_config(**cfg), get_policy(policy))
+    return res, res.metrics["offline"]
+
+
+def test_online_only_runs_no_offline_work_and_has_no_slowdown(inputs) -> None:
+    res, off = only_job(inputs, "online-only")
+    assert off["finished"] == 0 and off["executions"] == 0
+    assert res.metrics["online"]["avg_latency_norm"] == 1.0
+    assert res.metrics["online"]["p99_latency_norm"] == 1.0
+    assert res.invariants["accounted"]["queued"] == 1
+
+
+def test_time_sharing_gets_the_time_the_online_service_leaves_minus_its_waits(inputs) -> None:
+    res, off = only_job(inputs, "time-sharing")
+    sh = flat_config().sharing
+    tput = (1.0 - min(0.95, U * (1.0 + sh.ts_online_wait))) * (1.0 - sh.ts_switch_overhead)
+    assert off["avg_jct_s"] == pytest.approx(finish_time(tput), abs=0.01)
+    # While the job runs every request waits for the offline slices: +45 % latency.
+    assert res.metrics["online"]["avg_latency_norm"] > 1.0
+
+
+def test_pb_time_sharing_only_gets_idle_time(inputs) -> None:
+    res, off = only_job(inputs, "pb-time-sharing")
+    sh = flat_config().sharing
+    tput = (1.0 - U) * sh.pb_offline_efficiency
+    assert off["avg_jct_s"] == pytest.approx(finish_time(tput), abs=0.01)
+    assert 1.0 < res.metrics["online"]["avg_latency_norm"] < 1.0 + sh.pb_online_wait + 1e-9
+
+
+@pytest.mark.parametrize("policy,expected_pct", [("muxflow", None), ("muxflow-s", 50), ("muxflow-m", None),
+                                                 ("muxflow-s-m", 50)])
+def test_muxflow_family_runs_at_the_planned_share_and_the_model_speed(inputs, policy, expected_pct) -> None:
+    cfg = flat_config()
+    on_sm = float(solo_sm_activity_pct(LOAD, CNN))
+    pct = expected_pct if expected_pct is not None else int(min(90, max(10, math.floor(100.0 - on_sm - 10.0))))
+    catalog = inputs.catalog
+    tput, _ = colocate(catalog.online["cnn"], LOAD, catalog.offline[JOB_TYPE].traits, pct, cfg.interference)
+    res, off = only_job(inputs, policy)
+    assert off["executions"] == 1 and off["migrations"] == 0 and off["evictions"] == 0
+    assert off["avg_jct_s"] == pytest.approx(finish_time(float(tput)), abs=0.01)
+
+
+def test_salus_runs_the_shortest_remaining_job_first(inputs) -> None:
+    # Two jobs of one type arrive together; solo durations 15 and 45 minutes on the P100 (mean 30).
+    jobs = [trace_job(1, 3000, job_type=JOB_TYPE), trace_job(2, 1000, job_type=JOB_TYPE)]
+    res = run_simulation(jobs, inputs, flat_config(hours=4.0), get_policy("salus"))
+    sh = flat_config().sharing
+    tput = (1.0 - U) * sh.salus_offline_efficiency
+    short = 60.0 + 900.0 / T4.relative_speed / tput
+    # The long job runs from the first whole minute after the short one is done.
+    long_ = 60.0 * math.ceil(short / 60.0) + 2700.0 / T4.relative_speed / tput
+    off = res.metrics["offline"]
+    assert off["finished"] == 2
+    assert off["avg_jct_s"] == pytest.approx((short + long_) / 2.0, abs=0.01)
+    assert res.invariants["max_offline_jobs_per_gpu"] == 2 and res.invariants["max_active_jobs_per_gpu"] == 1

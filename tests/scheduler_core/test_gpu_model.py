@@ -1,0 +1,72 @@
+"""The one simulated GPU model: scalar and vectorized calls agree; unknown job types get traits from their profile."""
+
+from __future__ import annotations
+
+import numpy as np
+import pytest
+
+from executors.simulated.calibration import default_catalog
+from scheduler_core.gpu_model import (
+    OnlineModel,
+    alone_as_shared,
+    online_alone,
+    traits_from_profile,
+    offline_traits,
+    with_offline,
+)
+from scheduler_core.gpu_specs import get_spec
+from scheduler_core.workloads import ONLINE_FAMILIES
+
+CATALOG = default_catalog()
+
+
+def _model(family: str, gpu: str) -> OnlineModel:
+    return OnlineModel.of(ONLINE_FAMILIES[family], CATALOG.online[family], get_spec(gpu))
+
+
+def test_vectorized_over_gpus_equals_one_gpu_at_a_time() -> None:
+    kinds = [("cnn", "t4"), ("transformer", "a10"), ("recommender", "t4"), ("lm", "a100")]
+    stacked = OnlineModel.stack([_model(f, g) for f, g in kinds])
+    qps = np.array([30.0, 150.0, 400.0, 0.0])
+    job = CATALOG.offline["ResNet-18 (batch size 16)"].traits
+    pct, duty = np.array([30, 50, 70, 90]), np.array([1.0, 0.5, 1.0, 0.0])
+    many = with_offline(online_alone(stacked, qps), stacked, job, pct, duty, 2e9)
+    for i, (f, g) in enumerate(kinds):
+        one = with_offline(online_alone(_model(f, g), qps[i]), _model(f, g), job, int(pct[i]), float(duty[i]), 2e9)
+        for name in ("util_pct", "sm_pct", "mem_bytes", "bw_pct", "norm_tput", "slowdown"):
+            assert float(np.asarray(getattr(many, name))[i]) == pytest.approx(float(getattr(one, name)), rel=1e-12)
+    taken = online_alone(stacked, qps).take(np.array([2]))
+    assert float(taken.qps[0]) == 400.0 and float(taken.load[0]) == 1.0  # beyond capacity: full load
+
+
+def test_an_idle_job_adds_memory_only_and_an_empty_gpu_is_the_replica() -> None:
+    m = _model("cnn", "t4")
+    on = online_alone(m, 50.0)
+    job = CATALOG.offline["ResNet-50 (batch size 64)"].traits
+    idle = with_offline(on, m, job, 60, 0.0, 3e9)
+    assert float(idle.sm_pct) == pytest.approx(float(on.sm_pct)) and float(idle.slowdown) == 1.0
+    assert float(idle.mem_bytes) == pytest.approx(float(on.mem_bytes) + 3e9)
+    alone = alone_as_shared(on)
+    assert alone.sm_pct is on.sm_pct and alone.slowdown == 1.0
+
+
+def test_more_requests_more_sm_and_a_slower_replica_beside_a_job() -> None:
+    m = _model("transformer", "t4")
+    job = CATALOG.offline["Transformer (batch size 32)"].traits
+    low, high = (with_offline(online_alone(m, q), m, job, 50, 1.0, 0.0) for q in (20.0, 180.0))
+    assert float(high.sm_pct) > float(low.sm_pct) and float(high.slowdown) >= float(low.slowdown) > 1.0
+    assert float(high.norm_tput) < float(low.norm_tput)
+
+
+def test_a_job_of_unknown_type_gets_traits_from_its_profile() -> None:
+    for known in sorted(CATALOG.offline)[::5]:
+        want = CATALOG.offline[known].traits
+        # what a solo profiling run of that workload measures: its own SM footprint and bandwidth share
+        tr = traits_from_profile(100.0 * want.sm_need, 100.0 * want.mem_bw, CATALOG)
+        # the profile measures footprint and bandwidth; sensitivity and pressure from the nearest catalog workload
+        assert tr.sm_need == pytest.approx(want.sm_need) and tr.mem_bw == pytest.approx(want.mem_bw)
+        assert (tr.sensitivity, tr.pressure) == (want.sensitivity, want.pressure)
+    label = offline_traits("my-own-training-script", CATALOG, {"sm_activity_pct": 41.0, "mem_bw_util_pct": 22.0})
+    assert label.sm_need == pytest.approx(0.41) and label.mem_bw == pytest.approx(0.22)
+    assert offline_traits("my-own-training-script", CATALOG, None) is None
+    assert offline_traits("ResNet-50 (batch size 64)", CATALOG, None) == CATALOG.offline["ResNet-50 (batch size 64)"].traits
