@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import json
 import math
-from dataclasses import asdict
+from dataclasses import asdict, replace
 from pathlib import Path
 
 import numpy as np
@@ -19,6 +19,7 @@ from scheduler_core.trace import TraceError
 from tests.scheduler_core.simulator.conftest import trace_job
 
 GOLDEN = Path(__file__).with_name("golden_pb_time_sharing_small.json")
+GOLDEN_MUXFLOW = Path(__file__).with_name("golden_muxflow_stub_small.json")
 SMALL = dict(gpus=24, hours=3.0, jobs=90, arrival_hours=2.0, mean_job_hours=0.5, seed=3)
 
 
@@ -83,15 +84,48 @@ def test_same_seed_same_metrics_other_seed_other_metrics(inputs, sample_trace) -
     assert a != c
 
 
+def _golden(metrics: dict, path: Path) -> None:
+    metrics.pop("timing")
+    rounds = metrics.get("rounds", {})
+    for k in [k for k, v in rounds.items() if k.startswith("plan_s_") and v is not None]:  # wall-clock seconds
+        rounds.pop(k)
+    got = json.loads(json.dumps(metrics))
+    if not path.exists():  # pragma: no cover - written once, reviewed, committed
+        path.write_text(json.dumps(got, indent=2, sort_keys=True) + "\n")
+        pytest.fail(f"golden file {path.name} was missing and has been written; review and commit it")
+    assert got == json.loads(path.read_text())
+
+
 def test_golden_result_of_a_small_trace(inputs, sample_trace) -> None:
     """PB-time-sharing needs no trained model, so its metrics are exact on every machine."""
-    m = run_simulation(sample_trace, inputs, SimConfig(**SMALL), get_policy("pb-time-sharing")).metrics
-    m.pop("timing")
-    got = json.loads(json.dumps(m))
-    if not GOLDEN.exists():  # pragma: no cover - written once, reviewed, committed
-        GOLDEN.write_text(json.dumps(got, indent=2, sort_keys=True) + "\n")
-        pytest.fail(f"golden file {GOLDEN.name} was missing and has been written; review and commit it")
-    assert got == json.loads(GOLDEN.read_text())
+    _golden(run_simulation(sample_trace, inputs, SimConfig(**SMALL), get_policy("pb-time-sharing")).metrics, GOLDEN)
+
+
+class StubPredictor:
+    """A closed-form stand-in for the trained MLP, so MuxFlow's plans are the same on every machine.
+
+    Throughput grows with the offline share and shrinks with the online service's SM activity;
+    the online slowdown grows with the share and with both sides' SM activity (feature columns
+    of :data:`scheduler_core.features.FEATURE_NAMES`: 1 on_sm_activity_pct, 9 off_sm_activity_pct,
+    15 the offline job's MPS share). Values are rounded to 1e-6 so that last-bit differences
+    between BLAS builds cannot change a plan.
+    """
+
+    def predict(self, x: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
+        on_sm, off_sm, share = x[:, 1] / 100.0, x[:, 9] / 100.0, x[:, 15] / 100.0
+        tput = np.clip(share * (1.0 - 0.5 * on_sm) * (0.7 + 0.3 * off_sm), 0.0, 1.0)
+        slowdown = 1.0 + 0.25 * share * (on_sm + off_sm)
+        return np.round(tput, 6), np.round(slowdown, 6)
+
+
+def test_golden_muxflow_with_a_stub_predictor(inputs, sample_trace) -> None:
+    """MuxFlow end to end (forecast, dynamic share, matching, SysMonitor, evictions) on a small trace, with
+    the trained predictor replaced by a closed form: its metrics are exact, so any change in MuxFlow's
+    planning or in the simulated cluster shows up here."""
+    stub = replace(inputs, predictors={t: StubPredictor() for t in inputs.predictors})
+    res = run_simulation(sample_trace, stub, SimConfig(**SMALL), get_policy("muxflow"))
+    assert res.metrics["offline"]["executions"] > 0  # the stub lets MuxFlow place jobs
+    _golden(res.metrics, GOLDEN_MUXFLOW)
 
 
 def test_scale_factor_split_repetition_and_compression() -> None:
