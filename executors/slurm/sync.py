@@ -65,10 +65,12 @@ def sync_jobs(cluster, now: dt.datetime | None = None) -> JobSyncReport:
     """Bring the store's offline jobs in line with Slurm (``cluster``: a :class:`SlurmCluster`)."""
     now = now or dt.datetime.now(dt.timezone.utc)
     store = cluster.store
-    with store.session() as s:
-        watched = [(j.id, int(j.slurm_job_id), JobState(j.state), j.checkpoint_dir)
-                   for j in jobstore.live_cluster_jobs(s, WATCHED)]
-        busy = jobstore.in_flight_job_ids(s)
+    def read_store():
+        with store.session() as s:
+            return ([(j.id, int(j.slurm_job_id), JobState(j.state), j.checkpoint_dir)
+                     for j in jobstore.live_cluster_jobs(s, WATCHED)], jobstore.in_flight_job_ids(s))
+
+    watched, _ = read_store()
     report = JobSyncReport()
     if not watched:
         return report
@@ -79,6 +81,10 @@ def sync_jobs(cluster, now: dt.datetime | None = None) -> JobSyncReport:
     if node_faults.hand_back(cluster, jobs, nodes, {sid for _, sid, _, _ in watched}):
         jobs = cluster.retry.call("list Slurm jobs", cluster.client.list_jobs)
     by_id = {j.job_id: j for j in jobs}
+    # The store again, after Slurm's answer: a dispatcher logs its intent before it asks Slurm, so a job Slurm
+    # shows released is booked (PLACED) or in flight (skipped) here — never adopted as if nobody had placed it.
+    # Read before the listing, a release between the two reads looked like an administrator's.
+    watched, busy = read_store()
     for job_id, sid, state, ckpt_dir in watched:
         if job_id in busy:
             report.skipped_in_flight += 1

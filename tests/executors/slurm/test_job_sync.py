@@ -170,6 +170,29 @@ def test_a_vanished_job_fails_with_the_reason_and_in_flight_jobs_are_left_to_the
         assert j.state == "FAILED" and "no longer knows" in j.state_reason
 
 
+def test_a_release_while_the_sync_lists_slurms_jobs_is_left_to_the_dispatcher_not_adopted(env, monkeypatch) -> None:
+    """The dispatcher logs its intent and releases the job exactly while the sync asks Slurm for its jobs: the
+    sync sees the job running and the store still PENDING. It must leave it to the dispatcher (which books
+    PENDING → PLACED → RUNNING with the placement's reason), not adopt it as if nobody had placed it."""
+    store, fake, backend, ids, gpus, _ = env
+    result = RoundResult([], [PlanAction(Action.START, ids[12], gpus[1], None, 30)], 0.0, 8, 1, 8)
+    with store.session() as s:
+        rid = repo.record_round(s, W0 + dt.timedelta(minutes=15), result, {}, False, 1, {}).id
+    listing = fake.list_jobs
+
+    def list_during_dispatch():
+        if not fake.jobs[12].state == "RUNNING":
+            with store.session() as s:
+                s.add(m.DispatchLog(round_id=rid, action_key="k12", action="start", job_id=ids[12], gpu_id=gpus[1]))
+            _start(fake, 12)
+        return listing()
+
+    monkeypatch.setattr(fake, "list_jobs", list_during_dispatch)
+    rep = backend.sync_jobs(store, W0)
+    assert rep.skipped_in_flight == 1 and _state(store, ids[12]) == "PENDING"
+    assert ("PENDING", "RUNNING") not in _history(store, ids[12])
+
+
 def test_a_crash_between_the_hold_and_the_store_write_is_finished_by_the_next_sync(env, monkeypatch) -> None:
     store, fake, backend, ids, gpus, _ = env
     _place(store, backend, [(ids[11], gpus[0], 40)])
