@@ -61,6 +61,41 @@ def proc_slurm_job(pid: int, proc_root: Path = Path("/proc")) -> int | None:
     return None
 
 
+def proc_env(pid: int, proc_root: Path, *keys: str) -> dict[str, str]:
+    """Those of ``keys`` set in a process's environment (empty: none, or the process is gone or unreadable)."""
+    try:
+        env = (proc_root / str(pid) / "environ").read_bytes()
+    except OSError:
+        return {}
+    want = tuple(k.encode() + b"=" for k in keys)
+    return {k.decode(): v.decode(errors="replace")
+            for k, _, v in (item.partition(b"=") for item in env.split(b"\0") if item.startswith(want))}
+
+
+# SLURM_SCRIPT_CONTEXT of slurmd's own hooks. (A job's tasks carry "prolog_task" on Slurm 22.05: the TaskProlog's
+# context leaks into the task environment, so it does not tell a TaskProlog from the job.)
+SLURMD_HOOKS = ("prolog_slurmd", "epilog_slurmd")
+TASK_PROLOG_NAME = "task_prolog.sh"
+TASK_PROLOG_MAX_S = 60.0  # a TaskProlog waits at most 30 s for its plan; older, a process so named is judged
+
+
+def in_slurm_hook(pid: int, procs, proc_root: Path, task_prolog_name: str = TASK_PROLOG_NAME) -> bool:
+    """Whether the process is one of Slurm's own hooks for a job, or a child of one: the Prolog or the Epilog
+    (slurmd marks their environment ``SLURM_SCRIPT_CONTEXT=prolog_slurmd|epilog_slurmd``) or the TaskProlog
+    (the process named like the TaskProlog script, younger than :data:`TASK_PROLOG_MAX_S`: its name is all that
+    tells it from the job's tasks, so the exemption is bounded in time)."""
+    name = task_prolog_name[:15]  # /proc cuts names to 15 bytes
+    seen = 0
+    while pid in procs and seen < 64:
+        p = procs[pid]
+        if p.comm == name and p.age_s < TASK_PROLOG_MAX_S:
+            return True
+        if proc_env(pid, proc_root, "SLURM_SCRIPT_CONTEXT").get("SLURM_SCRIPT_CONTEXT") in SLURMD_HOOKS:
+            return True
+        pid, seen = p.ppid, seen + 1  # up to slurmstepd and init: a job's tasks descend from no hook
+    return False
+
+
 def proc_name(pid: int, proc_root: Path = Path("/proc")) -> str:
     try:
         return (proc_root / str(pid) / "comm").read_text().strip()

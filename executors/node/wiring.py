@@ -30,6 +30,7 @@ from executors.node.placements import (
 from executors.node.sampler import GpuSampler, NvmlSampler, SimulatedSampler
 from executors.node.scrape import ReplicaScraper, Scrapers
 from executors.node.simgpu import Replica, SimulatedGpu
+from executors.node.prolog_watch import PrologWatch, PrologWatchThread
 from executors.node.xcuda_check import Violation, XcudaCheck, XcudaWatch
 from executors.store import inventory
 from executors.store import models as m
@@ -55,6 +56,10 @@ class SourceConfig:
     xcuda_check_s: float = 0.0         # period of the check for offline processes without xCUDA (0: off; CLI: 5 s)
     xcuda_grace_s: float = 5.0         # a process younger than this is not judged yet (TaskProlog, Epilog)
     proc_root: str = "/proc"
+    # Run this Prolog for a TaskProlog that waits for its missing plan file in plan_dir (both set: on;
+    # executors.node.prolog_watch): slurmd skips the Prolog of a requeued job restarted on its node.
+    prolog: str | None = None
+    plan_dir: str | None = None
 
 
 def node_gpus(store, node: str) -> list[tuple[m.Gpu, m.GpuType]]:
@@ -138,9 +143,14 @@ def build_agent(
         placements = _placements(store, node, pairs, src, catalog)
         closers.append(placements.close)
     try:
-        return _assemble(store, pairs, replicas, placements, closers, catalog, src, simulated=simulated, cfg=cfg,
-                         shm_dir=shm_dir, requeue=requeue, evict_callback=evict_callback, mps_pipe_dir=mps_pipe_dir,
-                         sampler=sampler, seed=seed, clock=clock)
+        agent = _assemble(store, pairs, replicas, placements, closers, catalog, src, simulated=simulated, cfg=cfg,
+                          shm_dir=shm_dir, requeue=requeue, evict_callback=evict_callback, mps_pipe_dir=mps_pipe_dir,
+                          sampler=sampler, seed=seed, clock=clock)
+        if src.prolog and src.plan_dir:
+            watch = PrologWatch(src.prolog, src.plan_dir, node, proc_root=src.proc_root,
+                                offline_partition=src.partition or "offline")
+            agent.stoppers.append(PrologWatchThread(watch).start().close)
+        return agent
     except BaseException:
         for close in closers:
             close()

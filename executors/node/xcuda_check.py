@@ -13,8 +13,12 @@ the agent compares what runs with the plan:
   process tree is what Slurm's ``proctrack/linuxproc`` follows too);
 - on real GPUs only the processes with a context on a GPU count (NVML's compute processes:
   a shell that loads no CUDA needs no xCUDA); on simulated GPUs every process of the job;
-- a process counts once it is ``grace_s`` old (the TaskProlog, the Prolog and the Epilog run
-  with the job's ``SLURM_JOB_ID`` for a moment, before or after xCUDA matters);
+- Slurm's own hooks for the job never count (:func:`executors.node.attribution.in_slurm_hook`):
+  the Prolog and the Epilog (slurmd marks them ``SLURM_SCRIPT_CONTEXT=prolog_slurmd|epilog_slurmd``,
+  which their children inherit) and the TaskProlog (by its name, for at most 60 s: it may wait for
+  its plan, :mod:`executors.node.prolog_watch`), and their children; all run with the job's
+  ``SLURM_JOB_ID`` and without xCUDA, and can take long on a loaded node;
+- a process counts once it is ``grace_s`` old (a task's first moment, before its exec);
 - such a process whose ``/proc/<pid>/maps`` has no ``libxcuda.so`` is a violation: the job is
   evicted (requeue-hold, as SysMonitor's evictions; Slurm's SIGTERM makes the runtime checkpoint) with that reason,
   which the ``evictions`` row and the job's EVICTED transition carry.
@@ -33,7 +37,7 @@ from collections.abc import Callable, Iterable
 from dataclasses import dataclass
 from pathlib import Path
 
-from executors.node.attribution import proc_slurm_job
+from executors.node.attribution import in_slurm_hook, proc_slurm_job
 
 log = logging.getLogger(__name__)
 
@@ -151,6 +155,8 @@ class XcudaCheck:
         for pid, sid in sorted(job_of_processes(procs, set(placed), self.proc_root).items()):
             p = procs[pid]
             if sid in found or p.state in ("Z", "X") or p.age_s < self.grace_s:
+                continue
+            if in_slurm_hook(pid, procs, self.proc_root):  # the Prolog, TaskProlog, Epilog: not the job's code
                 continue
             if on_gpu is not None and pid not in on_gpu:
                 continue

@@ -60,6 +60,12 @@ log = logging.getLogger(__name__)
 @click.option("--xcuda-check", "xcuda_check_s", type=click.FloatRange(min=0), default=5.0, show_default=True,
               help="Seconds between two checks that every process of the node's offline Slurm jobs has xCUDA "
                    "loaded (a job that unset LD_PRELOAD is evicted; docs/NODE_AGENT.md); 0: off.")
+@click.option("--prolog", type=click.Path(dir_okay=False, exists=True), default=None,
+              help="The node's Slurm Prolog: run it for a job whose TaskProlog waits for a plan file slurmd's "
+                   "skipped Prolog did not write (a requeued job restarted on this node; docs/SLURM.md). "
+                   "Needs --plan-dir.")
+@click.option("--plan-dir", type=click.Path(file_okay=False), default=None,
+              help="Where the Prolog writes the per-job plan files (the node scripts' @PLAN_DIR@).")
 @click.option("--time-scale", type=click.FloatRange(min=1e-3), default=1.0, hidden=True,
               help="Agent seconds per real second (tests: 60 makes a minute pass in one second).")
 @click.option("--seed", type=int, default=0, hidden=True)
@@ -68,12 +74,15 @@ def node_agent(ctx: click.Context, node: str | None, simulated: bool, db_url: st
                duration: float | None, shm_dir: Path, no_shm: bool, evict_mode: str, mps_pipe_dir: str | None,
                ring_seconds: float, sm_config: Path | None, placements_from: str, poll_s: float, scrape_s: float,
                scrape_timeout_s: float, solo_window_s: float, partial_every_s: float, sim_noise_pct: float,
-               xcuda_check_s: float, time_scale: float, seed: int) -> None:
+               xcuda_check_s: float, prolog: str | None, plan_dir: str | None, time_scale: float, seed: int) -> None:
     """Run the node agent for the GPUs of one node until SIGTERM/SIGINT."""
     from executors.node.agent import AgentConfig
     from executors.node.wiring import SourceConfig, build_agent
     node = node or socket.gethostname()
     from executors.node.config import ConfigError, load_sysmonitor_config
+
+    if (prolog is None) != (plan_dir is None):
+        raise click.UsageError("--prolog and --plan-dir go together")
 
     cfg = AgentConfig(interval_s=interval_ms / 1000.0, ring_window_s=ring_seconds, time_scale=time_scale,
                       partial_every_s=partial_every_s or None)
@@ -98,7 +107,8 @@ def node_agent(ctx: click.Context, node: str | None, simulated: bool, db_url: st
     slurm = slurm_config().client if placements_from == "slurm" else None
     sources = SourceConfig(placements=placements_from, slurm_client=slurm,
                            poll_s=poll_s, scrape_s=scrape_s, scrape_timeout_s=scrape_timeout_s,
-                           solo_window_s=solo_window_s, noise_pct=sim_noise_pct, xcuda_check_s=xcuda_check_s)
+                           solo_window_s=solo_window_s, noise_pct=sim_noise_pct, xcuda_check_s=xcuda_check_s,
+                           prolog=prolog, plan_dir=plan_dir)
 
     if not no_shm:
         shm_dir.mkdir(parents=True, exist_ok=True)

@@ -21,6 +21,7 @@ import signal
 import subprocess
 import time
 from collections import Counter
+from pathlib import Path
 
 import pytest
 from sqlalchemy import func, select
@@ -376,3 +377,101 @@ def test_pytorch_job_migrated_three_times_ends_like_an_unmigrated_run(dev_cluste
         assert got == want
     finally:
         _cancel(dev_cluster, jobs.values())
+
+
+def test_a_job_placed_again_on_its_node_runs_with_its_plan_though_slurmd_skips_the_prolog(dev_cluster,
+                                                                                           private_tmp) -> None:
+    """slurmd skips the Prolog of a requeued job released again on the node it ran on (reproduced by hand:
+    one Prolog for two runs). The TaskProlog waits for its plan file and the node agent's prolog watch runs
+    the Prolog for it, so the second run has its plan too (docs/SLURM.md "Node scripts")."""
+    from executors.node.prolog_watch import PrologWatch, PrologWatchThread
+    from executors.round_runner import stored_result
+
+    store, url = make_store(private_tmp)
+    gpus = register(store, dev_cluster)
+    d = dev_cluster.job_dir("reprolog")
+    run_env = f"{d}/env.$SLURM_JOB_ID.${{SLURM_RESTART_COUNT:-0}}"
+    jobs = _held_jobs(dev_cluster, store, d, 1, f"mx-rp{os.getpid()}", f"env > {run_env}.tmp && mv {run_env}.tmp "
+                                                                       f"{run_env}\nsleep 300\n")
+    (job_id, sid), = jobs.items()
+    be = backend(dev_cluster)
+    gpu = gpus[("mx-a10-1", 1)]
+    base = dt.datetime(2032, 1, 1, tzinfo=dt.UTC) + dt.timedelta(minutes=15 * (os.getpid() % 1000))
+
+    def run_round(action: dict, k: int) -> tuple[int, int]:
+        rid = make_round(store, [action], base + dt.timedelta(minutes=k))
+        with store.session() as s:
+            res = stored_result(s, s.get(m.SchedulingRound, rid))
+        return be.dispatch(store, rid, res, dt.datetime.now(dt.UTC))
+
+    def run_env_of(restart: int) -> dict[str, str]:
+        f = d / f"env.{sid}.{restart}"
+        dev_cluster.wait_for(f"run {restart} of job {sid} to print its environment", f.exists, timeout_s=90)
+        return dict(line.split("=", 1) for line in f.read_text().splitlines() if "=" in line)
+
+    layout = dev_cluster.layout
+    watch = PrologWatchThread(PrologWatch(layout.node_script_dir / "prolog.sh", layout.plan_dir, "mx-a10-1",
+                                          env={**os.environ, **dev_cluster.cluster.slurm_env(layout)}),
+                              interval_s=0.2).start()
+    start = {"action": "start", "job_id": job_id, "gpu_id": gpu, "from_gpu_id": None, "sm_pct": 30}
+    try:
+        assert run_round(start, 0) == (1, 0)
+        first = run_env_of(0)
+        assert run_round({"action": "evict", "job_id": job_id, "gpu_id": None, "from_gpu_id": gpu,
+                          "sm_pct": None}, 1) == (1, 0)
+        with dev_cluster.client() as c:
+            dev_cluster.wait_job(c, sid, lambda j: j.state == "PENDING" and j.held, "requeue-hold", timeout_s=60)
+        with store.session() as s:
+            assert s.get(m.OfflineJob, job_id).state == "PENDING"  # evicted, requeued held: to be placed again
+        assert run_round(start, 2) == (1, 0)
+        second = run_env_of(1)
+    finally:
+        watch.close()
+    for env in (first, second):
+        assert env["SLURMD_NODENAME"] == "mx-a10-1" and env["CUDA_VISIBLE_DEVICES"] == "1", env
+        assert env["CUDA_MPS_ACTIVE_THREAD_PERCENTAGE"] == "30" and env["LD_PRELOAD"].endswith("libxcuda.so"), env
+
+
+def test_a_task_prolog_waiting_for_its_plan_gets_it_from_the_prolog_the_node_agent_runs(dev_cluster,
+                                                                                         private_tmp) -> None:
+    """The skipped-Prolog case made deterministic: a held offline job released by root without a plan (its
+    slurmd Prolog finds none: "not a MuxFlow placement"), so its TaskProlog waits; the plan is then put in the
+    admin comment, and the prolog watch (started only now) sees the waiting TaskProlog, runs the Prolog for
+    it, and the task starts with the plan's GPU, share and xCUDA."""
+    from executors.node.prolog_watch import PrologWatch, PrologWatchThread
+
+    store, _url = make_store(private_tmp)
+    register(store, dev_cluster)
+    d = dev_cluster.job_dir("waitplan")
+    body = f"env > {d}/env.$SLURM_JOB_ID.tmp && mv {d}/env.$SLURM_JOB_ID.tmp {d}/env.$SLURM_JOB_ID\n"
+    jobs = _held_jobs(dev_cluster, store, d, 1, f"mx-wp{os.getpid()}", body)
+    (_job_id, sid), = jobs.items()
+    layout = dev_cluster.layout
+    slurm_env = {**os.environ, **dev_cluster.cluster.slurm_env(layout)}
+
+    def scontrol(*args: str) -> None:
+        out = subprocess.run(dev_cluster.cluster.command(layout, ["scontrol", *args]), env=slurm_env,
+                             capture_output=True, text=True, timeout=30)
+        assert out.returncode == 0, out.stderr
+
+    scontrol("update", f"jobid={sid}", "NodeList=mx-a10-1", "TresPerNode=gres/mps:30")
+    scontrol("release", str(sid))
+    with dev_cluster.client() as c:
+        dev_cluster.wait_job(c, sid, lambda j: j.state == "RUNNING", "start without a plan", timeout_s=60)
+    waiting = PrologWatch(layout.node_script_dir / "prolog.sh", layout.plan_dir, "mx-a10-1", env=slurm_env)
+    dev_cluster.wait_for("the TaskProlog to wait for its plan", lambda: any(k[0] == sid for k in waiting.waiting()),
+                         timeout_s=20)
+    assert not (d / f"env.{sid}").exists()
+    scontrol("update", f"jobid={sid}", f"AdminComment=muxflow-job=1 muxflow-gpu=3 muxflow-pct=30 "
+                                       f"muxflow-mem={2 * 1024**3}")
+    watch = PrologWatchThread(waiting, interval_s=0.2).start()
+    try:
+        dev_cluster.wait_for("the task to start", (d / f"env.{sid}").exists, timeout_s=30)
+    finally:
+        watch.close()
+    env = dict(line.split("=", 1) for line in (d / f"env.{sid}").read_text().splitlines() if "=" in line)
+    assert env["CUDA_VISIBLE_DEVICES"] == "3" and env["CUDA_MPS_ACTIVE_THREAD_PERCENTAGE"] == "30", env
+    assert env["LD_PRELOAD"].endswith("libxcuda.so") and env["XCUDA_MEM_QUOTA_BYTES"] == str(2 * 1024**3), env
+    log = Path("/var/log/muxflow/muxflow-node.log")
+    if log.exists():  # the Prolog's own log says who ran it
+        assert f"prolog job={sid} node=mx-a10-1 (run by the node-agent" in log.read_text()

@@ -170,7 +170,9 @@ def test_real_loop_end_to_end_from_sbatch_to_done(dev_cluster, make_postgres_dat
                 PY, "-m", "pipelines.cli", "--db", db, "node-agent", "--node", node, "--simulated",
                 "--evict", "scontrol", "--placements", "slurm", "--interval-ms", "100", "--no-shm",
                 "--scrape-interval", "1", "--placement-poll", "1", "--partial-every", "3",
-                "--sysmonitor-config", str(thresholds)], env=env, cwd=REPO)
+                "--sysmonitor-config", str(thresholds),
+                # a requeued job placed again on its node may start without its Prolog: the agent runs it
+                "--prolog", str(lay.node_script_dir / "prolog.sh"), "--plan-dir", str(lay.plan_dir)], env=env, cwd=REPO)
 
         # -- Dagster: daemon (rounds every PERIOD_S, sensors) and webserver --------------------------------
         home = tmp_path / "dagster_home"

@@ -74,7 +74,9 @@ def test_a_job_that_unsets_ld_preload_is_evicted_and_its_neighbour_is_not(privat
                 with store.session() as s:
                     return s.scalars(select(m.Eviction)).all()
 
-            [ev] = live.wait_for("the agent to evict the job without xCUDA", evicted, 90)
+            evs = live.wait_for("the agent to evict the job without xCUDA", evicted, 90)
+            assert len(evs) == 1, [(e.job_id, e.gpu_id, e.reason) for e in evs]
+            ev = evs[0]
             with live.client() as c:
                 held = live.wait_job(c, sids["rogue"], lambda j: j.held, "the rogue job requeued held", 60)
                 good = c.get_job(sids["good"])

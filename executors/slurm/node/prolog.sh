@@ -16,7 +16,8 @@ MPS_CONTROL="@MPS_CONTROL@"
 PIPE_ROOT="${MUXFLOW_MPS_PIPE_ROOT:-@MPS_PIPE_ROOT@}"
 OFFLINE="${MUXFLOW_OFFLINE_PARTITION:-offline}"
 job="${SLURM_JOB_ID:-}"
-log() { echo "$(date -u +%FT%TZ) prolog job=${job:-?} node=${SLURMD_NODENAME:-?}: $*" >> "$LOG_DIR/muxflow-node.log"; }
+by="${MUXFLOW_PROLOG_BY:+ (run by the $MUXFLOW_PROLOG_BY: slurmd skipped it)}"
+log() { echo "$(date -u +%FT%TZ) prolog job=${job:-?} node=${SLURMD_NODENAME:-?}$by: $*" >> "$LOG_DIR/muxflow-node.log"; }
 
 [[ -n "$job" ]] || exit 0
 # The job's record as JSON (squeue --json lists every job on some releases: pick ours by id). Only an offline

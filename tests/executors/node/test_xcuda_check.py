@@ -30,13 +30,13 @@ LIB = "/opt/muxflow/executors/xcuda/build/libxcuda.so"
 
 
 def fake_proc(root: Path, pid: int, ppid: int, comm: str, *, job: int | None = None, libs: tuple[str, ...] = (),
-              age_s: float = 60.0, state: str = "S", maps: bool = True) -> None:
+              age_s: float = 60.0, state: str = "S", maps: bool = True, env: dict[str, str] | None = None) -> None:
     d = root / str(pid)
     d.mkdir(parents=True)
     start = int((UPTIME_S - age_s) * HZ)
     rest = [state, str(ppid)] + ["0"] * 17 + [str(start), "0", "0"]
     (d / "stat").write_text(f"{pid} ({comm}) {' '.join(rest)}\n")
-    env = {"PATH": "/usr/bin", **({"SLURM_JOB_ID": str(job)} if job is not None else {})}
+    env = {"PATH": "/usr/bin", **({"SLURM_JOB_ID": str(job)} if job is not None else {}), **(env or {})}
     (d / "environ").write_bytes(b"\0".join(f"{k}={v}".encode() for k, v in env.items()) + b"\0")
     if maps:
         lines = ["55d0c0a00000-55d0c0a20000 r-xp 00000000 fe:00 1 /usr/bin/python3.11",
@@ -57,7 +57,7 @@ def proc(tmp_path: Path) -> Path:
     fake_proc(root, 202, 201, "python (train) x", libs=())         # `env -i python …`: no env, no xCUDA
     fake_proc(root, 300, 1, "sh", job=502, libs=(LIB,))            # job 502: well behaved
     fake_proc(root, 301, 300, "python", job=502, libs=(LIB,))
-    fake_proc(root, 400, 1, "task_prolog.sh", job=503, age_s=1.0)  # job 503: its TaskProlog, a moment old
+    fake_proc(root, 400, 1, "train.sh", job=503, age_s=1.0)        # job 503: its first process, a moment old
     fake_proc(root, 401, 1, "python", job=503, state="Z", maps=False)  # a zombie
     fake_proc(root, 500, 1, "sleep", job=999)                      # a job not placed on this node
     fake_proc(root, 600, 1, "secret", job=504, maps=False)          # maps unreadable
@@ -88,9 +88,31 @@ def test_only_the_job_with_a_process_without_xcuda_is_a_violation(proc: Path) ->
     assert (v.gpu_index, v.job_id, v.slurm_job_id, v.pid) == (0, 11, 501, 202)
     assert v.reason == ("xCUDA not loaded: process 202 (python (train) x) of Slurm job 501 runs without libxcuda.so "
                         "(LD_PRELOAD removed)")
-    # Once the TaskProlog-aged process is old enough, it is judged like any other.
+    # Once the young process is old enough, it is judged like any other.
     assert {x.slurm_job_id for x in XcudaCheck(placed((2, 13, 503)), [2], proc_root=proc,
                                               grace_s=0.5).violations()} == {503}
+
+
+def test_slurms_own_hooks_for_the_job_are_not_judged_however_long_they_take(proc: Path) -> None:
+    """The Prolog (and its squeue/python3 children) and the Epilog run with the job's SLURM_JOB_ID, marked
+    SLURM_SCRIPT_CONTEXT by slurmd; the TaskProlog (known by its name, for a minute at most) may wait for its
+    plan. A loaded node can make them slow; none is the job's code."""
+    fake_proc(proc, 700, 1, "prolog.sh", job=505, env={"SLURM_SCRIPT_CONTEXT": "prolog_slurmd"})
+    fake_proc(proc, 701, 700, "python3", job=505, env={"SLURM_SCRIPT_CONTEXT": "prolog_slurmd"})
+    fake_proc(proc, 710, 1, "task_prolog.sh", job=506, age_s=25.0, env={"SLURM_SCRIPT_CONTEXT": "prolog_task"})
+    fake_proc(proc, 711, 710, "sleep", job=506, env={"SLURM_SCRIPT_CONTEXT": "prolog_task"})
+    fake_proc(proc, 720, 1, "epilog.sh", job=507, env={"SLURM_SCRIPT_CONTEXT": "epilog_slurmd"})
+    jobs = placed((0, 15, 505), (1, 16, 506), (2, 17, 507))
+    assert XcudaCheck(jobs, [0, 1, 2], proc_root=proc, grace_s=5.0).violations() == []
+    # The job's own code carries SLURM_SCRIPT_CONTEXT=prolog_task too (Slurm 22.05 leaks it into the tasks): judged.
+    fake_proc(proc, 730, 1, "python", job=506, env={"SLURM_SCRIPT_CONTEXT": "prolog_task"})
+    assert [v.pid for v in XcudaCheck(jobs, [0, 1, 2], proc_root=proc, grace_s=5.0).violations()] == [730]
+
+
+def test_a_process_named_like_the_task_prolog_is_exempt_for_a_minute_only(proc: Path) -> None:
+    fake_proc(proc, 740, 1, "task_prolog.sh", job=508, age_s=120.0)
+    [v] = XcudaCheck(placed((0, 18, 508)), [0], proc_root=proc, grace_s=5.0).violations()
+    assert v.pid == 740
 
 
 def test_on_real_gpus_only_the_processes_on_a_gpu_count(proc: Path) -> None:
