@@ -434,10 +434,12 @@ def test_a_job_placed_again_on_its_node_runs_with_its_plan_though_slurmd_skips_t
 
 def test_a_task_prolog_waiting_for_its_plan_gets_it_from_the_prolog_the_node_agent_runs(dev_cluster,
                                                                                          private_tmp) -> None:
-    """The skipped-Prolog case made deterministic: a held offline job released by root without a plan (its
-    slurmd Prolog finds none: "not a MuxFlow placement"), so its TaskProlog waits; the plan is then put in the
-    admin comment, and the prolog watch (started only now) sees the waiting TaskProlog, runs the Prolog for
-    it, and the task starts with the plan's GPU, share and xCUDA."""
+    """The skipped-Prolog case made deterministic: a held offline job released by root with an incomplete plan
+    in its admin comment (no GPU, no share: its slurmd Prolog writes nothing, "not a MuxFlow placement"), so its
+    TaskProlog, seeing a MuxFlow admin comment but no plan file, waits; the whole plan is then put in the admin
+    comment, and the prolog watch (started only now) sees the waiting TaskProlog, runs the Prolog for it, and
+    the task starts with the plan's GPU, share and xCUDA. A job released by hand with no MuxFlow admin comment
+    does not wait (test_rest_live)."""
     from executors.node.prolog_watch import PrologWatch, PrologWatchThread
 
     store, _url = make_store(private_tmp)
@@ -454,7 +456,7 @@ def test_a_task_prolog_waiting_for_its_plan_gets_it_from_the_prolog_the_node_age
                              capture_output=True, text=True, timeout=30)
         assert out.returncode == 0, out.stderr
 
-    scontrol("update", f"jobid={sid}", "NodeList=mx-a10-1", "TresPerNode=gres/mps:30")
+    scontrol("update", f"jobid={sid}", "NodeList=mx-a10-1", "TresPerNode=gres/mps:30", "AdminComment=muxflow-job=1")
     scontrol("release", str(sid))
     with dev_cluster.client() as c:
         dev_cluster.wait_job(c, sid, lambda j: j.state == "RUNNING", "start without a plan", timeout_s=60)

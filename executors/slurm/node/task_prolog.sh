@@ -12,8 +12,12 @@ part="${SLURM_JOB_PARTITION:-}"
 plan="@PLAN_DIR@/${SLURM_JOB_ID:-none}.plan"
 # A requeued job released again on the same node may start without its Prolog (slurmd skips the Prolog
 # for a job id it has seen; docs/SLURM.md "Node scripts"). The node agent sees this script waiting and
-# runs the Prolog for the job (executors/node/prolog_watch.py): wait up to 30 s for the plan file.
-for ((i = 0; i < 120; i++)); do [[ -f "$plan" ]] && break; sleep 0.25; done
+# runs the Prolog for the job (executors/node/prolog_watch.py): a job MuxFlow placed (a plan in its admin
+# comment) waits up to 30 s for the plan file; any other offline job (released by hand) starts at once.
+# What scontrol says here only decides whether to wait: the plan itself comes from the root-owned file.
+if [[ ! -f "$plan" ]] && scontrol show job -o "${SLURM_JOB_ID:-0}" 2>/dev/null | grep -q 'AdminComment=muxflow-'; then
+    for ((i = 0; i < 120; i++)); do [[ -f "$plan" ]] && break; sleep 0.25; done
+fi
 [[ -f "$plan" && "$(stat -c %u "$plan")" == 0 && "$(stat -c %u "$(dirname "$plan")")" == 0 ]] || exit 0
 val() { sed -n "s/^$1=\([0-9][0-9.e+-]*\)$/\1/p" "$plan"; }
 gpu=$(val gpu); pct=$(val pct)
