@@ -60,7 +60,9 @@ def test_every_offered_version_live(site_cluster) -> None:
             target = c.submit(JobSpec(name="target", script="#!/bin/sh\nsleep 300\n", partition="offline",
                                       hold=True, gres_per_node="mps:30", stdout_path="/dev/null",
                                       dependency=f"afterok:{gate}")).job_id
-            held = c.submit(JobSpec(name="placed", script="#!/bin/sh\nsleep 300\n", partition="offline", hold=True,
+            # it takes the USR1 below as a MuxFlow job does (a checkpoint request), so only the cancel ends it
+            loop = "#!/bin/sh\ntrap 'echo usr1' USR1\nwhile :; do sleep 1; done\n"
+            held = c.submit(JobSpec(name="placed", script=loop, partition="offline", hold=True,
                                     gres_per_node="mps:30", stdout_path=f"{d}/%j.out")).job_id
             submitted = [first, gate, target, held]
             for name, body in _golden(version).items():

@@ -16,6 +16,7 @@ import datetime as dt
 import os
 import signal
 
+import pytest
 from sqlalchemy import select
 
 from executors.round_runner import stored_result
@@ -74,8 +75,16 @@ def test_node_faults_hand_jobs_back_and_take_gpus_out(site_cluster, private_tmp)
         for node, health in seen.items():  # what each round starting now would have seen
             health |= _health(store, gpus, node)
 
-    def settles(job_id: int, state: str, timeout_s: float = 90) -> None:
-        live.wait_for(f"job {job_id} {state}", lambda: (sync(), _state(store, job_id))[1] == state, timeout_s)
+    def settles(job_id: int, state: str, timeout_s: float = 120) -> None:
+        try:
+            live.wait_for(f"job {job_id} {state}", lambda: (sync(), _state(store, job_id))[1] == state, timeout_s)
+        except pytest.fail.Exception as exc:  # say what Slurm and the store saw
+            sid = next(s for s, j in ids.items() if j == job_id)
+            with live.client() as cl:
+                j = cl.get_job(sid)
+                nodes = {n.name: (n.state, n.state_flags) for n in cl.list_nodes()}
+            pytest.fail(f"{exc}; store: {_state(store, job_id)}; Slurm job {sid}: {j.state} ({j.state_reason}, "
+                        f"held {j.held}, nodes {j.nodes}); nodes: {nodes}", pytrace=False)
 
     outcomes = []
     a, b, c_, r = jobs
