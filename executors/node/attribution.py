@@ -49,16 +49,9 @@ class Split:
 def proc_slurm_job(pid: int, proc_root: Path = Path("/proc")) -> int | None:
     """The ``SLURM_JOB_ID`` in a process's environment (None: none, or the process is gone)."""
     try:
-        env = (proc_root / str(pid) / "environ").read_bytes()
-    except OSError:
+        return int(proc_env(pid, proc_root, "SLURM_JOB_ID")["SLURM_JOB_ID"])
+    except (KeyError, ValueError):
         return None
-    for item in env.split(b"\0"):
-        if item.startswith(b"SLURM_JOB_ID="):
-            try:
-                return int(item.split(b"=", 1)[1])
-            except ValueError:
-                return None
-    return None
 
 
 def proc_env(pid: int, proc_root: Path, *keys: str) -> dict[str, str]:

@@ -129,6 +129,16 @@ def test_cluster_init_bad_inputs(store_url: str, args: list[str], field: str) ->
 # -- online services ------------------------------------------------------------------
 
 
+def rows(url: str, stmt) -> list:
+    """The rows ``stmt`` reads from the store at ``url`` (its own short-lived engine)."""
+    engine = create_engine(url)
+    try:
+        with engine.connect() as conn:
+            return list(conn.execute(stmt).all())
+    finally:
+        engine.dispose()
+
+
 def _spare_gpu(url: str) -> int:
     """A GPU without an online service (cluster init gives every GPU one)."""
     engine = create_engine(url)

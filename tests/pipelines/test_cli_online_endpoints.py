@@ -6,16 +6,11 @@ import pytest
 from sqlalchemy import create_engine, select
 
 from executors.store import models as m
-from tests.pipelines.test_cli import REGISTER, _spare_gpu, assert_usage_error, cluster_url, ok  # noqa: F401
+from tests.pipelines.test_cli import REGISTER, _spare_gpu, assert_usage_error, cluster_url, ok, rows  # noqa: F401
 
 
 def _urls(url: str) -> dict[int, str | None]:
-    engine = create_engine(url)
-    try:
-        with engine.connect() as conn:
-            return dict(conn.execute(select(m.ServiceInstance.gpu_id, m.ServiceInstance.metrics_url)).all())
-    finally:
-        engine.dispose()
+    return dict(rows(url, select(m.ServiceInstance.gpu_id, m.ServiceInstance.metrics_url)))
 
 
 def test_endpoints_are_stored_per_replica(cluster_url: str) -> None:  # noqa: F811

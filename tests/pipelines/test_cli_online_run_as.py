@@ -3,28 +3,19 @@
 from __future__ import annotations
 
 import pytest
-from sqlalchemy import create_engine, func, select
+from sqlalchemy import func, select
 
 from executors.store import models as m
-from tests.pipelines.test_cli import REGISTER, _spare_gpu, assert_usage_error, cluster_url, ok  # noqa: F401
+from tests.pipelines.test_cli import REGISTER, _spare_gpu, assert_usage_error, cluster_url, ok, rows  # noqa: F401
 
 
 def _users(url: str) -> dict[int, str | None]:
-    engine = create_engine(url)
-    try:
-        with engine.connect() as conn:
-            return dict(conn.execute(select(m.ServiceInstance.gpu_id, m.ServiceInstance.run_as_user)).all())
-    finally:
-        engine.dispose()
+    return dict(rows(url, select(m.ServiceInstance.gpu_id, m.ServiceInstance.run_as_user)))
 
 
 def _services(url: str) -> int:
-    engine = create_engine(url)
-    try:
-        with engine.connect() as conn:
-            return conn.execute(select(func.count()).select_from(m.OnlineService)).scalar_one()
-    finally:
-        engine.dispose()
+    [(n,)] = rows(url, select(func.count()).select_from(m.OnlineService))
+    return n
 
 
 def test_the_replicas_user_is_stored(cluster_url: str) -> None:  # noqa: F811

@@ -19,19 +19,13 @@ from scheduler_core.pair_weights import slowdown_limit32
 from scheduler_core.predictor import PredictorConfig, train
 from scheduler_core.round import RoundConfig, plan_round
 from scheduler_core.round_dense import plan_round_dense
-from tests.scheduler_core.test_round_dense import random_cluster
+from tests.scheduler_core.test_round_dense import random_cluster, synthetic_pairs
 
 
 @pytest.fixture(scope="module")
 def factorized():
     torch.set_num_threads(1)
-    rng = np.random.default_rng(0)
-    x = np.column_stack([rng.uniform(0, 100, (400, 3)), rng.uniform(0, 0.5, 400), rng.uniform(0, 100, 400),
-                         rng.uniform(0, 4, 400), rng.uniform(0, 600, 400), rng.uniform(0.6, 1.0, 400),
-                         rng.uniform(0, 100, (400, 3)), rng.uniform(0, 0.4, 400), rng.uniform(0, 100, 400),
-                         rng.uniform(-3, 0.5, 400), rng.uniform(0.6, 1.0, 400), rng.uniform(0, 100, 400)])
-    yt = np.clip(0.3 + 0.6 * x[:, -1] / 100 - 0.2 * x[:, 1] / 100, 0, 1)
-    ys = 1 + 0.3 * x[:, -1] / 100 * x[:, 1] / 100
+    x, yt, ys = synthetic_pairs()
     model, _ = train(x, yt, ys, PredictorConfig(arch="factorized", epochs=3, seed=1))
     return model, x
 

@@ -119,15 +119,21 @@ def test_fast_round_equals_dense_reference(seed, n, m, penalty, fallback_levels)
             assert p.sm_pct == pct[epos[p.gpu_id], jpos[p.job_id]]
 
 
-def test_fast_round_with_a_real_mlp_matches_dense_bit_for_bit() -> None:
-    torch.set_num_threads(1)
-    rng = np.random.default_rng(0)
-    x = np.column_stack([rng.uniform(0, 100, (400, 3)), rng.uniform(0, 0.5, 400), rng.uniform(0, 100, 400),
-                         rng.uniform(0, 4, 400), rng.uniform(0, 600, 400), rng.uniform(0.6, 1.0, 400),
-                         rng.uniform(0, 100, (400, 3)), rng.uniform(0, 0.4, 400), rng.uniform(0, 100, 400),
-                         rng.uniform(-3, 0.5, 400), rng.uniform(0.6, 1.0, 400), rng.uniform(0, 100, 400)])
+def synthetic_pairs(n: int = 400, seed: int = 0) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
+    """``n`` pair-feature rows over the features' usual ranges, with a smooth throughput and slowdown."""
+    rng = np.random.default_rng(seed)
+    x = np.column_stack([rng.uniform(0, 100, (n, 3)), rng.uniform(0, 0.5, n), rng.uniform(0, 100, n),
+                         rng.uniform(0, 4, n), rng.uniform(0, 600, n), rng.uniform(0.6, 1.0, n),
+                         rng.uniform(0, 100, (n, 3)), rng.uniform(0, 0.4, n), rng.uniform(0, 100, n),
+                         rng.uniform(-3, 0.5, n), rng.uniform(0.6, 1.0, n), rng.uniform(0, 100, n)])
     yt = np.clip(0.3 + 0.6 * x[:, -1] / 100 - 0.2 * x[:, 1] / 100, 0, 1)
     ys = 1 + 0.3 * x[:, -1] / 100 * x[:, 1] / 100
+    return x, yt, ys
+
+
+def test_fast_round_with_a_real_mlp_matches_dense_bit_for_bit() -> None:
+    torch.set_num_threads(1)
+    x, yt, ys = synthetic_pairs()
     model, _ = train(x, yt, ys, PredictorConfig(epochs=3, seed=1))
     gpus, jobs = random_cluster(5, 60, 45)
     preds = {"t4": model, "a10": model}

@@ -55,31 +55,26 @@ def ensure_packages(echo: Callable[[str], None] = print) -> None:
 JOB_USERS = ("mxuser1", "mxuser2")
 
 
-def ensure_job_user(name: str) -> pwd.struct_passwd:
-    """A regular login user (own group, no home directory) that submits jobs like a site's users do."""
+def _ensure_user(name: str, useradd_flags: list[str]) -> pwd.struct_passwd:
+    """User ``name``, created with ``useradd <flags>`` (no home directory) when missing; only root can create."""
     try:
         return pwd.getpwnam(name)
     except KeyError:
         pass
     if os.geteuid() != 0:
         raise InstallError(f"user {name!r} does not exist and only root can create it")
-    out = subprocess.run(["useradd", "--user-group", "--no-create-home", "--home-dir", "/nonexistent",
-                          "--shell", "/bin/sh", name], capture_output=True, text=True)
+    out = subprocess.run(["useradd", *useradd_flags, "--no-create-home", "--home-dir", "/nonexistent", name],
+                         capture_output=True, text=True)
     if out.returncode != 0 and "already exists" not in out.stderr:
         raise InstallError(f"useradd {name}: {out.stderr.strip()}")
     return pwd.getpwnam(name)
+
+
+def ensure_job_user(name: str) -> pwd.struct_passwd:
+    """A regular login user (own group, no home directory) that submits jobs like a site's users do."""
+    return _ensure_user(name, ["--user-group", "--shell", "/bin/sh"])
 
 
 def ensure_service_user(name: str) -> pwd.struct_passwd:
     """The unprivileged system user slurmctld and slurmrestd run as (created when missing)."""
-    try:
-        return pwd.getpwnam(name)
-    except KeyError:
-        pass
-    if os.geteuid() != 0:
-        raise InstallError(f"user {name!r} does not exist and only root can create it")
-    out = subprocess.run(["useradd", "--system", "--no-create-home", "--home-dir", "/nonexistent",
-                          "--shell", "/usr/sbin/nologin", name], capture_output=True, text=True)
-    if out.returncode != 0 and "already exists" not in out.stderr:
-        raise InstallError(f"useradd {name}: {out.stderr.strip()}")
-    return pwd.getpwnam(name)
+    return _ensure_user(name, ["--system", "--shell", "/usr/sbin/nologin"])
