@@ -41,6 +41,7 @@ REASON_TEXT = {
     u.SLOWDOWN: NO_FEASIBLE + "predicted online slowdown over the allowance",
     u.NO_THROUGHPUT: NO_FEASIBLE + "no predicted throughput",
     u.NOT_MATCHED: "lost in the matching to other jobs",
+    u.DEFERRED_SRPT: "waiting: the cluster is full and jobs with less work left go first",
 }
 
 

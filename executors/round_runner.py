@@ -37,6 +37,8 @@ from scheduler_core.domain import (
 from scheduler_core.dynamic_sm import SmPolicy
 from scheduler_core.features import round_online_features
 from scheduler_core.forecast import ForecastPolicy, forecast_next
+from scheduler_core.latency_model import LatencyCurve
+from scheduler_core.latency_model import fit as fit_latency
 from scheduler_core.round import RoundConfig, from_snapshot, plan_round, snapshot
 
 log = logging.getLogger(__name__)
@@ -53,9 +55,20 @@ class NoPredictorError(RuntimeError):
     """No promoted speed predictor exists."""
 
 
+def _latency_curves(rows, series) -> dict[tuple[str, str], LatencyCurve | None]:
+    """Per (service, GPU type), the replicas' latency alone against their SM activity over the history."""
+    pooled: dict[tuple[str, str], list[tuple[np.ndarray, np.ndarray]]] = {}
+    for gpu, gtype, svc, _replica in rows:
+        ser = series[gpu.id]
+        pooled.setdefault((svc.name, gtype.name), []).append((ser["sm"], ser["latency"]))
+    return {k: fit_latency(np.concatenate([x for x, _ in v]), np.concatenate([y for _, y in v]))
+            for k, v in pooled.items()}
+
+
 def _gpu_candidates(s, now: dt.datetime, running: dict, policy: ForecastPolicy) -> list[GpuCandidate]:
     rows = inventory.served_gpus(s)
     series = repo.recent_online_series(s, [g.id for g, _, _, _ in rows], now - HISTORY)
+    curves = _latency_curves(rows, series)
     on_gpu = {r.gpu_id: r for r in running.values()}
     out = []
     for gpu, gtype, svc, replica in rows:
@@ -73,6 +86,8 @@ def _gpu_candidates(s, now: dt.datetime, running: dict, policy: ForecastPolicy) 
         mean = {k: float(np.nanmean(v)) if np.isfinite(v).any() else 0.0 for k, v in recent.items()}
         fc_sm = forecast_next(ser["sm"], policy)
         current = on_gpu.get(gpu.id)
+        curve = curves.get((svc.name, gtype.name))  # None until the replicas have enough minutes
+        p99 = float(curve.p99_at(fc_sm)) if curve is not None and np.isfinite(fc_sm) else None
         out.append(
             GpuCandidate(
                 gpu_id=gpu.id, gpu_type=gtype.name, memory_bytes=gtype.memory_bytes,
@@ -84,6 +99,7 @@ def _gpu_candidates(s, now: dt.datetime, running: dict, policy: ForecastPolicy) 
                 current_job_id=current.job_id if current else None,
                 current_sm_pct=current.sm_pct if current else None,
                 run_as_user=replica.run_as_user,
+                latency_slo_ms=svc.latency_slo_ms, forecast_p99_ms=p99,
             )
         )
     return out

@@ -159,6 +159,8 @@ class JobCandidate:
     current_gpu_id: int | None = None
     current_sm_pct: int | None = None
     run_as_user: str | None = None  # the user its processes run as (Slurm: the submitter); None: unknown
+    # Solo seconds of work it has left (scheduler_core.admission orders an overloaded round by it); None: unknown.
+    remaining_s: float | None = None
 
 
 class Action(str, enum.Enum):

@@ -125,22 +125,54 @@ class Shared:
     sm_pct: object
     mem_bytes: object
     bw_pct: object
-    norm_tput: object
+    norm_tput: object         # the job's normalized throughput, after xCUDA's pacing
     slowdown: object          # ≥ 1: online latency = solo latency × slowdown
+    pace: object = 1.0        # fraction of its kernels xCUDA let the job launch (1: unpaced)
+
+
+# xCUDA's floor on an offline process's launch rate over what it asks for (executors/xcuda: min_rate
+# 10 launches/s against a typical 1,000–2,000): a paced job never stops completely.
+PACE_FLOOR = 0.01
+# xCUDA's default target GPU load (XCUDA_TARGET_UTIL, executors/xcuda/src/config.c).
+XCUDA_TARGET_UTIL = 0.9
+
+
+def xcuda_pace(online_sm_pct, off_sm_used_frac, duty, norm_tput, target_util):
+    """Fraction of its kernels xCUDA lets an offline job launch to hold the GPU's load at ``target_util``.
+
+    The production xCUDA (executors/xcuda, :mod:`scheduler_core.xcuda_control`) paces each offline
+    process's kernel launches with a PID so that the GPU load ``U_GPU = U_SM · a_C`` stays at its
+    target (default 0.9; ``a_C`` = 1 without clock information, the node agent's default). The PID
+    settles in well under a second (20 ms periods), so over a minute its effect is its steady state:
+    the job's SM footprint — linear in the fraction of time it runs kernels, :func:`shared_metrics` —
+    scaled down until the GPU's SM activity is at the target, and no further than ``PACE_FLOOR``.
+    ``target_util`` None: no pacing (1 everywhere).
+    """
+    if target_util is None:
+        return np.ones(np.shape(np.asarray(online_sm_pct) + np.asarray(duty)))
+    full = 100.0 * np.asarray(off_sm_used_frac) * np.asarray(duty) * (0.6 + 0.4 * np.asarray(norm_tput))
+    room = 100.0 * float(target_util) - np.asarray(online_sm_pct, dtype=float)
+    with np.errstate(divide="ignore", invalid="ignore"):
+        pace = np.where(full > 0, room / np.where(full > 0, full, 1.0), 1.0)
+    return np.clip(pace, PACE_FLOOR, 1.0)
 
 
 def with_offline(online: OnlineAlone, model: OnlineModel, job: WorkloadTraits, sm_pct, duty, job_mem_bytes,
-                 params: InterferenceParams = InterferenceParams()) -> Shared:
+                 params: InterferenceParams = InterferenceParams(), target_util: float | None = None) -> Shared:
     """An offline job with traits ``job`` at MPS share ``sm_pct`` beside the replica (paper §4.3).
 
     ``duty`` is the fraction of the time the job ran kernels (0 while it starts or loads its
     checkpoint): it scales its footprint and the slowdown it causes, not its throughput while running.
+    ``target_util``: xCUDA's target GPU load (:func:`xcuda_pace`); the pace scales the job's footprint,
+    the slowdown it causes and its throughput alike. None: no pacing.
     """
     tput, slow = colocate(model.traits, online.load, job, sm_pct, params)
     used = np.minimum(np.asarray(sm_pct, dtype=float) / 100.0, job.sm_need)
+    pace = xcuda_pace(online.sm_pct, used, duty, tput, target_util)
+    ran = duty * pace
     util, sm, mem, bw = shared_metrics(online.util_pct, online.sm_pct, online.mem_bytes, online.bw_pct,
-                                       job_mem_bytes, used, job.mem_bw, duty, tput)
-    return Shared(util, sm, mem, bw, tput, 1.0 + (slow - 1.0) * duty)
+                                       job_mem_bytes, used, job.mem_bw, ran, tput)
+    return Shared(util, sm, mem, bw, tput * pace, 1.0 + (slow - 1.0) * ran, pace)
 
 
 def alone_as_shared(online: OnlineAlone) -> Shared:

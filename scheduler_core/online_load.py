@@ -13,6 +13,7 @@ import math
 import numpy as np
 
 from scheduler_core.domain import GpuTypeSpec
+from scheduler_core.latency_model import P99_OF_MEAN
 from scheduler_core.workloads import OnlineFamily
 
 
@@ -44,6 +45,14 @@ def solo_sm_activity_pct(load: np.ndarray | float, family: OnlineFamily) -> np.n
 
 def solo_latency_ms(load: np.ndarray | float, family: OnlineFamily, spec: GpuTypeSpec) -> np.ndarray:
     return latency_at_load_ms(load, base_latency_ms(family, spec))
+
+
+def peak_slo_ms(family: OnlineFamily, specs: list[GpuTypeSpec], qps_max: float, scale: float = 1.0,
+                step_ms: float = 10.0) -> float:
+    """A p99 SLO of ``scale`` times what the service has alone at its daily peak on the slowest of ``specs``
+    (p99 = mean · ln 100, an M/M/1 sojourn), rounded up to ``step_ms`` (how simulated sites declare SLOs)."""
+    worst = max(float(solo_latency_ms(load_of(qps_max, family, sp), family, sp)) for sp in specs)
+    return math.ceil(scale * worst * P99_OF_MEAN / step_ms) * step_ms
 
 
 # The same relations on their parameters alone (scalars or one value per GPU), for the

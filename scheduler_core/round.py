@@ -19,6 +19,7 @@ from dataclasses import asdict, dataclass, field
 
 import numpy as np
 
+from scheduler_core.admission import AdmissionPolicy, admit, capacity
 from scheduler_core.assignment import SolverConfig, solve
 from scheduler_core.domain import (
     Action,
@@ -62,6 +63,8 @@ class RoundConfig:
     max_jobs_per_gpu: int = 1
     # Throughput an offline job keeps per offline co-runner on its GPU (MPS isolation; scheduler_core.slots).
     corunner_efficiency: float = 0.75
+    # Which jobs compete when more wait than the GPUs can take (scheduler_core.admission).
+    admission: AdmissionPolicy = field(default_factory=AdmissionPolicy)
 
     def __post_init__(self) -> None:
         if self.matcher not in MATCHERS:
@@ -73,6 +76,8 @@ class RoundConfig:
         # Stored rounds keep their config as JSON (dataclasses.asdict): nested settings come back as dicts.
         if isinstance(self.sm, dict):
             object.__setattr__(self, "sm", SmPolicy(**self.sm))
+        if isinstance(self.admission, dict):
+            object.__setattr__(self, "admission", AdmissionPolicy(**self.admission))
         if isinstance(self.solver, dict):
             known = SolverConfig.__dataclass_fields__
             object.__setattr__(self, "solver", SolverConfig(**{k: v for k, v in self.solver.items() if k in known}))
@@ -86,6 +91,9 @@ def plan_round(
 ) -> RoundResult:
     """Plan one round; the matching comes with an optimality certificate checked on every pair."""
     t0 = time.perf_counter()
+    all_jobs = jobs
+    slots = capacity(gpus, predictors, cfg.max_jobs_per_gpu)
+    jobs, deferred = admit(all_jobs, slots, cfg.admission)
     graph = build_graph(gpus, jobs, predictors, cfg)
     t_graph = time.perf_counter()
     gt = graph.stats.get("timings_s", {})
@@ -103,16 +111,24 @@ def plan_round(
     slot_pairs = list(zip(graph.layout.gpu[ci].tolist(), ji.tolist()))
     placements, actions = diff_plan(graph.gpus, jobs, slot_pairs, graph.pair_pct(ci, ji), graph.slot_quota[ci],
                                     *graph.predicted(ci, ji), cfg, graph.layout.count[ci])
+    # A running job admission left out is checkpointed and waits (shorter jobs take its place).
+    actions += [PlanAction(Action.EVICT, j.job_id, None, j.current_gpu_id, None)
+                for j in deferred if j.current_gpu_id is not None]
     t_plan = time.perf_counter()
     # Why each job the plan leaves out is not placed (`muxflow jobs list`, the round's metadata).
-    stats["unplaced"] = unplaced_reasons(gpus, jobs, predictors, graph, {p.job_id for p in placements})
+    why_deferred = (f"{len(all_jobs)} jobs for {slots} offline slots: the {len(jobs)} with the least work left "
+                    f"competed (a running job counts its remaining work x{cfg.admission.preempt_ratio:g})")
+    stats["admission"] = {"slots": slots, "competing": len(jobs), "deferred": len(deferred),
+                          "preempted": sum(1 for j in deferred if j.current_gpu_id is not None)}
+    stats["unplaced"] = unplaced_reasons(gpus, jobs, predictors, graph, {p.job_id for p in placements},
+                                         (why_deferred, deferred))
     t_end = time.perf_counter()
     return RoundResult(
         placements=placements,
         actions=actions,
         objective=float(sum(p.predicted_norm_tput for p in placements)),
         gpus_considered=len(graph.gpus),
-        jobs_considered=len(jobs),
+        jobs_considered=len(all_jobs),
         feasible_pairs=graph.weights.feasible_pair_count(),
         timings_s={
             "features": gt.get("features", 0.0),

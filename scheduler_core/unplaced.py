@@ -16,6 +16,8 @@ GPU, in the order a user can act on:
                              GPU at every share level
 ``no_throughput``            the predicted throughput is 0 wherever the slowdown is allowed
 ``not_matched``              feasible somewhere, but the matching gave those GPUs to other jobs
+``deferred_srpt``            the round was overloaded and jobs with less remaining work competed first
+                             (:mod:`scheduler_core.admission`)
 
 Cheap: jobs are explained by class (jobs with the same memory, allowed types and
 profiles share every feasibility answer), only classes with an unplaced job are
@@ -43,8 +45,9 @@ OUT_OF_PREDICTOR_RANGE = "out_of_predictor_range"
 SLOWDOWN = "slowdown"
 NO_THROUGHPUT = "no_throughput"
 NOT_MATCHED = "not_matched"
+DEFERRED_SRPT = "deferred_srpt"
 REASONS = (NO_GPU_OF_ALLOWED_TYPE, NO_PREDICTOR, NO_PROFILE, GPU_NOT_HEALTHY, RUN_AS_USER, MEMORY,
-           OUT_OF_PREDICTOR_RANGE, SLOWDOWN, NO_THROUGHPUT, NOT_MATCHED)
+           OUT_OF_PREDICTOR_RANGE, SLOWDOWN, NO_THROUGHPUT, NOT_MATCHED, DEFERRED_SRPT)
 GIB = 1024**3
 
 
@@ -53,13 +56,13 @@ def _types(names) -> str:
 
 
 def unplaced_reasons(gpus: list[GpuCandidate], jobs: list[JobCandidate], predictors: dict, graph,
-                     placed_job_ids: set[int]) -> dict:
+                     placed_job_ids: set[int], deferred: tuple[str, list[JobCandidate]] | None = None) -> dict:
     """``{"counts": {reason: jobs}, "jobs": {reason: {detail: "<job id>,<job id>,…"}}}`` for the jobs not placed.
 
     ``gpus`` are all the round's GPUs (any health), ``graph`` its
     :class:`~scheduler_core.pair_weights.RoundGraph` (rows: the eligible GPUs). Nested
     dicts of strings and numbers: the round's stats are stored as such (:func:`groups`
-    reads the job ids back).
+    reads the job ids back). ``deferred``: the jobs admission kept out of the round, with why.
     """
     left = [j for j, job in enumerate(jobs) if job.job_id not in placed_job_ids]
     groups: dict[tuple[str, str], list[int]] = defaultdict(list)
@@ -81,6 +84,8 @@ def unplaced_reasons(gpus: list[GpuCandidate], jobs: list[JobCandidate], predict
             if key not in why:
                 why[key] = _explain(jobs[j], key[0], gpus, in_round, predicted, healthy_types, graph, cands)
             groups[why[key]].append(jobs[j].job_id)
+    if deferred is not None and deferred[1]:
+        groups[(DEFERRED_SRPT, deferred[0])].extend(j.job_id for j in deferred[1])
     counts: dict[str, int] = defaultdict(int)
     for (reason, _detail), ids in groups.items():
         counts[reason] += len(ids)

@@ -31,7 +31,14 @@ import numpy as np
 from executors.node.placements import OfflineOnGpu, Placements
 from executors.node.sampler import NAN, RawSample
 from scheduler_core.domain import GpuTypeSpec
-from scheduler_core.gpu_model import OnlineModel, alone_as_shared, clock_frac, online_alone, with_offline
+from scheduler_core.gpu_model import (
+    XCUDA_TARGET_UTIL,
+    OnlineModel,
+    alone_as_shared,
+    clock_frac,
+    online_alone,
+    with_offline,
+)
 from scheduler_core.interference import InterferenceParams
 from scheduler_core.online_load import diurnal_qps
 
@@ -59,8 +66,10 @@ class SimulatedGpu:
     def __init__(self, gpu_index: int, spec: GpuTypeSpec, online: OnlineModel | None, replica: Replica | None,
                  placements: Placements, scraped_qps: Callable[[float], float | None] | None = None, *,
                  interference: InterferenceParams = InterferenceParams(), noise_pct: float = 1.0,
-                 warmup_s: float = 0.0, seed: int = 0):
+                 warmup_s: float = 0.0, seed: int = 0, xcuda_target_util: float | None = XCUDA_TARGET_UTIL):
         self.gpu_index = gpu_index
+        # The job's xCUDA paces it to this GPU load (gpu_model.xcuda_pace); None: unpaced.
+        self.xcuda_target_util = xcuda_target_util
         self.spec = spec
         self.online = online
         self.replica = replica
@@ -120,7 +129,8 @@ class SimulatedGpu:
         on = online_alone(model, qps)
         shared = alone_as_shared(on)
         if job is not None:
-            shared = with_offline(on, model, job.traits, job.sm_pct, duty, float(job.mem_bytes), self.interference)
+            shared = with_offline(on, model, job.traits, job.sm_pct, duty, float(job.mem_bytes), self.interference,
+                                  self.xcuda_target_util)
         if self.replica is None or self.online is None:
             online = (NAN,) * 7
         else:

@@ -35,6 +35,7 @@ from executors.node.xcuda_check import Violation, XcudaCheck, XcudaWatch
 from executors.store import inventory
 from executors.store import models as m
 from scheduler_core.domain import GpuHealth, GpuTypeSpec
+from scheduler_core.gpu_model import XCUDA_TARGET_UTIL
 from scheduler_core.sysmonitor import SysMonitor
 
 log = logging.getLogger(__name__)
@@ -52,6 +53,7 @@ class SourceConfig:
     solo_window_s: float = 3600.0
     noise_pct: float = 1.0             # simulated GPUs' measurement noise
     warmup_s: float = 0.0              # simulated GPUs: seconds a started job runs no kernels
+    sim_xcuda_target_util: float | None = XCUDA_TARGET_UTIL  # simulated GPUs: the load xCUDA paces jobs to (None: off)
     partition: str | None = None       # only Slurm jobs of this partition are offline work (None: any)
     xcuda_check_s: float = 0.0         # period of the check for offline processes without xCUDA (0: off; CLI: 5 s)
     xcuda_grace_s: float = 5.0         # a process younger than this is not judged yet (TaskProlog, Epilog)
@@ -189,7 +191,8 @@ def _assemble(store, pairs, replicas: dict[int, Replica], placements: Placements
                 sc = scrapers.get(g.gpu_index)
                 models[g.gpu_index] = SimulatedGpu(
                     g.gpu_index, spec, online, rep, placements, None if sc is None else sc.current_qps,
-                    noise_pct=src.noise_pct, warmup_s=src.warmup_s, seed=seed)
+                    noise_pct=src.noise_pct, warmup_s=src.warmup_s, seed=seed,
+                    xcuda_target_util=src.sim_xcuda_target_util)
             sampler = SimulatedSampler(models=models)
         else:
             from executors.node.attribution import ProcessAttribution

@@ -29,7 +29,14 @@ from executors.cluster import (
     RunningJob,
 )
 from scheduler_core.domain import Action, GpuHealth, GpuTypeSpec, PlanAction
-from scheduler_core.gpu_model import OnlineModel, alone_as_shared, clock_frac, online_alone, with_offline
+from scheduler_core.gpu_model import (
+    XCUDA_TARGET_UTIL,
+    OnlineModel,
+    alone_as_shared,
+    clock_frac,
+    online_alone,
+    with_offline,
+)
 from scheduler_core.gpu_specs import get_spec
 from scheduler_core.interference import InterferenceParams
 from scheduler_core.online_load import diurnal_qps
@@ -80,6 +87,8 @@ class SimSettings:
     burst_factor: float = 1.6
     burst_minutes: tuple[int, int] = (3, 12)
     interference: InterferenceParams = field(default_factory=InterferenceParams)
+    # xCUDA's target GPU load, as the offline job's preload paces it (None: unpaced; gpu_model.xcuda_pace).
+    xcuda_target_util: float | None = XCUDA_TARGET_UTIL
     sysmonitor: SysMonitorConfig = field(default_factory=SysMonitorConfig)
 
 
@@ -327,7 +336,7 @@ class SimulatedCluster:
             job.warmup_left_s = max(0.0, job.warmup_left_s - 60.0)
             # no kernels of its own during start-up or restart
             shared = with_offline(on, g.model, wl.traits, job.sm_pct, active_s / 60.0, job.spec.mem_bytes,
-                                  self.settings.interference)
+                                  self.settings.interference, self.settings.xcuda_target_util)
             steps = float(shared.norm_tput) * self.solo_steps_per_s(job.spec.job_type, gt.name) * active_s
             steps = min(steps, job.spec.total_steps - job.steps_done)
             job.steps_done += steps

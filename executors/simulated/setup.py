@@ -11,6 +11,7 @@ from executors.store import repo
 from executors.store.db import Session
 from scheduler_core.domain import JobState
 from scheduler_core.gpu_specs import get_spec
+from scheduler_core.online_load import peak_slo_ms
 from scheduler_core.workloads import ONLINE_FAMILIES, WorkloadCatalog
 
 FAMILY_ORDER = ("cnn", "transformer", "recommender", "lm")
@@ -31,6 +32,7 @@ def init_simulated_cluster(
     if total < services:
         raise ValueError(f"{services} services need at least as many GPUs, got {total}")
     rng = rng_stream(seed, "cluster-init")
+    specs = [get_spec(t) for t in sorted(types)]
     svc_rows = []
     for k in range(services):
         fam = FAMILY_ORDER[k % len(FAMILY_ORDER)]
@@ -38,7 +40,8 @@ def init_simulated_cluster(
         qmax = float(rng.uniform(120, 190))
         svc = m.OnlineService(
             name=f"svc-{fam}-{k}", model_family=fam, qps_min=round(qmin, 1), qps_max=round(qmax, 1),
-            peak_hour_utc=round(float((14 + 10 * k / services) % 24), 2), latency_slo_ms=100.0,
+            peak_hour_utc=round(float((14 + 10 * k / services) % 24), 2),
+            latency_slo_ms=peak_slo_ms(ONLINE_FAMILIES[fam], specs, round(qmax, 1)),
             slowdown_allowance=0.2, mem_bytes=ONLINE_FAMILIES[fam].mem_bytes,
         )
         s.add(svc)

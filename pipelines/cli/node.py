@@ -57,6 +57,9 @@ log = logging.getLogger(__name__)
                    "version of it (0: only whole minutes).")
 @click.option("--sim-noise-pct", type=click.FloatRange(0, 20), default=1.0, show_default=True,
               help="Simulated GPUs: measurement noise on SM activity and utilization (percentage points).")
+@click.option("--sim-xcuda-target", "sim_xcuda_target", type=click.FloatRange(0, 2), default=0.9, show_default=True,
+              help="Simulated GPUs: the GPU load each offline job's xCUDA paces it to (the library's default "
+                   "XCUDA_TARGET_UTIL); 0: jobs xCUDA does not pace.")
 @click.option("--xcuda-check", "xcuda_check_s", type=click.FloatRange(min=0), default=5.0, show_default=True,
               help="Seconds between two checks that every process of the node's offline Slurm jobs has xCUDA "
                    "loaded (a job that unset LD_PRELOAD is evicted; docs/NODE_AGENT.md); 0: off.")
@@ -74,7 +77,8 @@ def node_agent(ctx: click.Context, node: str | None, simulated: bool, db_url: st
                duration: float | None, shm_dir: Path, no_shm: bool, evict_mode: str, mps_pipe_dir: str | None,
                ring_seconds: float, sm_config: Path | None, placements_from: str, poll_s: float, scrape_s: float,
                scrape_timeout_s: float, solo_window_s: float, partial_every_s: float, sim_noise_pct: float,
-               xcuda_check_s: float, prolog: str | None, plan_dir: str | None, time_scale: float, seed: int) -> None:
+               sim_xcuda_target: float, xcuda_check_s: float, prolog: str | None, plan_dir: str | None,
+               time_scale: float, seed: int) -> None:
     """Run the node agent for the GPUs of one node until SIGTERM/SIGINT."""
     from executors.node.agent import AgentConfig
     from executors.node.wiring import SourceConfig, build_agent
@@ -108,7 +112,8 @@ def node_agent(ctx: click.Context, node: str | None, simulated: bool, db_url: st
     sources = SourceConfig(placements=placements_from, slurm_client=slurm,
                            poll_s=poll_s, scrape_s=scrape_s, scrape_timeout_s=scrape_timeout_s,
                            solo_window_s=solo_window_s, noise_pct=sim_noise_pct, xcuda_check_s=xcuda_check_s,
-                           prolog=prolog, plan_dir=plan_dir)
+                           prolog=prolog, plan_dir=plan_dir,
+                           sim_xcuda_target_util=sim_xcuda_target if sim_xcuda_target > 0 else None)
 
     if not no_shm:
         shm_dir.mkdir(parents=True, exist_ok=True)

@@ -44,6 +44,10 @@ def _sim_options(fn):
         click.option("--migration-penalty", type=click.FloatRange(min=0.0), default=None,
                      help="Weight a MuxFlow round subtracts for moving a running job [default: restart cost "
                           "over one interval, 0.1]; 0 = the paper."),
+        click.option("--slo-scale", type=click.FloatRange(min=0.0, min_open=True), default=None,
+                     help="Give each online service a p99 SLO of this many times its p99 alone at its daily peak "
+                          "(MuxFlow rounds then keep the predicted p99 within it; SLO violations per "
+                          "service-minute are reported) [default: no SLOs, the paper's flat allowance]."),
         click.option("--calibration", default="transfer", show_default=True,
                      help="Interference calibration: transfer, pessimistic, or a measured GPU type's own fit "
                           "(k80, p100, ...; docs/CALIBRATION.md)."),
@@ -56,7 +60,7 @@ def _sim_options(fn):
 
 
 def _config(gpus, types_text, hours, jobs, arrival_hours, mean_job_hours, seed, sm_fallback_levels=None,
-            migration_penalty=None):
+            migration_penalty=None, slo_scale=None):
     from scheduler_core.simulator import SimConfig
 
     types = tuple(parse_types(types_text).items()) if types_text else None
@@ -65,7 +69,8 @@ def _config(gpus, types_text, hours, jobs, arrival_hours, mean_job_hours, seed, 
     try:
         return SimConfig(gpus=gpus, gpu_types=types, hours=hours, jobs=jobs, arrival_hours=arrival_hours,
                          mean_job_hours=mean_job_hours, max_job_hours=max(8.0, mean_job_hours), seed=seed,
-                         sm_fallback_levels=sm_fallback_levels, migration_penalty=migration_penalty)
+                         sm_fallback_levels=sm_fallback_levels, migration_penalty=migration_penalty,
+                         slo_scale=slo_scale)
     except ValueError as exc:
         raise CliError(str(exc)) from exc
 
@@ -171,7 +176,8 @@ def _config_json(cfg) -> dict:
             "round_minutes": cfg.round_minutes, "migration_penalty": cfg.round_migration_penalty(),
             "sm_fallback_levels": cfg.sm_fallback_levels if cfg.sm_fallback_levels is not None
             else SmPolicy().fallback_levels,
-            "fixed_sm_pct": cfg.fixed_sm_pct}
+            "fixed_sm_pct": cfg.fixed_sm_pct, "slo_scale": cfg.slo_scale,
+            "service_slos_ms": dict(zip((s.name for s in cfg.services), cfg.service_slos_ms()))}
 
 
 @click.group("simulate", invoke_without_command=True, context_settings=HELP)
@@ -180,7 +186,7 @@ def _config_json(cfg) -> dict:
 @click.pass_context
 @_guarded
 def simulate(ctx, trace_path, gpus, types_text, hours, jobs, arrival_hours, mean_job_hours, seed, sm_fallback_levels,
-             migration_penalty, calibration, as_json, quiet, policy) -> None:
+             migration_penalty, slo_scale, calibration, as_json, quiet, policy) -> None:
     """Simulate one policy on a trace and print the paper's metrics (SIMULATED)."""
     if ctx.invoked_subcommand is not None:
         return
@@ -188,7 +194,7 @@ def simulate(ctx, trace_path, gpus, types_text, hours, jobs, arrival_hours, mean
 
     get_policy(policy)
     cfg = _config(gpus, types_text, hours, jobs, arrival_hours, mean_job_hours, seed, sm_fallback_levels,
-                  migration_penalty)
+                  migration_penalty, slo_scale)
     [calibration] = _check_calibrations([calibration])
     trace = _load(trace_path)
     inputs, info = _inputs(cfg, calibration, quiet)
@@ -220,7 +226,7 @@ def list_policies() -> None:
                    "pessimistic].")
 @_guarded
 def compare(trace_path, gpus, types_text, hours, jobs, arrival_hours, mean_job_hours, seed, sm_fallback_levels,
-            migration_penalty, calibration, as_json, quiet, policy_text, out_dir, sensitivity,
+            migration_penalty, slo_scale, calibration, as_json, quiet, policy_text, out_dir, sensitivity,
             calibrations_text) -> None:
     """Run every policy on the same trace; print the table normalized like the paper's Figures 11 and 13."""
     from executors.simulated.calibration import calibrations
@@ -234,7 +240,7 @@ def compare(trace_path, gpus, types_text, hours, jobs, arrival_hours, mean_job_h
     if "muxflow" not in names:
         raise CliError("policies: the comparison is normalized to muxflow; include it")
     cfg = _config(gpus, types_text, hours, jobs, arrival_hours, mean_job_hours, seed, sm_fallback_levels,
-                  migration_penalty)
+                  migration_penalty, slo_scale)
     [calibration] = _check_calibrations([calibration])
     others = []
     if sensitivity:
@@ -318,7 +324,8 @@ def format_table(rows: list[dict], calibration: str = "transfer") -> str:
             ("shared_p99_latency_vs_online_only", "shared p99", "{:.3f}"), ("avg_jct_h", "JCT h", "{:.2f}"),
             ("jct_vs_muxflow", "JCT/MuxFlow", "{:.3f}"), ("oversold_gpu", "oversold", "{:.3f}"),
             ("oversold_vs_muxflow", "oversold/MuxFlow", "{:.3f}"), ("gpu_util_pct", "GPU util %", "{:.1f}"),
-            ("sm_activity_pct", "SM act %", "{:.1f}"), ("eviction_rate", "evict rate", "{:.4f}")]
+            ("sm_activity_pct", "SM act %", "{:.1f}"), ("eviction_rate", "evict rate", "{:.4f}"),
+            ("slo_violation_frac", "SLO viol/svc-min", "{:.4f}")]
     cells = [[h for _, h, _ in cols]]
     for r in rows:
         cells.append(["-" if r.get(k) is None else f.format(r[k]) for k, _, f in cols])

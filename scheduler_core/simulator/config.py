@@ -4,8 +4,10 @@ from __future__ import annotations
 
 from dataclasses import dataclass, field
 
+from scheduler_core.gpu_model import XCUDA_TARGET_UTIL
 from scheduler_core.gpu_specs import GPU_SPECS
 from scheduler_core.interference import InterferenceParams
+from scheduler_core.online_load import peak_slo_ms
 from scheduler_core.sysmonitor import SysMonitorConfig
 from scheduler_core.workloads import ONLINE_FAMILIES
 
@@ -20,6 +22,9 @@ class ServiceSpec:
     qps_max: float
     peak_hour_utc: float
     slowdown_allowance: float = 0.2
+    # p99 latency SLO (ms): a pair is feasible only if the replica's p99 alone at the forecast load
+    # (scheduler_core.latency_model) times the predicted slowdown stays within it. None: no SLO.
+    slo_p99_ms: float | None = None
 
     def __post_init__(self) -> None:
         if self.family not in ONLINE_FAMILIES:
@@ -27,9 +32,12 @@ class ServiceSpec:
                              f"(known: {', '.join(sorted(ONLINE_FAMILIES))})")
         if not 0 < self.qps_min <= self.qps_max:
             raise ValueError(f"service {self.name}: need 0 < qps_min <= qps_max")
+        if self.slo_p99_ms is not None and not self.slo_p99_ms > 0:
+            raise ValueError(f"service {self.name}: slo_p99_ms must be > 0")
 
 
-# Three services spanning the paper's 20–190 QPS (§7.1), peaking at different hours.
+# Three services spanning the paper's 20–190 QPS (§7.1), peaking at different hours. They declare no
+# SLO (the paper's flat allowance); SimConfig.slo_scale gives each one.
 DEFAULT_SERVICES: tuple[ServiceSpec, ...] = (
     ServiceSpec("search-cnn", "cnn", 20.0, 190.0, 20.0),
     ServiceSpec("translate-transformer", "transformer", 20.0, 150.0, 14.0),
@@ -90,6 +98,8 @@ class SimConfig:
     burst_minutes: tuple[int, int] = (3, 12)
     services: tuple[ServiceSpec, ...] = DEFAULT_SERVICES
     interference: InterferenceParams = field(default_factory=InterferenceParams)
+    # xCUDA's target GPU load on GPUs an MPS policy shares (gpu_model.xcuda_pace); None: unpaced.
+    xcuda_target_util: float | None = XCUDA_TARGET_UTIL
     sysmonitor: SysMonitorConfig = field(default_factory=SysMonitorConfig)
     sharing: SharingParams = field(default_factory=SharingParams)
     fixed_sm_pct: int = 50  # MuxFlow-S / -S-M: one SM percentage for every pair
@@ -104,6 +114,9 @@ class SimConfig:
     # job only with a GPU whose replica runs as its team (scheduler_core.run_as).
     users: int = 0
     users_zipf_s: float = 1.0
+    # p99 SLOs for services that declare none: this many times the replica's p99 alone at its daily peak on
+    # the slowest GPU type (online_load.peak_slo_ms, rounded up to 10 ms). None: only declared SLOs.
+    slo_scale: float | None = None
 
     def __post_init__(self) -> None:
         if self.gpus < 1:
@@ -129,6 +142,10 @@ class SimConfig:
             raise ValueError("migration_penalty must be >= 0")
         if not 1 <= self.fixed_sm_pct <= 100:
             raise ValueError("fixed_sm_pct must lie in [1, 100]")
+        if self.xcuda_target_util is not None and not 0.0 < self.xcuda_target_util <= 2.0:
+            raise ValueError("xcuda_target_util must lie in (0, 2] (a GPU load, as XCUDA_TARGET_UTIL)")
+        if self.slo_scale is not None and not self.slo_scale > 0:
+            raise ValueError("slo_scale must be > 0")
         if self.users < 0:
             raise ValueError("users must be >= 0")
         if not self.users_zipf_s >= 0:
@@ -138,6 +155,14 @@ class SimConfig:
         if self.migration_penalty is not None:
             return self.migration_penalty
         return self.restart_s / (self.round_minutes * 60.0)
+
+    def service_slos_ms(self) -> tuple[float | None, ...]:
+        """Each service's p99 SLO (ms): its own, else from ``slo_scale``, else None (no SLO)."""
+        specs = [GPU_SPECS[t] for t, _ in self.types()]
+        return tuple(s.slo_p99_ms if s.slo_p99_ms is not None
+                     else None if self.slo_scale is None
+                     else peak_slo_ms(ONLINE_FAMILIES[s.family], specs, s.qps_max, self.slo_scale)
+                     for s in self.services)
 
     def types(self) -> tuple[tuple[str, int], ...]:
         return self.gpu_types if self.gpu_types is not None else (("t4", self.gpus),)

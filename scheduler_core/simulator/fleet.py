@@ -295,7 +295,7 @@ class Fleet:
                 off_tr = WorkloadTraits(self.off_sens[t], self.off_pres[t], self.off_sm_need[t], self.off_mem_bw[t])
                 # memory is added above for every placed job (Salus keeps several resident)
                 shared = with_offline(on.take(g), self.online.take(g), off_tr, self.sm_pct[act], duty, 0.0,
-                                      c.interference)
+                                      c.interference, c.xcuda_target_util)
                 u_g, sm_g, bw_g, tput = shared.util_pct, shared.sm_pct, shared.bw_pct, shared.norm_tput
                 slow[g] = shared.slowdown
             else:

@@ -22,6 +22,7 @@ from __future__ import annotations
 
 import numpy as np
 
+from scheduler_core.latency_model import P99_OF_MEAN
 from scheduler_core.simulator.config import SimConfig
 from scheduler_core.simulator.fleet import DONE, FUTURE
 
@@ -31,20 +32,54 @@ def mixture_p99(mean_ms: np.ndarray, weight: np.ndarray, q: float = 0.99, iters:
     mean = np.asarray(mean_ms, dtype=np.float64).reshape(-1)
     w = np.asarray(weight, dtype=np.float64).reshape(-1)
     keep = (w > 0) & (mean > 0)
-    mean, w = mean[keep], w[keep]
-    if mean.size == 0:
+    if not keep.any():
         return float("nan")
-    w = w / w.sum()
+    return float(mixture_p99_rows(mean[keep][None, :], w[keep][None, :], q, iters)[0])
+
+
+def mixture_p99_rows(mean_ms: np.ndarray, weight: np.ndarray, q: float = 0.99, iters: int = 48) -> np.ndarray:
+    """Quantile ``q`` of each row's weighted mixture of exponentials, (rows × replicas) arrays at once: bisection
+    on the survival function (NaN for a row without requests; :func:`mixture_p99` is one row)."""
+    mean = np.asarray(mean_ms, dtype=np.float64)
+    w = np.where((mean > 0), np.asarray(weight, dtype=np.float64), 0.0)
+    total = w.sum(axis=1, keepdims=True)
+    w = np.divide(w, total, out=np.zeros_like(w), where=total > 0)
+    inv = 1.0 / np.where(mean > 0, mean, 1.0)
     target = 1.0 - q
-    lo, hi = 0.0, float(mean.max()) * -np.log(target) * 1.01
-    inv = 1.0 / mean
+    lo = np.zeros(mean.shape[0])
+    hi = np.max(np.where(w > 0, mean, 0.0), axis=1) * -np.log(target) * 1.01
     for _ in range(iters):
         mid = 0.5 * (lo + hi)
-        if float(np.dot(w, np.exp(-mid * inv))) > target:
-            lo = mid
-        else:
-            hi = mid
-    return 0.5 * (lo + hi)
+        above = (w * np.exp(-mid[:, None] * inv)).sum(axis=1) > target
+        lo, hi = np.where(above, mid, lo), np.where(above, hi, mid)
+    return np.where(total[:, 0] > 0, 0.5 * (lo + hi), np.nan)
+
+
+def slo_metrics(cfg: SimConfig, fleet, lat: np.ndarray, solo: np.ndarray, qps: np.ndarray) -> dict:
+    """SLO violations per service-minute: minutes in which a service's p99 over all its replicas' requests
+    exceeded its SLO, beside the same count with the replicas alone (Online-only, same load); and per
+    replica-minute (a replica's own p99, mean · ln 100, over the SLO)."""
+    per, n = {}, 0
+    v = v0 = rv = rv0 = rn = 0
+    for s, (spec, slo) in enumerate(zip(cfg.services, cfg.service_slos_ms())):
+        if slo is None:
+            continue
+        idx = np.flatnonzero(fleet.service_index == s)
+        p = mixture_p99_rows(lat[:, idx], qps[:, idx])
+        p0 = mixture_p99_rows(solo[:, idx], qps[:, idx])
+        sv, sv0 = int((p > slo).sum()), int((p0 > slo).sum())
+        r = P99_OF_MEAN * lat[:, idx].astype(np.float64) > slo
+        r0 = P99_OF_MEAN * solo[:, idx].astype(np.float64) > slo
+        per[spec.name] = {"slo_p99_ms": slo, "service_minutes": int(p.size), "violations": sv,
+                          "online_only_violations": sv0, "replica_minute_violation_frac": round(float(r.mean()), 5)}
+        n, v, v0 = n + p.size, v + sv, v0 + sv0
+        rv, rv0, rn = rv + int(r.sum()), rv0 + int(r0.sum()), rn + r.size
+    if not n:
+        return {"services_with_slo": 0}
+    return {"services_with_slo": len(per), "service_minutes": n, "violations": v, "online_only_violations": v0,
+            "violation_frac": round(v / n, 5), "online_only_violation_frac": round(v0 / n, 5),
+            "replica_minute_violation_frac": round(rv / rn, 5),
+            "online_only_replica_minute_violation_frac": round(rv0 / rn, 5), "per_service": per}
 
 
 def compute_metrics(cfg: SimConfig, fleet, rec, rounds: list[dict]) -> dict:
@@ -87,6 +122,7 @@ def compute_metrics(cfg: SimConfig, fleet, rec, rounds: list[dict]) -> dict:
             "shared_gpu_minutes_frac": round(float(shared.mean()), 4),
             "shared_avg_latency_norm": round(shared_avg, 4),
             "shared_p99_latency_norm": round(shared_p99, 4),
+            "slo": slo_metrics(cfg, fleet, lat, solo, qps),
         },
         "offline": {
             "jobs": int(jobs.size),
@@ -145,6 +181,7 @@ def compare_table(results: dict[str, dict], reference: str = "muxflow") -> list[
             "sm_activity_pct": m["cluster"]["sm_activity_pct"],
             "memory_pct": m["cluster"]["memory_pct"],
             "eviction_rate": off["eviction_rate"],
+            "slo_violation_frac": on.get("slo", {}).get("violation_frac"),
         }
         if ref is not None and name != "online-only":
             rj, rc = ref["offline"]["jct_censored_s"], off["jct_censored_s"]

@@ -37,6 +37,7 @@ from scheduler_core.domain import (
 from scheduler_core.dynamic_sm import SmPolicy
 from scheduler_core.features import round_online_features
 from scheduler_core.forecast import ForecastPolicy, forecast_many
+from scheduler_core.latency_model import ServiceLatencyModels
 from scheduler_core.round import RoundConfig, plan_round
 from scheduler_core.simulator.config import SimConfig
 from scheduler_core.simulator.users import user_name
@@ -87,6 +88,8 @@ class _MuxFlowPlanner:
     def __init__(self, cfg: SimConfig, inputs, round_cfg: RoundConfig):
         self.cfg, self.inputs, self.round_cfg = cfg, inputs, round_cfg
         self.forecast = ForecastPolicy(horizon_minutes=cfg.round_minutes)
+        self.latency = ServiceLatencyModels()
+        self.slos = cfg.service_slos_ms()
         self._profiles: dict[int, dict[str, OfflineFeatures]] = {}
 
     def profiles(self, fleet, type_index: int) -> dict[str, OfflineFeatures]:
@@ -97,11 +100,29 @@ class _MuxFlowPlanner:
             self._profiles[type_index] = got
         return got
 
+    def _forecast_p99(self, f, recent: dict, fc: np.ndarray) -> np.ndarray:
+        """Each replica's p99 alone at its forecast load, from its service's latency model (NaN: no model yet)."""
+        out = np.full(f.n, np.nan)
+        for s, spec in enumerate(self.cfg.services):
+            if self.slos[s] is None:
+                continue
+            for t, name in enumerate(f.type_names):
+                idx = np.flatnonzero((f.service_index == s) & (f.gpu_type == t))
+                if idx.size == 0:
+                    continue
+                # The samples are the replicas' own metrics (what the monitor attributes to the online service).
+                self.latency.observe(spec.name, name, recent["sm"][idx], recent["latency"][idx])
+                curve = self.latency.curve(spec.name, name)
+                if curve is not None:
+                    out[idx] = curve.p99_at(fc[idx])
+        return out
+
     def __call__(self, view: RoundView) -> tuple[list[PlanAction], dict]:
         f = view.fleet
         recent = f.recent_online()
         fc = forecast_many(f.sm_history(), self.forecast)
         fc = np.where(np.isfinite(fc), fc, recent["sm"])
+        p99 = self._forecast_p99(f, recent, fc)
         run = f.running()
         on_gpu = {int(f.gpu[j]): int(j) for j in run}
         gpus = []
@@ -116,9 +137,13 @@ class _MuxFlowPlanner:
                 slowdown_allowance=float(f.allowance[i]),
                 current_job_id=cur, current_sm_pct=int(f.sm_pct[cur]) if cur is not None else None,
                 run_as_user=user_name(int(f.gpu_user[i])),
+                latency_slo_ms=self.slos[int(f.service_index[i])],
+                forecast_p99_ms=None if np.isnan(p99[i]) else float(p99[i]),
             ))
         all_types = frozenset(f.type_names)
         jobs = []
+        # Solo seconds of work left on the reference GPU: what the trace tells (Salus's SRTF knows it too).
+        remaining = (f.jobs.total_steps - f.steps_done) / f.sps_ref[f.jobs.job_type]
         # Queue order: running jobs, then waiting ones by arrival (the job table is in arrival order).
         for j in np.concatenate([run, f.queued()]):
             j = int(j)
@@ -129,6 +154,7 @@ class _MuxFlowPlanner:
                 current_gpu_id=int(f.gpu[j]) if running else None,
                 current_sm_pct=int(f.sm_pct[j]) if running else None,
                 run_as_user=user_name(int(f.job_user[j])),
+                remaining_s=float(remaining[j]),
             ))
         result = plan_round(gpus, jobs, self.inputs.predictors, self.round_cfg)
         sm = self.round_cfg.sm

@@ -2,9 +2,12 @@
 
 from __future__ import annotations
 
+import dataclasses
 import datetime as dt
+import math
 from pathlib import Path
 
+import pytest
 from sqlalchemy import select
 
 from executors import round_runner
@@ -17,6 +20,7 @@ from executors.store.migrate import upgrade
 from scheduler_core.domain import Action, JobState, PlanAction, RoundResult
 from scheduler_core.forecast import ForecastPolicy
 from scheduler_core.gpu_specs import get_spec
+from scheduler_core.pair_weights import slo_allowance
 
 NOW = dt.datetime(2026, 3, 2, 12, 0, tzinfo=dt.timezone.utc)
 
@@ -100,3 +104,33 @@ def test_dispatch_books_placed_on_a_cluster_that_starts_jobs_later_and_keeps_the
     assert states == {jobs[0]: "PLACED", jobs[1]: "FAILED"}
     assert logged[jobs[0]] == ("done", None)
     assert logged[jobs[1]][0] == "done" and logged[jobs[1]][1].startswith("not booked:")
+
+
+def test_gpus_carry_their_service_slo_and_the_p99_its_latency_model_forecasts(tmp_path: Path) -> None:
+    store, (g1, g2) = _store(tmp_path)
+    rows = []
+    for gid in (g1, g2):
+        for k in range(1, 121):  # two hours of a replica whose latency grows with its load
+            sm = 10.0 + 40.0 * ((k * 7 + gid) % 120) / 120.0
+            lat = 5.0 + 0.2 * sm
+            rows.append(dataclasses.replace(_row(gid, k, sm), online_solo_latency_ms=lat, online_latency_ms=lat))
+    with store.session() as s:
+        repo.write_metrics(s, rows, "measured")
+    with store.session() as s:
+        gpus = round_runner._gpu_candidates(s, NOW, {}, ForecastPolicy())
+    assert len(gpus) == 2
+    for g in gpus:
+        assert g.latency_slo_ms == 100.0
+        # p99 = ln 100 × the mean latency the fitted curve gives at the forecast SM (it errs high, by < 1 bin)
+        want = math.log(100.0) * (5.0 + 0.2 * g.forecast_sm_pct)
+        assert want <= g.forecast_p99_ms <= want * 1.05
+        assert slo_allowance(g) == pytest.approx(min(g.slowdown_allowance, 100.0 / g.forecast_p99_ms - 1.0))
+
+
+def test_without_enough_latency_samples_the_flat_allowance_stands(tmp_path: Path) -> None:
+    store, (g1, _g2) = _store(tmp_path, gpus=2)
+    with store.session() as s:
+        repo.write_metrics(s, [_row(g1, k, 25.0) for k in range(1, 5)], "measured")  # one load level only
+    with store.session() as s:
+        [g] = round_runner._gpu_candidates(s, NOW, {}, ForecastPolicy())
+    assert g.forecast_p99_ms is None and slo_allowance(g) == g.slowdown_allowance

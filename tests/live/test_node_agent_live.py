@@ -103,7 +103,8 @@ def test_replica_load_drives_the_simulated_gpu_of_a_slurm_node_to_an_eviction(pr
         agent = subprocess.Popen(
             [sys.executable, "-m", "pipelines.cli", "--db", url, "node-agent", "--node", NODE, "--simulated",
              "--evict", "scontrol", "--no-shm", "--interval-ms", "50", "--scrape-interval", "1",
-             "--placement-poll", "1", "--partial-every", "2", "--sim-noise-pct", "0"],
+             "--placement-poll", "1", "--partial-every", "2", "--sim-noise-pct", "0",
+             "--sim-xcuda-target", "0"],  # a job xCUDA does not pace: the burst takes the GPU over Overlimit
             cwd=REPO, env=env, stdout=subprocess.DEVNULL, stderr=subprocess.PIPE, text=True)
         procs.append(agent)
 

@@ -7,12 +7,14 @@ import pytest
 
 from executors.simulated.calibration import default_catalog
 from scheduler_core.gpu_model import (
+    PACE_FLOOR,
     OnlineModel,
     alone_as_shared,
     online_alone,
     traits_from_profile,
     offline_traits,
     with_offline,
+    xcuda_pace,
 )
 from scheduler_core.gpu_specs import get_spec
 from scheduler_core.workloads import ONLINE_FAMILIES
@@ -70,3 +72,33 @@ def test_a_job_of_unknown_type_gets_traits_from_its_profile() -> None:
     assert label.sm_need == pytest.approx(0.41) and label.mem_bw == pytest.approx(0.22)
     assert offline_traits("my-own-training-script", CATALOG, None) is None
     assert offline_traits("ResNet-50 (batch size 64)", CATALOG, None) == CATALOG.offline["ResNet-50 (batch size 64)"].traits
+
+
+def test_xcuda_paces_the_job_to_hold_the_gpu_at_its_target_and_only_then() -> None:
+    m = _model("cnn", "t4")
+    job = CATALOG.offline["ResNet-50 (batch size 64)"].traits
+    qps = np.array([20.0, 120.0, 180.0, 250.0])
+    on = online_alone(m, qps)
+    free = with_offline(on, m, job, 80, 1.0, 0.0)
+    paced = with_offline(on, m, job, 80, 1.0, 0.0, target_util=0.9)
+    over = np.asarray(free.sm_pct) > 90.0
+    assert over.any() and (~over).any()  # the loads straddle the target
+    # Below the target nothing changes; above it the GPU sits at the target, the job runs slower
+    # and hurts the replica less.
+    np.testing.assert_allclose(np.asarray(paced.sm_pct)[~over], np.asarray(free.sm_pct)[~over])
+    np.testing.assert_allclose(np.asarray(paced.pace)[~over], 1.0)
+    np.testing.assert_allclose(np.asarray(paced.sm_pct)[over], 90.0, atol=1e-9)
+    assert (np.asarray(paced.norm_tput)[over] < np.asarray(free.norm_tput)[over]).all()
+    assert (np.asarray(paced.slowdown)[over] < np.asarray(free.slowdown)[over]).all()
+    assert (np.asarray(paced.pace)[over] < 1.0).all()
+
+
+def test_a_replica_over_the_target_alone_leaves_the_job_only_the_floor() -> None:
+    m = _model("cnn", "t4")
+    job = CATALOG.offline["ResNet-50 (batch size 64)"].traits
+    on = online_alone(m, 400.0)  # the replica alone is at full load
+    assert float(on.sm_pct) > 50.0
+    paced = with_offline(on, m, job, 60, 1.0, 0.0, target_util=float(on.sm_pct) / 100.0 - 0.05)
+    assert float(paced.pace) == pytest.approx(PACE_FLOOR)
+    assert xcuda_pace(np.array([10.0]), np.array([0.5]), np.array([0.0]), np.array([0.8]), 0.9)[0] == 1.0  # idle job
+    np.testing.assert_allclose(xcuda_pace(np.array([95.0, 10.0]), 0.5, 1.0, 0.5, None), 1.0)  # no target, no pacing

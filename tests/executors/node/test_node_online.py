@@ -32,7 +32,7 @@ class Rig:
     """One simulated T4 with a cnn replica at ``qps`` (a real registry), a job placeable at 70 %."""
 
     def __init__(self, qps: float = 10.0, endpoint: bool = True, partial_every_s: float | None = None,
-                 service: bool = True):
+                 service: bool = True, xcuda_target_util: float | None = 0.9):
         catalog = default_catalog()
         spec, fam = get_spec("t4"), ONLINE_FAMILIES["cnn"]
         self.clock = FakeClock()
@@ -46,7 +46,8 @@ class Rig:
         scrapers = Scrapers({0: self.scraper} if endpoint and service else {})
         self.gpu = SimulatedGpu(0, spec, OnlineModel.of(fam, catalog.online["cnn"], spec, 3.5 * (1 << 30)) if service
                                 else None, rep, self.placements,
-                                self.scraper.current_qps if endpoint else None, noise_pct=0.0)
+                                self.scraper.current_qps if endpoint else None, noise_pct=0.0,
+                                xcuda_target_util=xcuda_target_util)
         self.sink = MemorySink()
         self.evicted: list[tuple[int, float]] = []
         cfg = AgentConfig(interval_s=1.0, partial_every_s=partial_every_s)
@@ -75,7 +76,7 @@ class Rig:
 
 
 def test_a_burst_on_the_replica_drives_its_gpu_to_overlimit_and_evicts_on_that_sample() -> None:
-    rig = Rig(qps=10.0)
+    rig = Rig(qps=10.0, xcuda_target_util=None)  # a job xCUDA does not pace
     rig.placements.set(0, [rig.job])
     rig.run(30)
     assert rig.agent.loops[0].monitor.state.value == "Healthy" and not rig.evicted
@@ -89,6 +90,20 @@ def test_a_burst_on_the_replica_drives_its_gpu_to_overlimit_and_evicts_on_that_s
     assert rig.agent.loops[0].monitor.state.value == "Overlimit"
     ev = rig.sink.evictions[0]
     assert ev.job_id == 42 and "sm_activity" in ev.reason and ev.health == "Overlimit"
+
+
+def test_a_burst_beside_a_paced_job_turns_the_gpu_unhealthy_and_the_job_stays() -> None:
+    rig = Rig(qps=10.0)
+    rig.placements.set(0, [rig.job])
+    rig.run(30)
+    assert rig.agent.loops[0].monitor.state.value == "Healthy"
+    rig.replica.target.set(250.0)
+    rig.qps = 250.0
+    rig.run(30)
+    # xCUDA holds the GPU at its 0.9 target: SysMonitor sees Unhealthy (no new work), never Overlimit
+    assert not rig.evicted and rig.sink.evictions == []
+    assert rig.agent.loops[0].monitor.state.value == "Unhealthy"
+    assert rig.gpu(rig.clock.t).sm_activity_pct == pytest.approx(90.0)
 
 
 def test_rows_carry_the_endpoint_rate_latency_and_the_job_with_gaps_labelled() -> None:

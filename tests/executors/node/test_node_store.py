@@ -192,7 +192,8 @@ def test_a_burst_evicts_the_slurm_job_which_the_store_shows_evicted_with_online_
     clock = FakeClock()
     agent = build_agent(store, "sim-t4-000", simulated=True, cfg=AgentConfig(interval_s=1.0, partial_every_s=10.0),
                         shm_dir=None, requeue=requeued.append, clock=clock, placements=placements,
-                        sources=SourceConfig(placements="none", scrape_s=3600.0, noise_pct=0.0))
+                        sources=SourceConfig(placements="none", scrape_s=3600.0, noise_pct=0.0,
+                                             sim_xcuda_target_util=None))  # jobs xCUDA does not pace
     scraper = agent.loops[0].accounting.scrapers.get(0)
     try:
         _wait("the first scrape", lambda: scraper.scrapes + scraper.failures)

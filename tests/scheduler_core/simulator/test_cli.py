@@ -51,6 +51,24 @@ def test_simulate_compare_writes_plots_and_a_normalized_table(in_tmp) -> None:
     assert res.stderr == ""
 
 
+def test_slo_scale_gives_services_slos_and_reports_violations_per_service_minute(in_tmp) -> None:
+    res = run("simulate", "--trace", str(SAMPLE_TRACE), *TINY, "--policy", "muxflow", "--slo-scale", "1.5", "--json",
+              "--quiet")
+    assert res.exit_code == 0, res.stderr
+    m = json.loads(res.stdout)
+    slos = m["config"]["service_slos_ms"]
+    assert m["config"]["slo_scale"] == 1.5 and all(v > 0 for v in slos.values()) and len(slos) == 3
+    slo = m["online"]["slo"]
+    assert slo["services_with_slo"] == 3 and slo["service_minutes"] == 3 * 90
+    assert 0.0 <= slo["violation_frac"] <= 1.0 and slo["violations"] >= slo["online_only_violations"] - 5
+    assert set(slo["per_service"]) == set(slos)
+    plain = json.loads(run("simulate", "--trace", str(SAMPLE_TRACE), *TINY, "--policy", "muxflow", "--json",
+                           "--quiet").stdout)
+    assert plain["online"]["slo"] == {"services_with_slo": 0} and plain["config"]["slo_scale"] is None
+    bad = run("simulate", "--trace", str(SAMPLE_TRACE), *TINY, "--slo-scale", "0")
+    assert bad.exit_code == 2 and "slo-scale" in bad.stderr
+
+
 def test_a_malformed_trace_line_is_reported_with_its_number(in_tmp) -> None:
     bad = in_tmp / "bad.trace"
     good = SAMPLE_TRACE.read_text().splitlines()[:2]

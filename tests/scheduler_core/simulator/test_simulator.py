@@ -13,7 +13,7 @@ import pytest
 from executors.simulated.calibration import default_catalog
 from scheduler_core.rng import rng_stream
 from scheduler_core.simulator import POLICIES, SimConfig, get_policy, run_simulation
-from scheduler_core.simulator.metrics import compare_table, mixture_p99
+from scheduler_core.simulator.metrics import compare_table, mixture_p99, mixture_p99_rows, slo_metrics
 from scheduler_core.simulator.workload import build_jobs
 from scheduler_core.trace import TraceError
 from tests.scheduler_core.simulator.conftest import trace_job
@@ -161,11 +161,66 @@ def test_mixture_p99_of_one_exponential_is_its_closed_form() -> None:
     assert 10.0 * math.log(100.0) < rare < common < 100.0 * math.log(100.0)
 
 
+def test_mixture_p99_of_many_rows_is_each_row_alone() -> None:
+    rng = np.random.default_rng(0)
+    mean, w = rng.uniform(1.0, 200.0, (6, 9)), rng.uniform(0.0, 50.0, (6, 9))
+    w[2] = 0.0  # a minute without requests has no p99
+    got = mixture_p99_rows(mean, w)
+    assert np.isnan(got[2])
+    for r in (0, 1, 3, 4, 5):
+        assert got[r] == pytest.approx(mixture_p99(mean[r], w[r]), rel=1e-9)
+
+
+def test_slo_violations_are_counted_per_service_minute_against_the_replicas_alone() -> None:
+    class _Fleet:
+        service_index = np.array([0, 1, 0, 1])
+
+    from scheduler_core.simulator import ServiceSpec
+
+    cfg = SimConfig(gpus=4, services=(ServiceSpec("a", "cnn", 20.0, 100.0, 1.0, slo_p99_ms=50.0),
+                                      ServiceSpec("b", "transformer", 20.0, 100.0, 1.0)))  # b declares no SLO
+    ln100 = math.log(100.0)
+    solo = np.full((3, 4), 9.0 / ln100 * 5.0, dtype=np.float32)  # p99 45 ms alone everywhere
+    lat = solo.copy()
+    lat[1, 0] = lat[1, 2] = 12.0  # minute 1: both replicas of "a" at p99 ≈ 55 ms
+    lat[2, 0] = 12.0  # minute 2: one of two replicas slower, the service p99 over both above 50 ms too
+    lat[:, 1] = 1000.0  # "b" is slow, but has no SLO
+    qps = np.ones((3, 4), dtype=np.float32)
+    got = slo_metrics(cfg, _Fleet(), lat, solo, qps)
+    assert got["services_with_slo"] == 1 and got["service_minutes"] == 3
+    assert got["violations"] == 2 and got["online_only_violations"] == 0
+    assert got["per_service"]["a"]["replica_minute_violation_frac"] == pytest.approx(3 / 6)
+    assert slo_metrics(SimConfig(gpus=4, services=(ServiceSpec("a", "cnn", 20.0, 100.0, 1.0),)), _Fleet(),
+                       lat, solo, qps) == {"services_with_slo": 0}
+
+
 def test_comparison_is_normalized_to_muxflow_and_online_only(all_results) -> None:
     rows = {r["policy"]: r for r in compare_table({n: r.metrics for n, r in all_results.items()})}
     assert rows["muxflow"]["jct_vs_muxflow"] == 1.0 and rows["muxflow"]["oversold_vs_muxflow"] == 1.0
     assert "jct_vs_muxflow" not in rows["online-only"]
     assert rows["online-only"]["avg_latency_vs_online_only"] == 1.0
+
+
+def test_services_get_slos_only_when_declared_or_scaled() -> None:
+    from scheduler_core.gpu_specs import get_spec
+    from scheduler_core.online_load import peak_slo_ms
+    from scheduler_core.simulator import ServiceSpec
+    from scheduler_core.workloads import ONLINE_FAMILIES
+
+    assert SimConfig().service_slos_ms() == (None, None, None)  # the paper's flat allowance
+    own = ServiceSpec("own", "cnn", 20.0, 100.0, 1.0, slo_p99_ms=77.0)
+    other = ServiceSpec("other", "recommender", 20.0, 190.0, 1.0)
+    cfg = SimConfig(gpus=4, gpu_types=(("t4", 2), ("a10", 2)), services=(own, other), slo_scale=1.5)
+    got = cfg.service_slos_ms()
+    rec = ONLINE_FAMILIES["recommender"]
+    assert got[0] == 77.0 and got[1] == peak_slo_ms(rec, [get_spec("t4"), get_spec("a10")], 190.0, 1.5)
+    # 1.5 × the p99 alone at the peak on the slower type (T4 here), rounded up to 10 ms
+    assert got[1] == math.ceil(1.5 * peak_slo_ms(rec, [get_spec("t4")], 190.0, 1.0, step_ms=1e-9) / 10.0) * 10.0
+    assert peak_slo_ms(rec, [get_spec("t4")], 190.0, 2.0) > peak_slo_ms(rec, [get_spec("t4")], 190.0, 1.0)
+    with pytest.raises(ValueError, match="slo_scale"):
+        SimConfig(slo_scale=0.0)
+    with pytest.raises(ValueError, match="slo_p99_ms"):
+        ServiceSpec("bad", "cnn", 20.0, 100.0, 1.0, slo_p99_ms=-1.0)
 
 
 def test_config_rejects_nonsense() -> None:
