@@ -225,7 +225,66 @@ def test_real_loop_end_to_end_from_sbatch_to_done(dev_cluster, make_postgres_dat
         assert all(j.state != "FAILED" for j in rows.values()), {s: (j.state, j.state_reason) for s, j in rows.items()}
         timeline["profiled_s"] = time.monotonic() - t_submit
 
-        # -- every job placed by a round, running where the round put it ------------------------------
+        # -- a burst on one replica: Overlimit, eviction on that sample, requeue ------------------------
+        # The victim is the first job seen running with a checkpoint on a T4, as soon as there is one: the
+        # tiny jobs take seconds, and a job started early can be DONE before a round starts the last one.
+        # On a cnn replica's GPU (T4): the simulated T4 reaches the cnn service's full load at ~195 QPS, which
+        # the replica serves on the CPU; the recommender service's A10 capacity (~490 QPS) it could not.
+        vision = {gid for gid in replicas if gpus_by_id[gid][0] == "mx-t4-1"}
+
+        def victim() -> tuple[int, int] | None:
+            for sid in sids:
+                if any(ckpt_of[sid].glob("ckpt-*.mxck")) and not (work / f"result-{sid}.json").exists():
+                    with store.session() as s:
+                        job = s.scalars(select(m.OfflineJob).where(m.OfflineJob.slurm_job_id == sid)).one()
+                        if job.state != "RUNNING":
+                            continue
+                        p = s.scalars(select(m.Placement).where(m.Placement.job_id == job.id)
+                                      .order_by(m.Placement.round_id.desc())).first()
+                        # where its latest start really runs (a later round may be moving it meanwhile)
+                        if p.gpu_id in vision and running_on(sid) == p.gpu_id:
+                            return sid, p.gpu_id
+            return None
+
+        def running_on(sid: int) -> int | None:
+            """The GPU the job's latest start ran on, from the environment its script recorded."""
+            starts = sorted(work.glob(f"env-{sid}-*"), key=lambda f: int(f.name.rsplit("-", 1)[1]))
+            if not starts:
+                return None
+            seen = dict(line.split("=", 1) for line in starts[-1].read_text().splitlines())
+            return gpus.get((seen.get("SLURMD_NODENAME"), int(seen.get("CUDA_VISIBLE_DEVICES", "-1"))), (None,))[0]
+
+        def where_jobs_run() -> str:
+            with store.session() as s:
+                out = []
+                for j in s.scalars(select(m.OfflineJob).where(m.OfflineJob.slurm_job_id.in_(list(sids)))):
+                    p = s.scalars(select(m.Placement).where(m.Placement.job_id == j.id)
+                                  .order_by(m.Placement.round_id.desc())).first()
+                    out.append((j.slurm_job_id, j.state, p and p.gpu_id,
+                                len(list(ckpt_of[j.slurm_job_id].glob("ckpt-*.mxck")))))
+            return f"jobs (slurm id, state, GPU, checkpoints): {out}; T4 replicas' GPUs: {sorted(vision)}"
+
+        vsid, vgpu = _poll("a running job with a checkpoint", victim, 120, procs, describe=where_jobs_run)
+        vjob = rows[vsid].id
+        t_burst = time.monotonic()
+        _post_load(replicas[vgpu], BURST_QPS)
+
+        def evicted():
+            with store.session() as s:
+                ev = s.scalars(select(m.Eviction).where(m.Eviction.job_id == vjob)).first()
+                return (ev.at_utc, ev.reason, s.get(m.Gpu, vgpu).health, s.get(m.Gpu, vgpu).health_since_utc) \
+                    if ev else None
+
+        ev_at, ev_reason, health, health_since = _poll(f"job {vjob} evicted from GPU {vgpu}", evicted, 90, procs)
+        timeline["eviction_after_burst_s"] = time.monotonic() - t_burst
+        _post_load(replicas[vgpu], SERVE_QPS)
+        assert "Overlimit" in ev_reason, ev_reason
+        # On the sample that entered Overlimit: the GPU's health changed at the eviction's instant.
+        assert health == "Overlimit" and health_since == ev_at, (health, health_since, ev_at)
+        _poll(f"Slurm job {vsid} requeued held", lambda: (j := _slurm_job(live, vsid)).state == "PENDING"
+              or j.restart_count > 0, 60, procs)
+
+        # -- every job placed by a round, its first start where the round put it -----------------------
         def started() -> dict[int, Path] | None:
             found = {sid: next(iter(sorted(work.glob(f"env-{sid}-*"))), None) for sid in sids}
             return found if all(found.values()) else None
@@ -259,54 +318,6 @@ def test_real_loop_end_to_end_from_sbatch_to_done(dev_cluster, make_postgres_dat
                 assert seen["LD_PRELOAD"].endswith("libxcuda.so") and Path(seen["LD_PRELOAD"]).is_file(), ctx
                 assert int(seen["XCUDA_MEM_QUOTA_BYTES"]) == placement.mem_quota_bytes, ctx
                 assert {"XCUDA_KP", "XCUDA_KI", "XCUDA_KD"} <= set(seen), ctx
-
-        # -- a burst on one replica: Overlimit, eviction on that sample, requeue ------------------------
-        # On a cnn replica's GPU (T4): the simulated T4 reaches the cnn service's full load at ~195 QPS, which
-        # the replica serves on the CPU; the recommender service's A10 capacity (~490 QPS) it could not.
-        vision = {gid for gid in replicas if gpus_by_id[gid][0] == "mx-t4-1"}
-
-        def victim() -> tuple[int, int] | None:
-            for sid in sids:
-                if any(ckpt_of[sid].glob("ckpt-*.mxck")) and not (work / f"result-{sid}.json").exists():
-                    with store.session() as s:
-                        job = s.scalars(select(m.OfflineJob).where(m.OfflineJob.slurm_job_id == sid)).one()
-                        if job.state != "RUNNING":
-                            continue
-                        p = s.scalars(select(m.Placement).where(m.Placement.job_id == job.id)
-                                      .order_by(m.Placement.round_id.desc())).first()
-                        if p.gpu_id in vision:
-                            return sid, p.gpu_id
-            return None
-
-        def where_jobs_run() -> str:
-            with store.session() as s:
-                out = []
-                for j in s.scalars(select(m.OfflineJob).where(m.OfflineJob.slurm_job_id.in_(list(sids)))):
-                    p = s.scalars(select(m.Placement).where(m.Placement.job_id == j.id)
-                                  .order_by(m.Placement.round_id.desc())).first()
-                    out.append((j.slurm_job_id, j.state, p and p.gpu_id,
-                                len(list(ckpt_of[j.slurm_job_id].glob("ckpt-*.mxck")))))
-            return f"jobs (slurm id, state, GPU, checkpoints): {out}; T4 replicas' GPUs: {sorted(vision)}"
-
-        vsid, vgpu = _poll("a running job with a checkpoint", victim, 120, procs, describe=where_jobs_run)
-        vjob = rows[vsid].id
-        t_burst = time.monotonic()
-        _post_load(replicas[vgpu], BURST_QPS)
-
-        def evicted():
-            with store.session() as s:
-                ev = s.scalars(select(m.Eviction).where(m.Eviction.job_id == vjob)).first()
-                return (ev.at_utc, ev.reason, s.get(m.Gpu, vgpu).health, s.get(m.Gpu, vgpu).health_since_utc) \
-                    if ev else None
-
-        ev_at, ev_reason, health, health_since = _poll(f"job {vjob} evicted from GPU {vgpu}", evicted, 90, procs)
-        timeline["eviction_after_burst_s"] = time.monotonic() - t_burst
-        _post_load(replicas[vgpu], SERVE_QPS)
-        assert "Overlimit" in ev_reason, ev_reason
-        # On the sample that entered Overlimit: the GPU's health changed at the eviction's instant.
-        assert health == "Overlimit" and health_since == ev_at, (health, health_since, ev_at)
-        _poll(f"Slurm job {vsid} requeued held", lambda: (j := _slurm_job(live, vsid)).state == "PENDING"
-              or j.restart_count > 0, 60, procs)
 
         # -- every job DONE; the victim placed again by a later round and resumed ------------------------
         _poll("every job DONE", lambda: all(j.state == "DONE" for j in job_rows().values()),
