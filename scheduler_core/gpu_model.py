@@ -22,7 +22,13 @@ from dataclasses import dataclass, fields
 import numpy as np
 
 from scheduler_core.domain import GpuTypeSpec
-from scheduler_core.interference import InterferenceParams, WorkloadTraits, colocate
+from scheduler_core.interference import (
+    InterferenceParams,
+    WorkloadTraits,
+    colocate_terms,
+    online_slowdown,
+    share_contention,
+)
 from scheduler_core.online_load import (
     base_latency_ms,
     capacity_qps,
@@ -148,13 +154,102 @@ def xcuda_pace(online_sm_pct, off_sm_used_frac, duty, norm_tput, target_util):
     scaled down until the GPU's SM activity is at the target, and no further than ``PACE_FLOOR``.
     ``target_util`` None: no pacing (1 everywhere).
     """
+    return _pace(online_sm_pct, _sm_footprint(off_sm_used_frac, duty, norm_tput), target_util)
+
+
+def _sm_footprint(off_sm_used_frac, duty, norm_tput):
+    """SM activity (%) an offline job adds while it runs ``duty`` of the time (:func:`shared_metrics`)."""
+    return 100.0 * np.asarray(off_sm_used_frac) * np.asarray(duty) * (0.6 + 0.4 * np.asarray(norm_tput))
+
+
+def _pace(online_sm_pct, full, target_util):
+    """:func:`xcuda_pace` from the offline work's whole SM footprint ``full`` (%) on the GPU."""
     if target_util is None:
-        return np.ones(np.shape(np.asarray(online_sm_pct) + np.asarray(duty)))
-    full = 100.0 * np.asarray(off_sm_used_frac) * np.asarray(duty) * (0.6 + 0.4 * np.asarray(norm_tput))
+        return np.ones(np.shape(np.asarray(online_sm_pct) + np.asarray(full)))
     room = 100.0 * float(target_util) - np.asarray(online_sm_pct, dtype=float)
     with np.errstate(divide="ignore", invalid="ignore"):
         pace = np.where(full > 0, room / np.where(full > 0, full, 1.0), 1.0)
     return np.clip(pace, PACE_FLOOR, 1.0)
+
+
+@dataclass(frozen=True)
+class SharedJobs:
+    """Several GPUs, each with its offline jobs: device totals and slowdown per GPU, throughput per job."""
+
+    util_pct: np.ndarray      # (n,) per GPU
+    sm_pct: np.ndarray
+    mem_bytes: np.ndarray
+    bw_pct: np.ndarray
+    slowdown: np.ndarray      # (n,) ≥ 1: the replica's latency = solo latency × slowdown
+    pace: np.ndarray          # (n,) the fraction of their kernels xCUDA lets the GPU's offline jobs launch
+    norm_tput: np.ndarray     # (m,) per job, after pacing
+
+
+def with_offline_jobs(online: OnlineAlone, model: OnlineModel, gpu, jobs: WorkloadTraits, sm_pct, duty,
+                      job_mem_bytes, params: InterferenceParams = InterferenceParams(),
+                      target_util: float | None = None) -> SharedJobs:
+    """Offline jobs ``jobs`` (arrays, one entry per job) on GPUs ``gpu`` (index into the ``n`` GPUs of
+    ``online`` and ``model``), each at its own MPS share, beside each GPU's replica.
+
+    With one job per GPU this is :func:`with_offline` exactly. With several (beyond the paper; Mudi
+    runs up to three beside a service), each job meets the online service as in the pair model and
+    also its co-runners: their pressure (π · activity · the fraction of the time they run) adds to
+    the online pressure in its throughput, at the contention of its share against theirs
+    (:func:`scheduler_core.interference.share_contention`: memory-system contention only while the
+    shares together fit in the SMs). The replica's slowdown takes the jobs' contention terms and SM
+    footprints summed over the GPU, weighted by how much of the time each ran; its SM
+    oversubscription counts the footprints together. xCUDA paces every job of a GPU alike, to hold
+    the GPU's total SM activity at the target (:func:`xcuda_pace`). Device totals add the jobs'
+    footprints (utilization as independent busy fractions). Co-runners' pressure uses their
+    unpaced running time: an upper bound where xCUDA throttles.
+    """
+    g = np.asarray(gpu, dtype=np.int64)
+    n = int(np.asarray(online.load).size)
+    m = g.size
+    sm_pct = np.broadcast_to(np.asarray(sm_pct, dtype=float), (m,))
+    duty = np.broadcast_to(np.asarray(duty, dtype=float), (m,))
+    per = lambda x: np.broadcast_to(np.asarray(x, dtype=float), (n,))  # noqa: E731
+    load, on_sm, on_util = per(online.load), per(online.sm_pct), per(online.util_pct)
+    p = np.clip(sm_pct / 100.0, 0.0, 1.0)
+    need = np.broadcast_to(np.asarray(jobs.sm_need, dtype=float), (m,))
+    activity = np.minimum(p, need) / need
+    # Co-runners: the GPU's summed pressure and shares, less the job's own.
+    press = np.asarray(jobs.pressure, dtype=float) * activity * duty
+    press_gpu, share_gpu = np.zeros(n), np.zeros(n)
+    np.add.at(press_gpu, g, press)
+    np.add.at(share_gpu, g, p)
+    others = share_gpu[g] - p
+    corunner = share_contention(p, others, params) * (press_gpu[g] - press)
+    on_tr = model.traits
+    on_job = WorkloadTraits(*(np.broadcast_to(np.asarray(v, dtype=float), (n,))[g] for v in
+                              (on_tr.sensitivity, on_tr.pressure, on_tr.sm_need, on_tr.mem_bw)))
+    terms = colocate_terms(on_job, load[g], jobs, sm_pct, params, corunner)
+    tput = terms.norm_tput
+    used = np.minimum(sm_pct / 100.0, need)
+    full = np.zeros(n)
+    np.add.at(full, g, _sm_footprint(used, duty, tput))
+    pace = _pace(on_sm, full, target_util)
+    ran = duty * pace[g]
+    # The replica's slowdown: the jobs' terms weighted by their running time relative to the GPU's busiest.
+    ran_max = np.zeros(n)
+    np.maximum.at(ran_max, g, ran)
+    with np.errstate(divide="ignore", invalid="ignore"):
+        w = np.where(ran_max[g] > 0, ran / np.where(ran_max[g] > 0, ran_max[g], 1.0), 0.0)
+    term, e_sum = np.zeros(n), np.zeros(n)
+    np.add.at(term, g, terms.online_term * w)
+    np.add.at(e_sum, g, terms.e_off * w)
+    slow = 1.0 + (online_slowdown(term, per(model.sm_need) * np.clip(load, 0.0, 1.0), e_sum, params) - 1.0) * ran_max
+    # Device totals.
+    idle = np.ones(n)
+    np.multiply.at(idle, g, 1.0 - 0.95 * ran * np.minimum(1.0, tput / 0.6))
+    sm_add, bw_add, mem_add = np.zeros(n), np.zeros(n), np.zeros(n)
+    np.add.at(sm_add, g, _sm_footprint(used, ran, tput))
+    np.add.at(bw_add, g, 100.0 * np.asarray(jobs.mem_bw, dtype=float) * ran * tput)
+    np.add.at(mem_add, g, np.broadcast_to(np.asarray(job_mem_bytes, dtype=float), (m,)))
+    util = 100.0 * (1.0 - (1.0 - on_util / 100.0) * idle)
+    sm = np.minimum(100.0, on_sm + sm_add)
+    bw = np.minimum(100.0, per(online.bw_pct) + bw_add)
+    return SharedJobs(util, sm, per(online.mem_bytes) + mem_add, bw, slow, pace, tput * pace[g])
 
 
 def with_offline(online: OnlineAlone, model: OnlineModel, job: WorkloadTraits, sm_pct, duty, job_mem_bytes,
@@ -164,15 +259,21 @@ def with_offline(online: OnlineAlone, model: OnlineModel, job: WorkloadTraits, s
     ``duty`` is the fraction of the time the job ran kernels (0 while it starts or loads its
     checkpoint): it scales its footprint and the slowdown it causes, not its throughput while running.
     ``target_util``: xCUDA's target GPU load (:func:`xcuda_pace`); the pace scales the job's footprint,
-    the slowdown it causes and its throughput alike. None: no pacing.
+    the slowdown it causes and its throughput alike. None: no pacing. Scalars or arrays (one GPU and
+    its job per element): :func:`with_offline_jobs` with one job per GPU.
     """
-    tput, slow = colocate(model.traits, online.load, job, sm_pct, params)
-    used = np.minimum(np.asarray(sm_pct, dtype=float) / 100.0, job.sm_need)
-    pace = xcuda_pace(online.sm_pct, used, duty, tput, target_util)
-    ran = duty * pace
-    util, sm, mem, bw = shared_metrics(online.util_pct, online.sm_pct, online.mem_bytes, online.bw_pct,
-                                       job_mem_bytes, used, job.mem_bw, ran, tput)
-    return Shared(util, sm, mem, bw, tput * pace, 1.0 + (slow - 1.0) * ran, pace)
+    parts = [*(getattr(online, f.name) for f in fields(online)), *(getattr(model, f.name) for f in fields(model)),
+             *(getattr(job, f.name) for f in fields(job)), sm_pct, duty, job_mem_bytes]
+    shape = np.broadcast_shapes(*(np.shape(x) for x in parts))
+    flat = lambda x: np.broadcast_to(np.asarray(x, dtype=float), shape).ravel()  # noqa: E731
+    one = lambda cls, obj: cls(*(flat(getattr(obj, f.name)) for f in fields(obj)))  # noqa: E731
+    size = int(np.prod(shape))
+    got = with_offline_jobs(one(OnlineAlone, online), one(OnlineModel, model), np.arange(size),
+                            one(WorkloadTraits, job), flat(sm_pct), flat(duty), flat(job_mem_bytes), params,
+                            target_util)
+    back = lambda x: np.reshape(x, shape)[()]  # noqa: E731
+    return Shared(back(got.util_pct), back(got.sm_pct), back(got.mem_bytes), back(got.bw_pct), back(got.norm_tput),
+                  back(got.slowdown), back(got.pace))
 
 
 def alone_as_shared(online: OnlineAlone) -> Shared:

@@ -52,6 +52,65 @@ class PairMeasurement:
     norm_tput: float  # of `workload` while sharing with `partner`
 
 
+@dataclass(frozen=True)
+class PairTerms:
+    """The parts of one offline job's co-location with the online service, before they are combined.
+
+    ``online_term``: the job's contribution to the online slowdown's contention factor,
+    σ_on · π_off · activity · contention; ``e_off``: the SM fraction the job can use (min(share, its
+    need)); ``u_on``: the online service's SM footprint at its load.
+    """
+
+    norm_tput: np.ndarray
+    online_term: np.ndarray
+    e_off: np.ndarray
+    u_on: np.ndarray
+
+
+def colocate_terms(
+    online: WorkloadTraits,
+    online_load: np.ndarray | float,
+    offline: WorkloadTraits,
+    sm_pct: np.ndarray | float,
+    params: InterferenceParams = InterferenceParams(),
+    corunner_pressure: np.ndarray | float = 0.0,
+) -> PairTerms:
+    """:func:`colocate`'s terms; ``corunner_pressure`` adds the pressure of other offline jobs on the GPU.
+
+    Several offline jobs on one GPU (each under its own MPS share) press on each other as the
+    online service presses on them: job A's throughput is divided by
+    ``1 + σ_A (π_on · load · c_on + corunner_pressure)``, where the caller sums its co-runners'
+    ``π_B · activity_B`` times their contention (:mod:`scheduler_core.gpu_model`). 0: the pair alone.
+    """
+    load = np.clip(np.asarray(online_load, dtype=float), 0.0, 1.0)
+    p = np.clip(np.asarray(sm_pct, dtype=float) / 100.0, 0.0, 1.0)
+    u_on = online.sm_need * load
+    e_off = np.minimum(p, offline.sm_need)
+    capacity = (e_off / offline.sm_need) ** params.capacity_exponent
+    contention = share_contention(u_on, p, params)
+    norm_tput = capacity / (1.0 + offline.sensitivity * online.pressure * load * contention
+                            + offline.sensitivity * corunner_pressure)
+    activity = e_off / offline.sm_need
+    return PairTerms(norm_tput, online.sensitivity * offline.pressure * activity * contention, e_off, u_on)
+
+
+def share_contention(a, b, params: InterferenceParams = InterferenceParams()):
+    """Contention between two SM footprints ``a`` and ``b`` (fractions of the SMs) under MPS.
+
+    The share of the smaller footprint whose SMs are contended (1 where the two together need every
+    SM) scales the full-sharing contention; where they do not overlap, only memory-system
+    contention remains (``mps_isolation``).
+    """
+    smaller = np.maximum(np.minimum(a, b), 1e-9)
+    overlap = np.clip((a + b - 1.0) / smaller, 0.0, 1.0)
+    return params.mps_isolation + (1.0 - params.mps_isolation) * overlap
+
+
+def online_slowdown(online_term, u_on, e_off, params: InterferenceParams = InterferenceParams()):
+    """The online latency slowdown factor (≥ 1) from the offline contention term and SM footprints."""
+    return (1.0 + online_term) * (1.0 + params.oversubscription_penalty * np.maximum(0.0, u_on + e_off - 1.0))
+
+
 def colocate(
     online: WorkloadTraits,
     online_load: np.ndarray | float,
@@ -64,21 +123,8 @@ def colocate(
     ``online_load`` is the online service's load relative to its peak (0–1);
     ``sm_pct`` the offline job's MPS active-thread percentage.
     """
-    load = np.clip(np.asarray(online_load, dtype=float), 0.0, 1.0)
-    p = np.clip(np.asarray(sm_pct, dtype=float) / 100.0, 0.0, 1.0)
-    u_on = online.sm_need * load
-    e_off = np.minimum(p, offline.sm_need)
-    capacity = (e_off / offline.sm_need) ** params.capacity_exponent
-    # Share of the smaller footprint whose SMs are contended; 1 at sm_pct = 100.
-    smaller = np.maximum(np.minimum(u_on, p), 1e-9)
-    overlap = np.clip((u_on + p - 1.0) / smaller, 0.0, 1.0)
-    contention = params.mps_isolation + (1.0 - params.mps_isolation) * overlap
-    norm_tput = capacity / (1.0 + offline.sensitivity * online.pressure * load * contention)
-    activity = e_off / offline.sm_need
-    slowdown = (1.0 + online.sensitivity * offline.pressure * activity * contention) * (
-        1.0 + params.oversubscription_penalty * np.maximum(0.0, u_on + e_off - 1.0)
-    )
-    return norm_tput, slowdown
+    t = colocate_terms(online, online_load, offline, sm_pct, params)
+    return t.norm_tput, online_slowdown(t.online_term, t.u_on, t.e_off, params)
 
 
 @dataclass(frozen=True)

@@ -48,6 +48,9 @@ def _sim_options(fn):
                      help="Give each online service a p99 SLO of this many times its p99 alone at its daily peak "
                           "(MuxFlow rounds then keep the predicted p99 within it; SLO violations per "
                           "service-minute are reported) [default: no SLOs, the paper's flat allowance]."),
+        click.option("--max-jobs-per-gpu", type=click.IntRange(min=1, max=8), default=1, show_default=True,
+                     help="Offline jobs a MuxFlow round may put on one GPU, each with its own MPS share and memory "
+                          "quota; 1 = the paper."),
         click.option("--calibration", default="transfer", show_default=True,
                      help="Interference calibration: transfer, pessimistic, or a measured GPU type's own fit "
                           "(k80, p100, ...; docs/CALIBRATION.md)."),
@@ -60,7 +63,7 @@ def _sim_options(fn):
 
 
 def _config(gpus, types_text, hours, jobs, arrival_hours, mean_job_hours, seed, sm_fallback_levels=None,
-            migration_penalty=None, slo_scale=None):
+            migration_penalty=None, slo_scale=None, max_jobs_per_gpu=1):
     from scheduler_core.simulator import SimConfig
 
     types = tuple(parse_types(types_text).items()) if types_text else None
@@ -70,7 +73,7 @@ def _config(gpus, types_text, hours, jobs, arrival_hours, mean_job_hours, seed, 
         return SimConfig(gpus=gpus, gpu_types=types, hours=hours, jobs=jobs, arrival_hours=arrival_hours,
                          mean_job_hours=mean_job_hours, max_job_hours=max(8.0, mean_job_hours), seed=seed,
                          sm_fallback_levels=sm_fallback_levels, migration_penalty=migration_penalty,
-                         slo_scale=slo_scale)
+                         slo_scale=slo_scale, max_jobs_per_gpu=max_jobs_per_gpu)
     except ValueError as exc:
         raise CliError(str(exc)) from exc
 
@@ -146,10 +149,14 @@ def run_policies(trace, inputs, cfg, names: list[str], quiet: bool, label: str =
 
 def _violations(res) -> list[str]:
     inv, bad = res.invariants, []
-    if res.policy != "salus" and inv["max_offline_jobs_per_gpu"] > 1:
-        bad.append(f"{inv['max_offline_jobs_per_gpu']} offline jobs on one GPU")
-    if inv["max_active_jobs_per_gpu"] > 1:
-        bad.append("two offline jobs progressed on one GPU in one minute")
+    if inv["max_offline_jobs_per_gpu"] > inv["allowed_offline_jobs_per_gpu"]:
+        bad.append(f"{inv['max_offline_jobs_per_gpu']} offline jobs on one GPU "
+                   f"(at most {inv['allowed_offline_jobs_per_gpu']})")
+    if inv["max_active_jobs_per_gpu"] > inv["allowed_active_jobs_per_gpu"]:
+        bad.append(f"{inv['max_active_jobs_per_gpu']} offline jobs progressed on one GPU in one minute "
+                   f"(at most {inv['allowed_active_jobs_per_gpu']})")
+    if inv["gpus_over_100_pct_shares"]:
+        bad.append(f"{inv['gpus_over_100_pct_shares']} GPU-rounds whose jobs' MPS shares add up to over 100 %")
     if inv["sm_pct_out_of_bounds"]:
         bad.append(f"{inv['sm_pct_out_of_bounds']} SM percentages out of bounds")
     if not inv["all_accounted"]:
@@ -176,7 +183,7 @@ def _config_json(cfg) -> dict:
             "round_minutes": cfg.round_minutes, "migration_penalty": cfg.round_migration_penalty(),
             "sm_fallback_levels": cfg.sm_fallback_levels if cfg.sm_fallback_levels is not None
             else SmPolicy().fallback_levels,
-            "fixed_sm_pct": cfg.fixed_sm_pct, "slo_scale": cfg.slo_scale,
+            "fixed_sm_pct": cfg.fixed_sm_pct, "slo_scale": cfg.slo_scale, "max_jobs_per_gpu": cfg.max_jobs_per_gpu,
             "service_slos_ms": dict(zip((s.name for s in cfg.services), cfg.service_slos_ms()))}
 
 
@@ -186,7 +193,7 @@ def _config_json(cfg) -> dict:
 @click.pass_context
 @_guarded
 def simulate(ctx, trace_path, gpus, types_text, hours, jobs, arrival_hours, mean_job_hours, seed, sm_fallback_levels,
-             migration_penalty, slo_scale, calibration, as_json, quiet, policy) -> None:
+             migration_penalty, slo_scale, max_jobs_per_gpu, calibration, as_json, quiet, policy) -> None:
     """Simulate one policy on a trace and print the paper's metrics (SIMULATED)."""
     if ctx.invoked_subcommand is not None:
         return
@@ -194,7 +201,7 @@ def simulate(ctx, trace_path, gpus, types_text, hours, jobs, arrival_hours, mean
 
     get_policy(policy)
     cfg = _config(gpus, types_text, hours, jobs, arrival_hours, mean_job_hours, seed, sm_fallback_levels,
-                  migration_penalty, slo_scale)
+                  migration_penalty, slo_scale, max_jobs_per_gpu)
     [calibration] = _check_calibrations([calibration])
     trace = _load(trace_path)
     inputs, info = _inputs(cfg, calibration, quiet)
@@ -213,6 +220,41 @@ def list_policies() -> None:
         click.echo(f"{p.name:16s} {p.description}")
 
 
+@simulate.command("composition", context_settings=HELP)
+@click.option("--gpu-type", default="t4", show_default=True, help="GPU type of the simulated GPUs.")
+@click.option("--calibration", default="transfer", show_default=True,
+              help="Interference calibration of the workloads (as for `simulate`).")
+@click.option("--corunner-efficiency", type=click.FloatRange(min=0.0, max=1.0, min_open=True), default=None,
+              help="The round's throughput factor per co-runner [default: the round's].")
+@click.option("--json", "as_json", is_flag=True, help="Print the errors as JSON.")
+@_guarded
+def composition(gpu_type, calibration, corunner_efficiency, as_json) -> None:
+    """How far the round's rule for several jobs per GPU is from the simulated GPU running them (SIMULATED)."""
+    from executors.simulated.evaluation import simulation_catalog
+    from scheduler_core.composition import LOADS, OFFLINE_SHARES, composition_errors
+    from scheduler_core.round import RoundConfig
+    from scheduler_core.simulator import SimConfig
+
+    [calibration] = _check_calibrations([calibration])
+    eff = corunner_efficiency if corunner_efficiency is not None else RoundConfig().corunner_efficiency
+    cfg = SimConfig(gpus=1, gpu_types=((gpu_type.lower(), 1),))
+    rows = composition_errors(simulation_catalog(cfg, calibration), gpu_type.lower(), corunner_efficiency=eff)
+    doc = {"simulated": True, "gpu_type": gpu_type.lower(), "calibration": calibration, "corunner_efficiency": eff,
+           "online_loads": list(LOADS), "offline_shares_pct": list(OFFLINE_SHARES),
+           "errors": [r.as_dict() for r in rows]}
+    if as_json:
+        click.echo(json.dumps(doc, indent=2))
+        return
+    click.echo(f"SIMULATED ({gpu_type.lower()}, calibration {calibration}): the round's rule (pair prediction at "
+               f"the slot share x {eff:g} per co-runner; slowdown at the whole share, budget / b) against the "
+               "jobs running together")
+    click.echo(f"{'jobs/GPU':>8}  {'cases':>7}  {'tput MAE':>8}  {'tput bias':>9}  {'tput MAPE':>9}  "
+               f"{'implied eff':>11}  {'slowdown under':>14}  {'worst excess':>12}")
+    for r in rows:
+        click.echo(f"{r.slots:>8}  {r.cases:>7}  {r.tput_mae:>8.3f}  {r.tput_bias:>+9.3f}  {r.tput_mape:>9.1%}  "
+                   f"{r.implied_efficiency:>11.3f}  {r.slowdown_under_frac:>14.1%}  {r.slowdown_worst_excess:>12.3f}")
+
+
 @simulate.command("compare", context_settings=HELP)
 @_sim_options
 @click.option("--policies", "policy_text", default=None, help="Comma-separated policies [default: all].")
@@ -226,7 +268,8 @@ def list_policies() -> None:
                    "pessimistic].")
 @_guarded
 def compare(trace_path, gpus, types_text, hours, jobs, arrival_hours, mean_job_hours, seed, sm_fallback_levels,
-            migration_penalty, slo_scale, calibration, as_json, quiet, policy_text, out_dir, sensitivity,
+            migration_penalty, slo_scale, max_jobs_per_gpu, calibration, as_json, quiet, policy_text, out_dir,
+            sensitivity,
             calibrations_text) -> None:
     """Run every policy on the same trace; print the table normalized like the paper's Figures 11 and 13."""
     from executors.simulated.calibration import calibrations
@@ -240,7 +283,7 @@ def compare(trace_path, gpus, types_text, hours, jobs, arrival_hours, mean_job_h
     if "muxflow" not in names:
         raise CliError("policies: the comparison is normalized to muxflow; include it")
     cfg = _config(gpus, types_text, hours, jobs, arrival_hours, mean_job_hours, seed, sm_fallback_levels,
-                  migration_penalty, slo_scale)
+                  migration_penalty, slo_scale, max_jobs_per_gpu)
     [calibration] = _check_calibrations([calibration])
     others = []
     if sensitivity:

@@ -117,6 +117,9 @@ class SimConfig:
     # p99 SLOs for services that declare none: this many times the replica's p99 alone at its daily peak on
     # the slowest GPU type (online_load.peak_slo_ms, rounded up to 10 ms). None: only declared SLOs.
     slo_scale: float | None = None
+    # Offline jobs an MPS policy's round may put on one GPU, each with its own share (RoundConfig.max_jobs_per_gpu,
+    # scheduler_core.slots); 1 = the paper.
+    max_jobs_per_gpu: int = 1
 
     def __post_init__(self) -> None:
         if self.gpus < 1:
@@ -146,6 +149,8 @@ class SimConfig:
             raise ValueError("xcuda_target_util must lie in (0, 2] (a GPU load, as XCUDA_TARGET_UTIL)")
         if self.slo_scale is not None and not self.slo_scale > 0:
             raise ValueError("slo_scale must be > 0")
+        if self.max_jobs_per_gpu < 1:
+            raise ValueError("max_jobs_per_gpu must be >= 1")
         if self.users < 0:
             raise ValueError("users must be >= 0")
         if not self.users_zipf_s >= 0:

@@ -61,8 +61,12 @@ def run_simulation(trace: list[TraceJob], inputs: SimInputs, cfg: SimConfig, pol
     total = cfg.minutes
     n_rounds = -(-total // cfg.round_minutes)
     rec = _Recorder(total, cfg.gpus)
+    # What the sharing mechanism allows on one GPU: jobs placed there, and jobs progressing in one minute.
+    multi = cfg.max_jobs_per_gpu if policy.sharing == "mps" else 1
     inv = {"max_offline_jobs_per_gpu": 0, "max_active_jobs_per_gpu": 0, "sm_pct_out_of_bounds": 0,
-           "refused_actions": 0, "jobs_next_to_another_user": 0}
+           "refused_actions": 0, "jobs_next_to_another_user": 0, "gpus_over_100_pct_shares": 0,
+           "allowed_offline_jobs_per_gpu": cfg.sharing.salus_max_resident if policy.sharing == "salus" else multi,
+           "allowed_active_jobs_per_gpu": multi}
     rounds: list[dict] = []
     for minute in range(-cfg.warmup_minutes, total):
         now_s = minute * 60.0
@@ -79,6 +83,9 @@ def run_simulation(trace: list[TraceJob], inputs: SimInputs, cfg: SimConfig, pol
             if run.size:
                 inv["max_offline_jobs_per_gpu"] = max(inv["max_offline_jobs_per_gpu"],
                                                       int(np.bincount(fleet.gpu[run]).max()))
+                if policy.sharing == "mps":  # MPS shares of one GPU's jobs together within the GPU
+                    shares = np.bincount(fleet.gpu[run], weights=fleet.sm_pct[run], minlength=fleet.n)
+                    inv["gpus_over_100_pct_shares"] += int((shares > 100).sum())
                 # Under MPS a job next to a replica of another user would wait for it (scheduler_core.run_as).
                 gu, ju = fleet.gpu_user[fleet.gpu[run]], fleet.job_user[run]
                 inv["jobs_next_to_another_user"] += int(((gu >= 0) & (ju >= 0) & (gu != ju)).sum())

@@ -33,7 +33,7 @@ import numpy as np
 
 from scheduler_core.domain import Action, GpuHealth, PlanAction
 from scheduler_core.features import RECENT_ONLINE_KEYS
-from scheduler_core.gpu_model import OnlineModel, clock_frac, online_alone, with_offline
+from scheduler_core.gpu_model import OnlineModel, clock_frac, online_alone, with_offline_jobs
 from scheduler_core.gpu_specs import get_spec
 from scheduler_core.interference import WorkloadTraits
 from scheduler_core.online_load import diurnal_qps
@@ -146,6 +146,7 @@ class Fleet:
         self.migrations = np.zeros(m, dtype=np.int64)
         self.lost_steps = np.zeros(m)
         self._next_arrival = 0
+        self.n_jobs_max = m  # no limit of the fleet's own (a policy's planner keeps its residents in bounds)
         # Recent online-only metrics for the rounds' candidates (ring of the last 15 minutes)
         # and the SM-activity history the forecaster reads.
         self.recent_n = 15
@@ -191,7 +192,9 @@ class Fleet:
     def apply(self, actions: list[PlanAction], now_s: float) -> dict[str, int]:
         """Carry out a plan: evictions and the checkpoint half of migrations first, then restarts and starts."""
         counts = {"start": 0, "keep": 0, "migrate": 0, "evict": 0, "refused": 0}
-        multi = self.sharing == "salus"
+        # Offline jobs one GPU may hold: Salus keeps residents (its planner bounds them); MPS policies as many as
+        # their rounds plan (each at its own share); time sharing one.
+        limit = {"salus": self.n_jobs_max, "mps": self.cfg.max_jobs_per_gpu}.get(self.sharing, 1)
         # Phase 1: evictions and the checkpoint half of every migration free their GPUs.
         for act in actions:
             if act.action in (Action.EVICT, Action.MIGRATE) and self.state[act.job_id] == RUNNING:
@@ -201,14 +204,13 @@ class Fleet:
             elif act.action == Action.KEEP:
                 counts["keep"] += 1
         # Phase 2: restarts and starts claim them.
-        occupied = np.zeros(self.n, dtype=bool)
-        occupied[self.gpu[self.running()]] = True
+        occupied = np.bincount(self.gpu[self.running()], minlength=self.n)
         for act in actions:
             if act.action not in (Action.MIGRATE, Action.START):
                 continue
             j, g = act.job_id, int(act.gpu_id)
-            if not multi and occupied[g]:
-                # Never two offline jobs on one GPU: the action is refused, the job waits in the queue.
+            if occupied[g] >= limit:
+                # Never more offline jobs on one GPU than the mechanism holds: refused, the job waits in the queue.
                 counts["refused"] += 1
                 continue
             if act.action == Action.MIGRATE:
@@ -223,7 +225,7 @@ class Fleet:
                 counts["start"] += 1
             self.state[j] = RUNNING
             self.gpu[j] = g
-            occupied[g] = True
+            occupied[g] += 1
             self.sm_pct[j] = int(act.sm_pct) if act.sm_pct is not None else 100
             self.warmup_s[j] = warm
             self.since_ckpt_s[j] = 0.0
@@ -294,10 +296,12 @@ class Fleet:
             if self.sharing == "mps":
                 off_tr = WorkloadTraits(self.off_sens[t], self.off_pres[t], self.off_sm_need[t], self.off_mem_bw[t])
                 # memory is added above for every placed job (Salus keeps several resident)
-                shared = with_offline(on.take(g), self.online.take(g), off_tr, self.sm_pct[act], duty, 0.0,
-                                      c.interference, c.xcuda_target_util)
-                u_g, sm_g, bw_g, tput = shared.util_pct, shared.sm_pct, shared.bw_pct, shared.norm_tput
-                slow[g] = shared.slowdown
+                shared = with_offline_jobs(on, self.online, g, off_tr, self.sm_pct[act], duty, 0.0,
+                                           c.interference, c.xcuda_target_util)
+                # Per GPU with jobs (several jobs on one GPU write the same totals).
+                u_g, sm_g, bw_g = shared.util_pct[g], shared.sm_pct[g], shared.bw_pct[g]
+                tput = shared.norm_tput
+                slow[g] = shared.slowdown[g]
             else:
                 if self.sharing == "time":
                     busy_on = np.minimum(0.95, u * (1.0 + sh.ts_online_wait))

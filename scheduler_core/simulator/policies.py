@@ -76,7 +76,7 @@ def _muxflow(fixed_sm: bool, matcher: str) -> Callable[[SimConfig, object], Plan
         else:
             sm = SmPolicy()
         round_cfg = replace(inputs.round_config, sm=sm, matcher=matcher,
-                            migration_penalty=cfg.round_migration_penalty())
+                            migration_penalty=cfg.round_migration_penalty(), max_jobs_per_gpu=cfg.max_jobs_per_gpu)
         return _MuxFlowPlanner(cfg, inputs, round_cfg)
 
     return make

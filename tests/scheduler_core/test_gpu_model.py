@@ -14,9 +14,11 @@ from scheduler_core.gpu_model import (
     traits_from_profile,
     offline_traits,
     with_offline,
+    with_offline_jobs,
     xcuda_pace,
 )
 from scheduler_core.gpu_specs import get_spec
+from scheduler_core.interference import WorkloadTraits
 from scheduler_core.workloads import ONLINE_FAMILIES
 
 CATALOG = default_catalog()
@@ -102,3 +104,46 @@ def test_a_replica_over_the_target_alone_leaves_the_job_only_the_floor() -> None
     assert float(paced.pace) == pytest.approx(PACE_FLOOR)
     assert xcuda_pace(np.array([10.0]), np.array([0.5]), np.array([0.0]), np.array([0.8]), 0.9)[0] == 1.0  # idle job
     np.testing.assert_allclose(xcuda_pace(np.array([95.0, 10.0]), 0.5, 1.0, 0.5, None), 1.0)  # no target, no pacing
+
+
+def test_one_job_per_gpu_is_the_pair_model_exactly_and_co_runners_press_on_each_other() -> None:
+    kinds = [("cnn", "t4"), ("transformer", "t4"), ("recommender", "a10")]
+    stacked = OnlineModel.stack([_model(f, g) for f, g in kinds])
+    on = online_alone(stacked, np.array([60.0, 90.0, 200.0]))
+    names = ["ResNet-18 (batch size 16)", "Transformer (batch size 32)", "ResNet-50 (batch size 64)"]
+    jobs = WorkloadTraits(*(np.array([getattr(CATALOG.offline[n].traits, f) for n in names])
+                            for f in ("sensitivity", "pressure", "sm_need", "mem_bw")))
+    pct, duty = np.array([30.0, 40.0, 50.0]), np.array([1.0, 0.5, 1.0])
+    pair = with_offline(on, stacked, jobs, pct, duty, 1e9)
+    alone = with_offline_jobs(on, stacked, np.arange(3), jobs, pct, duty, 1e9)
+    for name in ("util_pct", "sm_pct", "mem_bytes", "bw_pct", "slowdown", "norm_tput"):
+        assert np.array_equal(np.asarray(getattr(pair, name)), getattr(alone, name)), name
+    # All three jobs on GPU 0, under 100 % of SMs together: each runs slower than with the GPU to itself
+    # (its co-runners press on it), the replica slows down more than beside any one of them, and the
+    # device adds up their memory and SM activity.
+    g = np.zeros(3, dtype=np.int64)
+    together = with_offline_jobs(on, stacked, g, jobs, pct, np.ones(3), 1e9)
+    each = [with_offline_jobs(on.take([0]), stacked.take([0]), np.zeros(1, dtype=np.int64),
+                              WorkloadTraits(*(np.asarray(getattr(jobs, f))[[i]] for f in
+                                               ("sensitivity", "pressure", "sm_need", "mem_bw"))),
+                              pct[[i]], np.ones(1), 1e9) for i in range(3)]
+    for i in range(3):
+        assert together.norm_tput[i] < each[i].norm_tput[0]
+        assert together.slowdown[0] > each[i].slowdown[0] > 1.0
+        assert together.sm_pct[0] > each[i].sm_pct[0]
+    assert together.mem_bytes[0] == pytest.approx(float(on.mem_bytes[0]) + 3e9)
+    # GPUs without a job are their replica alone.
+    assert together.slowdown[1] == together.slowdown[2] == 1.0 and together.sm_pct[1] == on.sm_pct[1]
+
+
+def test_xcuda_paces_the_jobs_of_a_gpu_together_to_its_target() -> None:
+    m = OnlineModel.stack([_model("cnn", "t4")])
+    on = online_alone(m, np.array([150.0]))
+    tr = CATALOG.offline["ResNet-50 (batch size 64)"].traits
+    jobs = WorkloadTraits(*(np.full(2, getattr(tr, f)) for f in ("sensitivity", "pressure", "sm_need", "mem_bw")))
+    free = with_offline_jobs(on, m, np.zeros(2, dtype=np.int64), jobs, np.array([40.0, 40.0]), np.ones(2), 0.0)
+    paced = with_offline_jobs(on, m, np.zeros(2, dtype=np.int64), jobs, np.array([40.0, 40.0]), np.ones(2), 0.0,
+                              target_util=0.9)
+    assert free.sm_pct[0] > 90.0  # unpaced, the two jobs would take the GPU past the target
+    assert paced.sm_pct[0] == pytest.approx(90.0) and 0.0 < paced.pace[0] < 1.0
+    assert np.allclose(paced.norm_tput, free.norm_tput * paced.pace[0])

@@ -231,3 +231,28 @@ def test_config_rejects_nonsense() -> None:
     with pytest.raises(ValueError, match="unknown policy"):
         get_policy("fifo")
     assert asdict(SimConfig())["gpus"] == 1000
+
+
+class SmallJobsStub(StubPredictor):
+    """Jobs that reach full speed at 40 % of the SMs: two per GPU pay where the share allows."""
+
+    def predict(self, x: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
+        tput, slowdown = super().predict(x)
+        return np.round(np.clip(2.5 * tput, 0.0, 1.0), 6), slowdown
+
+
+@pytest.mark.parametrize("stub, split", [(SmallJobsStub(), True), (StubPredictor(), False)])
+def test_several_jobs_per_gpu_where_they_pay_within_the_gpu(inputs, sample_trace, stub, split) -> None:
+    cfg = SimConfig(**{**SMALL, "gpus": 6, "max_jobs_per_gpu": 2})  # 90 jobs on 6 GPUs: overloaded
+    res = run_simulation(sample_trace, replace(inputs, predictors={t: stub for t in inputs.predictors}), cfg,
+                         get_policy("muxflow"))
+    inv = res.invariants
+    assert inv["allowed_offline_jobs_per_gpu"] == inv["allowed_active_jobs_per_gpu"] == 2
+    # Where splitting pays, GPUs run two jobs at once; with throughput linear in the share (two half shares
+    # times the co-runner factor make less than one whole), the round never splits.
+    assert inv["max_offline_jobs_per_gpu"] == inv["max_active_jobs_per_gpu"] == (2 if split else 1)
+    assert inv["gpus_over_100_pct_shares"] == 0 and inv["refused_actions"] == 0 and inv["sm_pct_out_of_bounds"] == 0
+    assert inv["all_accounted"] and res.metrics["offline"]["finished"] > 0
+    from pipelines.cli.simulate import _violations
+
+    assert _violations(res) == []
