@@ -34,7 +34,14 @@ from scheduler_core.features import online_vector
 from scheduler_core.grouped_weights import GroupedWeights
 from scheduler_core.pair_tables import EmbeddedTable, profile_index, type_tables
 from scheduler_core.run_as import class_user, gpu_users, mask_classes
-from scheduler_core.slots import SlotLayout, keeps_share, slot_counts, slot_shares
+from scheduler_core.slots import (
+    SlotLayout,
+    keeps_share,
+    running_per_gpu,
+    slot_counts,
+    slot_shares,
+    worthwhile_splits,
+)
 
 __all__ = ["RoundGraph", "build_graph", "eligible_gpus", "keeps_share", "mem_quota_bytes", "share_levels",
            "slo_allowance"]
@@ -181,14 +188,80 @@ def build_graph(gpus: list[GpuCandidate], jobs: list[JobCandidate], predictors: 
     # Shares: the one-job levels of every GPU, the slots of GPUs split between several jobs.
     levels = share_levels(sm, cfg.sm) if n else np.zeros((1, 0), dtype=np.int64)
     n_levels = levels.shape[0]
-    layout = SlotLayout.of(slot_counts(elig, jobs, levels[0], quota, cfg))
+    stats = {"gpus_out_of_range": 0, "profiles_out_of_range": 0, "predicted_pairs": 0, "distinct_gpu_rows": 0}
+
+    def weigh(counts: np.ndarray) -> _Weighed:
+        return _weigh(SlotLayout.of(counts), levels, cfg, types, gpu_type_idx, gpu_spec, list(spec_key), on, quota,
+                      allowance, healthy, profiles, class_profile, class_mem, [key[3] for key in class_keys], elig,
+                      predictors, stats)
+
+    t_weigh = time.perf_counter()
+    counts = slot_counts(elig, jobs, levels[0], quota, cfg)
+    w = weigh(counts)
+    t_predict = w.t_predict
+    if (counts > 1).any():
+        alone = weigh(np.ones_like(counts))
+        t_predict += alone.t_predict
+        best_slot = np.max(w.base[:, w.layout.first], axis=0, initial=-np.inf)
+        best_alone = np.max(alone.base, axis=0, initial=-np.inf)
+        worth = worthwhile_splits(counts, running_per_gpu(elig, jobs), best_slot, best_alone)
+        stats["gpus_split_undone"] = int((worth != counts).sum())
+        if (worth != counts).any():
+            counts = worth
+            w = alone if not (counts > 1).any() else weigh(counts)
+            t_predict += 0.0 if w is alone else w.t_predict
+    layout, slot_pct, gpu_rows, base, class_level, tables = (w.layout, w.slot_pct, w.gpu_rows, w.base, w.class_level,
+                                                             w.tables)
+    tput_rows, slow_rows, derate, slot_quota = w.tput_rows, w.slow_rows, w.derate, w.slot_quota
+    slot_allowance, slot_healthy, user_mask = w.slot_allowance, w.slot_healthy, w.user_mask
+    g_of = layout.gpu
+
+    home, home_w, home_level, penalty = _homes(elig, jobs, layout, base, class_level, job_class, class_mem,
+                                               slot_pct, tput_rows, slow_rows, derate, slot_quota, slot_allowance,
+                                               slot_healthy, class_profile, gpu_type_idx, tables, cfg)
+    if user_mask.any():  # a running job whose user may not share its GPU cannot stay there either
+        at = np.flatnonzero(home >= 0)
+        home_w[at[user_mask[job_class[at], home[at]]]] = -np.inf
+    weights = GroupedWeights(base, job_class, home, home_w, penalty)
+    stats.update({"gpus": n, "jobs": m, "classes": n_cls, "types": len(types), "share_levels": int(n_levels),
+                  "slots": layout.n_slots, "gpus_split": int((np.bincount(g_of, minlength=n) > 1).sum()) if n else 0,
+                  "distinct_profiles": int(sum(len(p) for p in profiles)),
+                  "timings_s": {"features": t_weigh - t0, "prediction": t_predict,
+                                "feasibility": time.perf_counter() - t_weigh - t_predict}})
+    return RoundGraph(elig, jobs, weights, layout, levels, slot_pct, class_level, home_level, quota, slot_quota,
+                      gpu_type_idx, gpu_rows, tput_rows, slow_rows, derate, class_profile, types, tables, stats)
+
+
+@dataclass(frozen=True, eq=False)
+class _Weighed:
+    """One slot layout's predictions and weights (see :func:`build_graph`)."""
+
+    layout: SlotLayout
+    slot_pct: np.ndarray
+    gpu_rows: np.ndarray
+    tput_rows: np.ndarray
+    slow_rows: np.ndarray
+    derate: np.ndarray
+    slot_quota: np.ndarray
+    slot_allowance: np.ndarray
+    slot_healthy: np.ndarray
+    base: np.ndarray
+    class_level: np.ndarray
+    user_mask: np.ndarray  # (classes × slots) pairs whose users may not share the GPU (base −inf there)
+    tables: list
+    t_predict: float
+
+
+def _weigh(layout, levels, cfg, types, gpu_type_idx, gpu_spec, specs, on, quota, allowance, healthy, profiles,
+           class_profile, class_mem, class_users, elig, predictors, stats) -> _Weighed:
+    """Predict every (slot, class) pair of one slot layout and keep each pair's best feasible weight."""
+    n, n_levels, n_cls = levels.shape[1], levels.shape[0], class_profile.shape[0]
     slot_pct, slow_pct = slot_shares(levels, layout, cfg.sm.min_pct)
     multi = layout.count > 1
     split_share = np.full(n, -1, dtype=np.int64)
     split_share[layout.gpu[multi]] = slot_pct[0, multi]
     shares = np.vstack([levels, split_share[None, :]]) if multi.any() else levels
-    stats = {"gpus_out_of_range": 0, "profiles_out_of_range": 0, "predicted_pairs": 0, "distinct_gpu_rows": 0}
-    tables, rows_by_share, t_predict = type_tables(types, gpu_type_idx, gpu_spec, list(spec_key), on, shares,
+    tables, rows_by_share, t_predict = type_tables(types, gpu_type_idx, gpu_spec, specs, on, shares,
                                                    profiles, predictors, stats)
     if any(isinstance(t, EmbeddedTable) for t in tables):
         from scheduler_core.predictor import one_torch_thread
@@ -206,29 +279,13 @@ def build_graph(gpus: list[GpuCandidate], jobs: list[JobCandidate], predictors: 
     slot_quota = quota[g_of] // layout.count
     slot_allowance = allowance[g_of] / layout.count
     slot_healthy = healthy[g_of]
-
-    t_tables = time.perf_counter()
     with threads:  # thin matrix products: one BLAS thread (see EmbeddedTable.fill)
         base, class_level, t_blocks = _class_weights(
             tables, types, gpu_type_idx[g_of], class_profile, class_mem, tput_rows, slow_rows, derate, slot_quota,
             slot_allowance, slot_healthy, n_cls)
-    t_predict += t_blocks
-    user_mask = mask_classes(base, [key[3] for key in class_keys], g_of, elig)
-
-    home, home_w, home_level, penalty = _homes(elig, jobs, layout, base, class_level, job_class, class_mem,
-                                               slot_pct, tput_rows, slow_rows, derate, slot_quota, slot_allowance,
-                                               slot_healthy, class_profile, gpu_type_idx, tables, cfg)
-    if user_mask.any():  # a running job whose user may not share its GPU cannot stay there either
-        at = np.flatnonzero(home >= 0)
-        home_w[at[user_mask[job_class[at], home[at]]]] = -np.inf
-    weights = GroupedWeights(base, job_class, home, home_w, penalty)
-    stats.update({"gpus": n, "jobs": m, "classes": n_cls, "types": len(types), "share_levels": int(n_levels),
-                  "slots": layout.n_slots, "gpus_split": int((np.bincount(g_of, minlength=n) > 1).sum()) if n else 0,
-                  "distinct_profiles": int(sum(len(p) for p in profiles)),
-                  "timings_s": {"features": t_tables - t0 - t_predict + t_blocks, "prediction": t_predict,
-                                "feasibility": time.perf_counter() - t_tables - t_blocks}})
-    return RoundGraph(elig, jobs, weights, layout, levels, slot_pct, class_level, home_level, quota, slot_quota,
-                      gpu_type_idx, gpu_rows, tput_rows, slow_rows, derate, class_profile, types, tables, stats)
+    user_mask = mask_classes(base, class_users, g_of, elig)
+    return _Weighed(layout, slot_pct, gpu_rows, tput_rows, slow_rows, derate, slot_quota, slot_allowance,
+                    slot_healthy, base, class_level, user_mask, tables, t_predict + t_blocks)
 
 
 def slowdown_limit32(budget: np.ndarray) -> np.ndarray:

@@ -95,6 +95,13 @@ def plan_round(
     slots = capacity(gpus, predictors, cfg.max_jobs_per_gpu)
     jobs, deferred = admit(all_jobs, slots, cfg.admission)
     graph = build_graph(gpus, jobs, predictors, cfg)
+    while len(jobs) > graph.layout.n_slots and graph.layout.n_slots < slots:
+        # Several jobs per GPU: the round opened fewer slots than its GPUs could hold (splits that do not pay
+        # are undone), so fewer of the shortest jobs compete: the matching must not fill slots with long jobs.
+        # The slots only go down, so this ends (at one slot per eligible GPU at the latest).
+        slots = graph.layout.n_slots
+        jobs, deferred = admit(all_jobs, slots, cfg.admission)
+        graph = build_graph(gpus, jobs, predictors, cfg)
     t_graph = time.perf_counter()
     gt = graph.stats.get("timings_s", {})
     stats = {k: v for k, v in graph.stats.items() if k != "timings_s"}

@@ -23,12 +23,19 @@ from scheduler_core.features import N_FEATURES, OFFLINE_SLICE, ONLINE_SLICE, SM_
 from scheduler_core.matching import max_weight_matching
 from scheduler_core.pair_weights import derated, eligible_gpus, mem_quota_bytes, share_levels, slo_allowance
 from scheduler_core.run_as import may_share
-from scheduler_core.slots import SlotLayout, keeps_share, slot_counts, slot_shares
+from scheduler_core.slots import (
+    SlotLayout,
+    keeps_share,
+    running_per_gpu,
+    slot_counts,
+    slot_shares,
+    worthwhile_splits,
+)
 
 PAIRS_PER_BATCH = 1_000_000
 
 
-def dense_weights(gpus, jobs, predictors, cfg):
+def dense_weights(gpus, jobs, predictors, cfg, counts=None):
     """(GPU of each slot, c×m tput, c×m slowdown, c×m feasible, c×m penalised weights, c×m share, slot quota).
 
     With share fallback levels (``cfg.sm.fallback_levels``) each pair takes the
@@ -36,14 +43,25 @@ def dense_weights(gpus, jobs, predictors, cfg):
     slot of a GPU split ``b`` ways the throughput is predicted at the slot's share
     and multiplied by ``corunner_efficiency^(b−1)``, the slowdown is predicted at
     the GPU's whole offline share and must stay within ``allowance / b``, and the
-    memory quota is the GPU's ``/ b``.
+    memory quota is the GPU's ``/ b``. A split that does not pay is undone
+    (:func:`scheduler_core.slots.worthwhile_splits`); ``counts`` forces the slots per GPU.
     """
     elig = eligible_gpus(gpus, predictors)
     n, m = len(elig), len(jobs)
     sm = offline_sm_pct(np.array([g.forecast_sm_pct for g in elig], dtype=float), cfg.sm) if n else np.zeros(0, int)
     levels = share_levels(sm, cfg.sm) if n else np.zeros((1, 0), dtype=np.int64)
     quota = np.array([mem_quota_bytes(g, cfg) for g in elig], dtype=np.int64)
-    layout = SlotLayout.of(slot_counts(elig, jobs, levels[0], quota, cfg))
+    if counts is None:
+        counts = slot_counts(elig, jobs, levels[0], quota, cfg)
+        if (counts > 1).any():
+            split = dense_weights(gpus, jobs, predictors, cfg, counts)
+            alone = dense_weights(gpus, jobs, predictors, cfg, np.ones_like(counts))
+            first = SlotLayout.of(counts).first
+            best_slot = np.max(np.where(split[3], split[1], -np.inf)[first], axis=1, initial=-np.inf)
+            best_alone = np.max(np.where(alone[3], alone[1], -np.inf), axis=1, initial=-np.inf)
+            worth = worthwhile_splits(counts, running_per_gpu(elig, jobs), best_slot, best_alone)
+            return dense_weights(gpus, jobs, predictors, cfg, worth)
+    layout = SlotLayout.of(counts)
     slot_pct, slow_pct = slot_shares(levels, layout, cfg.sm.min_pct)
     slot_gpus = [elig[i] for i in layout.gpu]
     c = len(slot_gpus)

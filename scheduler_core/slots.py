@@ -19,13 +19,18 @@ A slot of a GPU with offline share ``P`` (dynamic SM, §4.3) and memory quota
   slots add up to at most the allowance — a conservative composition rule;
 - throughput = the pair prediction at ``⌊P / b⌋`` × ``corunner_efficiency`` per
   other slot (the throughput an offline job keeps beside another offline job
-  under MPS isolation, a measured constant; docs/EVALUATION.md gives its error).
+  under MPS isolation, a constant).
+
+``muxflow simulate composition`` scores this rule against the simulated GPU
+running the jobs together (:mod:`scheduler_core.composition`; docs/EVALUATION.md):
+it under-promises throughput and its slowdown bound is almost never below the truth.
 
 With ``b_i = 1`` a slot is the paper's pair, with its share fallback levels.
 How many slots a GPU gets is a rule (:func:`slot_counts`): one, unless the
 round has more jobs than one-slot capacity; then the GPUs with the largest
 offline share are split, just enough for every job, and a GPU already running
-several jobs keeps its slots (no restart merely to merge them).
+several jobs keeps its slots (no restart merely to merge them). A split that
+does not pay by the predictions is undone (:func:`worthwhile_splits`).
 """
 
 from __future__ import annotations
@@ -100,6 +105,23 @@ def slot_counts(elig, jobs: list[JobCandidate], offline_pct: np.ndarray, quota_b
         need -= int(fits[i] - counts[i])
         counts[i] = fits[i]
     return counts
+
+
+def worthwhile_splits(counts: np.ndarray, running: np.ndarray, best_slot: np.ndarray,
+                      best_alone: np.ndarray) -> np.ndarray:
+    """(n,) slot counts after undoing the splits that do not pay.
+
+    A GPU :func:`slot_counts` split for waiting jobs stays split into ``b`` slots only if ``b``
+    jobs of the best class its slots can take (``best_slot``: the best feasible weight on one of
+    its slots, −inf for none) add up to more predicted throughput than its best job alone
+    (``best_alone``: the best weight with one slot). The slot rule's budget is conservative
+    (docs/EVALUATION.md: composition), so a split GPU can be left with no feasible job at all,
+    and a share ``⌊P / b⌋`` often yields less in all than ``P``. Slots held by running jobs stay.
+    """
+    keep_min = np.maximum(np.asarray(running, dtype=np.int64), 1)
+    with np.errstate(invalid="ignore"):
+        pays = np.asarray(best_slot, dtype=float) * counts > np.asarray(best_alone, dtype=float)
+    return np.where((counts > keep_min) & ~pays, keep_min, counts)
 
 
 def slot_shares(levels: np.ndarray, layout: SlotLayout, min_pct: int) -> tuple[np.ndarray, np.ndarray]:

@@ -22,7 +22,7 @@ from scheduler_core.plan_check import plan_violations
 from scheduler_core.round import RoundConfig, plan_round
 from scheduler_core.round_dense import plan_round_dense
 from scheduler_core.slots import SlotLayout, keeps_share, slot_counts, slot_shares
-from tests.scheduler_core.test_round import GIB, PREDICTORS, gpu, job
+from tests.scheduler_core.test_round import GIB, PREDICTORS, StubPredictor, gpu, job
 from tests.scheduler_core.test_round_dense import SmoothStub, random_cluster
 
 
@@ -69,11 +69,15 @@ def test_beside_other_jobs_a_job_keeps_only_a_share_within_its_slot() -> None:
     assert keeps_share(running, 40, cfg, slots_on_gpu=2) and keeps_share(running, 60, cfg, slots_on_gpu=2)
 
 
+# Jobs that need only 40 % of the SMs: at 40 % each runs as fast as at 80 %, so two per GPU pay.
+SMALL_JOBS = {"t4": StubPredictor(a=2.5), "a10": StubPredictor(a=2.5)}
+
+
 def test_overloaded_round_places_two_jobs_per_gpu_within_share_and_quota() -> None:
     gpus = [gpu(i, forecast_sm_pct=10.0, allowance=0.5) for i in range(1, 3)]
     jobs = [job(10 + j, mem_bytes=2 * GIB) for j in range(4)]
     cfg = RoundConfig(max_jobs_per_gpu=2)
-    res = plan_round(gpus, jobs, PREDICTORS, cfg)
+    res = plan_round(gpus, jobs, SMALL_JOBS, cfg)
     assert len(res.placements) == 4 and res.certified_optimal
     per_gpu = defaultdict(list)
     for p in res.placements:
@@ -86,7 +90,21 @@ def test_overloaded_round_places_two_jobs_per_gpu_within_share_and_quota() -> No
         assert sum(p.mem_quota_bytes for p in ps) <= mem_quota_bytes(g, cfg)
     assert plan_violations(gpus, jobs, res.placements, res.actions, cfg.sm, cfg.max_jobs_per_gpu) == []
     # With one job per GPU the same round leaves two jobs out.
-    assert len(plan_round(gpus, jobs, PREDICTORS, RoundConfig()).placements) == 2
+    assert len(plan_round(gpus, jobs, SMALL_JOBS, RoundConfig()).placements) == 2
+
+
+def test_a_split_that_does_not_pay_is_undone() -> None:
+    gpus = [gpu(i, forecast_sm_pct=10.0, allowance=0.5) for i in range(1, 3)]
+    jobs = [job(10 + j) for j in range(4)]
+    cfg = RoundConfig(max_jobs_per_gpu=2)
+    # Throughput linear in the share: two jobs at 40 % (× the co-runner factor) make less than one at 80 %.
+    res = plan_round(gpus, jobs, PREDICTORS, cfg)
+    assert sorted(p.sm_pct for p in res.placements) == [80, 80]
+    dense = plan_round_dense(gpus, jobs, PREDICTORS, cfg)
+    assert dense.matching_objective == pytest.approx(res.matching_objective)
+    # Split slots no job can take: the slowdown at the whole share (1.08) is within 0.1 but not within 0.1 / 2.
+    res = plan_round([gpu(i, forecast_sm_pct=10.0, allowance=0.1) for i in range(1, 3)], jobs, SMALL_JOBS, cfg)
+    assert sorted(p.sm_pct for p in res.placements) == [80, 80]
 
 
 def test_a_lone_job_still_gets_the_whole_offline_share() -> None:
