@@ -23,6 +23,7 @@ from executors.store import repo
 from executors.store.db import Session, Store
 from executors.store.jobs import transition
 from executors.store.rounds import latest_round_window, round_for_window, stored_result
+from scheduler_core.admission import remaining_solo_s
 from scheduler_core.domain import (
     SCHEDULABLE_JOB_STATES,
     Action,
@@ -119,6 +120,7 @@ def _job_candidates(s, running: dict) -> list[JobCandidate]:
                 profiles=profiles[j.id], priority=j.priority,
                 current_gpu_id=cur.gpu_id if cur else None, current_sm_pct=cur.sm_pct if cur else None,
                 run_as_user=j.run_as_user,
+                remaining_s=remaining_solo_s(j.total_steps, j.steps_done, profiles[j.id]),
             )
         )
     return out

@@ -18,9 +18,10 @@ remaining processing time first (SRPT) — without giving up the matching:
 - Jobs whose remaining time is unknown count as the median of the known ones; when no job's is
   known nothing is trimmed and the round is the paper's.
 
-Remaining time is the job's solo time on its profiled GPU for the work it has left: the
-simulator knows it from the trace (as Salus's SRTF does); a site derives it from the user's
-declared time limit or the job's reported progress, or leaves it unknown.
+Remaining time is the job's solo time for the work it has left: the simulator knows it from the
+trace (as Salus's SRTF does); the pipeline derives it from the steps the user declared, the steps
+the job has reported (its checkpoints and progress) and its profiled iteration time
+(:func:`remaining_solo_s`), and leaves it unknown where those are missing.
 """
 
 from __future__ import annotations
@@ -30,7 +31,7 @@ from dataclasses import dataclass
 
 import numpy as np
 
-from scheduler_core.domain import GpuCandidate, JobCandidate
+from scheduler_core.domain import GpuCandidate, JobCandidate, OfflineFeatures
 from scheduler_core.pair_weights import eligible_gpus
 
 
@@ -73,3 +74,15 @@ def admit(jobs: list[JobCandidate], slots: int, policy: AdmissionPolicy) -> tupl
     keep = np.zeros(len(jobs), dtype=bool)
     keep[order[:limit]] = True
     return [j for j, k in zip(jobs, keep) if k], [j for j, k in zip(jobs, keep) if not k]
+
+
+def remaining_solo_s(total_steps: float | None, steps_done: float | None,
+                     profiles: dict[str, OfflineFeatures]) -> float | None:
+    """Seconds of work a job has left alone on its fastest profiled GPU type: the steps left times its
+    shortest profiled iteration time. None (unknown) without a declared step count or a usable profile."""
+    iters = [p.iter_time_s for p in profiles.values()
+             if p.iter_time_s is not None and math.isfinite(p.iter_time_s) and p.iter_time_s > 0]
+    if not iters or total_steps is None or not math.isfinite(total_steps) or total_steps <= 0:
+        return None
+    done = steps_done if steps_done is not None and math.isfinite(steps_done) else 0.0
+    return max(0.0, float(total_steps) - max(0.0, float(done))) * min(iters)

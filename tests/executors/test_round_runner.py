@@ -134,3 +134,28 @@ def test_without_enough_latency_samples_the_flat_allowance_stands(tmp_path: Path
     with store.session() as s:
         [g] = round_runner._gpu_candidates(s, NOW, {}, ForecastPolicy())
     assert g.forecast_p99_ms is None and slo_allowance(g) == g.slowdown_allowance
+
+
+def test_a_job_s_remaining_work_is_its_steps_left_at_its_fastest_profiled_iteration(tmp_path: Path) -> None:
+    store, _ = _store(tmp_path)
+    with store.session() as s:
+        repo.upsert_gpu_type(s, get_spec("a10"))
+        ids = []
+        for k, (total, done, iters) in enumerate([(1000, 250.0, {"t4": 0.2, "a10": 0.1}), (400, 0.0, {"t4": 0.5}),
+                                                  (300, 0.0, {})]):
+            j = m.OfflineJob(name=f"j{k}", job_type="x", command="c", mem_bytes=1, allowed_gpu_types=["t4", "a10"],
+                             checkpoint_dir="/c", total_steps=total, steps_done=done)
+            s.add(j)
+            s.flush()
+            for st in (JobState.PROFILING, JobState.PENDING):
+                transition(s, j.id, st, "setup")
+            for gtype, it in iters.items():
+                s.add(m.JobProfile(job_id=j.id, gpu_type=gtype, gpu_util_pct=90.0, sm_activity_pct=60.0,
+                                   sm_occupancy_pct=40.0, mem_used_bytes=1e9, mem_bw_util_pct=30.0, iter_time_s=it,
+                                   sm_clock_mhz=1400.0, source="measured"))
+            ids.append(j.id)
+    with store.session() as s:
+        jobs = {j.job_id: j for j in round_runner._job_candidates(s, {})}
+    # 750 steps left at 0.1 s on the A10; 400 at 0.5 s; the job with no profile is not a candidate yet.
+    assert jobs[ids[0]].remaining_s == pytest.approx(75.0) and jobs[ids[1]].remaining_s == pytest.approx(200.0)
+    assert ids[2] not in jobs

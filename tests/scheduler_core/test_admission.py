@@ -94,3 +94,17 @@ def test_round_config_with_admission_survives_its_json_form() -> None:
     cfg = RoundConfig(admission=AdmissionPolicy(slack=0.3, preempt_ratio=0.7))
     again = RoundConfig(**json.loads(json.dumps(dataclasses.asdict(cfg))))
     assert again.admission == cfg.admission
+
+
+def test_remaining_solo_time_from_declared_steps_progress_and_the_fastest_profile() -> None:
+    from scheduler_core.admission import remaining_solo_s
+    from scheduler_core.domain import OfflineFeatures
+
+    def prof(it):
+        return OfflineFeatures(90.0, 60.0, 40.0, 1e9, 30.0, it, 1400.0)
+
+    assert remaining_solo_s(100, 40.0, {"t4": prof(0.3), "a10": prof(0.2)}) == pytest.approx(12.0)
+    assert remaining_solo_s(100, 150.0, {"t4": prof(0.3)}) == 0.0  # past its declared steps: nothing left
+    assert remaining_solo_s(100, float("nan"), {"t4": prof(0.3)}) == pytest.approx(30.0)  # no progress known
+    assert remaining_solo_s(100, 0.0, {"t4": prof(float("nan")), "a10": prof(0.0)}) is None  # no usable profile
+    assert remaining_solo_s(None, 0.0, {"t4": prof(0.3)}) is None and remaining_solo_s(100, 0.0, {}) is None
