@@ -53,8 +53,9 @@ PERIOD_S = 20      # the round period of this deployment
 SENSOR_S = 3       # sensors' minimum interval
 SERVE_QPS = 8.0    # each replica's steady offered load
 BURST_QPS = 400.0  # the scripted burst: far above what the simulated GPU's replica can take next to a job
-# (family, steps, MPS share asked for): six reference training jobs, tiny sizes for the CPU.
-JOBS = [("cnn", 700, 30), ("transformer", 1600, 25), ("recommender", 2400, 40),
+# (family, steps, MPS share asked for): six reference training jobs, tiny sizes for the CPU. The first asks
+# for T4s only and runs longest (about a minute on the CPU): the burst's victim runs there while the test looks.
+JOBS = [("cnn", 3000, 30), ("transformer", 1600, 25), ("recommender", 2400, 40),
         ("cnn", 700, 20), ("transformer", 1600, 35), ("recommender", 2400, 30)]
 EVERY = 50         # checkpoint interval (steps)
 DEADLINE_S = 420   # the whole loop, submission to every job DONE
@@ -204,7 +205,8 @@ def test_real_loop_end_to_end_from_sbatch_to_done(dev_cluster, make_postgres_dat
             script = _job_script(work, k, family, steps)
             # Four jobs name the reference job type they stand for; two are unlabelled training scripts.
             label = f"type='{reference_job_types()[(family, 'tiny')]}' " if k < 4 else ""
-            comment = f"muxflow: {label}mem=1GiB gpu-types=t4,a10 ckpt={work}/ckpt-{k} steps={steps}"
+            types = "t4" if k == 0 else "t4,a10"
+            comment = f"muxflow: {label}mem=1GiB gpu-types={types} ckpt={work}/ckpt-{k} steps={steps}"
             out = subprocess.run(["sbatch", "-p", "offline", f"--gres=mps:{share}", "-J", f"train-{k}",
                                   "-o", str(work / f"out-%j-{k}.txt"), f"--comment={comment}", str(script)],
                                  env=_env(slurm_env), capture_output=True, text=True, timeout=30)
@@ -226,8 +228,9 @@ def test_real_loop_end_to_end_from_sbatch_to_done(dev_cluster, make_postgres_dat
         timeline["profiled_s"] = time.monotonic() - t_submit
 
         # -- a burst on one replica: Overlimit, eviction on that sample, requeue ------------------------
-        # The victim is the first job seen running with a checkpoint on a T4, as soon as there is one: the
-        # tiny jobs take seconds, and a job started early can be DONE before a round starts the last one.
+        # The victim is the first job seen running with a checkpoint on a T4, as soon as there is one (the first
+        # job, T4s only, runs longest): the tiny jobs take seconds, and on a loaded machine the store sees a
+        # short one RUNNING only late, if at all.
         # On a cnn replica's GPU (T4): the simulated T4 reaches the cnn service's full load at ~195 QPS, which
         # the replica serves on the CPU; the recommender service's A10 capacity (~490 QPS) it could not.
         vision = {gid for gid in replicas if gpus_by_id[gid][0] == "mx-t4-1"}
