@@ -206,50 +206,75 @@ def with_offline_jobs(online: OnlineAlone, model: OnlineModel, gpu, jobs: Worklo
     g = np.asarray(gpu, dtype=np.int64)
     n = int(np.asarray(online.load).size)
     m = g.size
-    sm_pct = np.broadcast_to(np.asarray(sm_pct, dtype=float), (m,))
-    duty = np.broadcast_to(np.asarray(duty, dtype=float), (m,))
-    per = lambda x: np.broadcast_to(np.asarray(x, dtype=float), (n,))  # noqa: E731
+    sm_pct, duty = _vec(sm_pct, (m,)), _vec(duty, (m,))
+    per = lambda x: _vec(x, (n,))  # noqa: E731
     load, on_sm, on_util = per(online.load), per(online.sm_pct), per(online.util_pct)
     p = np.clip(sm_pct / 100.0, 0.0, 1.0)
-    need = np.broadcast_to(np.asarray(jobs.sm_need, dtype=float), (m,))
+    need = _vec(jobs.sm_need, (m,))
     activity = np.minimum(p, need) / need
     # Co-runners: the GPU's summed pressure and shares, less the job's own.
     press = np.asarray(jobs.pressure, dtype=float) * activity * duty
-    press_gpu, share_gpu = np.zeros(n), np.zeros(n)
-    np.add.at(press_gpu, g, press)
-    np.add.at(share_gpu, g, p)
+    by = _ByGpu(g, n)
+    press_gpu, share_gpu = by.sum(press), by.sum(p)
     others = share_gpu[g] - p
     corunner = share_contention(p, others, params) * (press_gpu[g] - press)
     on_tr = model.traits
-    on_job = WorkloadTraits(*(np.broadcast_to(np.asarray(v, dtype=float), (n,))[g] for v in
-                              (on_tr.sensitivity, on_tr.pressure, on_tr.sm_need, on_tr.mem_bw)))
+    on_job = WorkloadTraits(*(per(v)[g] for v in (on_tr.sensitivity, on_tr.pressure, on_tr.sm_need, on_tr.mem_bw)))
     terms = colocate_terms(on_job, load[g], jobs, sm_pct, params, corunner)
     tput = terms.norm_tput
     used = np.minimum(sm_pct / 100.0, need)
-    full = np.zeros(n)
-    np.add.at(full, g, _sm_footprint(used, duty, tput))
+    full = by.sum(_sm_footprint(used, duty, tput))
     pace = _pace(on_sm, full, target_util)
     ran = duty * pace[g]
     # The replica's slowdown: the jobs' terms weighted by their running time relative to the GPU's busiest.
-    ran_max = np.zeros(n)
-    np.maximum.at(ran_max, g, ran)
+    ran_max = by.max(ran)
     with np.errstate(divide="ignore", invalid="ignore"):
         w = np.where(ran_max[g] > 0, ran / np.where(ran_max[g] > 0, ran_max[g], 1.0), 0.0)
-    term, e_sum = np.zeros(n), np.zeros(n)
-    np.add.at(term, g, terms.online_term * w)
-    np.add.at(e_sum, g, terms.e_off * w)
+    term, e_sum = by.sum(terms.online_term * w), by.sum(terms.e_off * w)
     slow = 1.0 + (online_slowdown(term, per(model.sm_need) * np.clip(load, 0.0, 1.0), e_sum, params) - 1.0) * ran_max
     # Device totals.
-    idle = np.ones(n)
-    np.multiply.at(idle, g, 1.0 - 0.95 * ran * np.minimum(1.0, tput / 0.6))
-    sm_add, bw_add, mem_add = np.zeros(n), np.zeros(n), np.zeros(n)
-    np.add.at(sm_add, g, _sm_footprint(used, ran, tput))
-    np.add.at(bw_add, g, 100.0 * np.asarray(jobs.mem_bw, dtype=float) * ran * tput)
-    np.add.at(mem_add, g, np.broadcast_to(np.asarray(job_mem_bytes, dtype=float), (m,)))
+    idle = by.prod(1.0 - 0.95 * ran * np.minimum(1.0, tput / 0.6))
+    sm_add = by.sum(_sm_footprint(used, ran, tput))
+    bw_add = by.sum(100.0 * np.asarray(jobs.mem_bw, dtype=float) * ran * tput)
+    mem_add = by.sum(_vec(job_mem_bytes, (m,)))
     util = 100.0 * (1.0 - (1.0 - on_util / 100.0) * idle)
     sm = np.minimum(100.0, on_sm + sm_add)
     bw = np.minimum(100.0, per(online.bw_pct) + bw_add)
     return SharedJobs(util, sm, per(online.mem_bytes) + mem_add, bw, slow, pace, tput * pace[g])
+
+
+def _vec(x, shape: tuple) -> np.ndarray:
+    """``x`` as a float array of ``shape`` (a scalar repeated); cheaper than ``np.broadcast_to`` on small arrays."""
+    a = np.asarray(x, dtype=float)
+    if a.shape == shape:
+        return a
+    return np.full(shape, a.item()) if a.size == 1 else np.broadcast_to(a, shape)
+
+
+class _ByGpu:
+    """Per-GPU sums, products and maxima of per-job values; the values themselves where every GPU has
+    exactly one job, in order (the pair model: :func:`with_offline`), which is the same result."""
+
+    def __init__(self, g: np.ndarray, n: int):
+        self.g, self.n = g, n
+        self.one_each = g.size == n and bool(np.array_equal(g, np.arange(n)))
+
+    def _at(self, op, start: float, v) -> np.ndarray:
+        v = _vec(v, self.g.shape)
+        if self.one_each:
+            return v
+        out = np.full(self.n, start)
+        op.at(out, self.g, v)
+        return out
+
+    def sum(self, v) -> np.ndarray:
+        return self._at(np.add, 0.0, v)
+
+    def prod(self, v) -> np.ndarray:
+        return self._at(np.multiply, 1.0, v)
+
+    def max(self, v) -> np.ndarray:
+        return self._at(np.maximum, 0.0, v)
 
 
 def with_offline(online: OnlineAlone, model: OnlineModel, job: WorkloadTraits, sm_pct, duty, job_mem_bytes,
@@ -265,7 +290,7 @@ def with_offline(online: OnlineAlone, model: OnlineModel, job: WorkloadTraits, s
     parts = [*(getattr(online, f.name) for f in fields(online)), *(getattr(model, f.name) for f in fields(model)),
              *(getattr(job, f.name) for f in fields(job)), sm_pct, duty, job_mem_bytes]
     shape = np.broadcast_shapes(*(np.shape(x) for x in parts))
-    flat = lambda x: np.broadcast_to(np.asarray(x, dtype=float), shape).ravel()  # noqa: E731
+    flat = lambda x: _vec(x, shape).ravel()  # noqa: E731
     one = lambda cls, obj: cls(*(flat(getattr(obj, f.name)) for f in fields(obj)))  # noqa: E731
     size = int(np.prod(shape))
     got = with_offline_jobs(one(OnlineAlone, online), one(OnlineModel, model), np.arange(size),
