@@ -40,24 +40,6 @@ from scheduler_core.online_load import (
 from scheduler_core.workloads import OnlineFamily, WorkloadCatalog
 
 
-def shared_metrics(
-    on_util_pct, on_sm_pct, on_mem_bytes, on_bw_pct,
-    off_mem_bytes, off_sm_used_frac, off_mem_bw, duty, norm_tput,
-):
-    """GPU util %, SM activity %, memory bytes and memory-bandwidth % with the offline job running.
-
-    ``off_sm_used_frac`` is the SM fraction the job can use under its MPS share
-    (min(share, its own need)); ``duty`` the fraction of the time it ran (start-up
-    and restarts excluded); ``norm_tput`` its normalized throughput.
-    """
-    util = 100.0 * (1.0 - (1.0 - np.asarray(on_util_pct) / 100.0)
-                    * (1.0 - 0.95 * duty * np.minimum(1.0, norm_tput / 0.6)))
-    sm = np.minimum(100.0, on_sm_pct + 100.0 * off_sm_used_frac * duty * (0.6 + 0.4 * norm_tput))
-    mem = on_mem_bytes + off_mem_bytes
-    bw = np.minimum(100.0, on_bw_pct + 100.0 * off_mem_bw * duty * norm_tput)
-    return util, sm, mem, bw
-
-
 def clock_frac(sm_activity_pct, clock_drop_frac):
     """SM clock as a fraction of its maximum: power-capped cards sag above 40 % SM activity."""
     return 1.0 - clock_drop_frac * np.maximum(0.0, (np.asarray(sm_activity_pct) / 100.0 - 0.4) / 0.6)
@@ -150,7 +132,7 @@ def xcuda_pace(online_sm_pct, off_sm_used_frac, duty, norm_tput, target_util):
     process's kernel launches with a PID so that the GPU load ``U_GPU = U_SM · a_C`` stays at its
     target (default 0.9; ``a_C`` = 1 without clock information, the node agent's default). The PID
     settles in well under a second (20 ms periods), so over a minute its effect is its steady state:
-    the job's SM footprint — linear in the fraction of time it runs kernels, :func:`shared_metrics` —
+    the job's SM footprint — linear in the fraction of time it runs kernels (:func:`_sm_footprint`) —
     scaled down until the GPU's SM activity is at the target, and no further than ``PACE_FLOOR``.
     ``target_util`` None: no pacing (1 everywhere).
     """
@@ -158,7 +140,8 @@ def xcuda_pace(online_sm_pct, off_sm_used_frac, duty, norm_tput, target_util):
 
 
 def _sm_footprint(off_sm_used_frac, duty, norm_tput):
-    """SM activity (%) an offline job adds while it runs ``duty`` of the time (:func:`shared_metrics`)."""
+    """SM activity (%) an offline job adds while it runs ``duty`` of the time: its usable SM fraction
+    (min(share, its own need)) × its running time × (0.6 + 0.4 × its normalized throughput)."""
     return 100.0 * np.asarray(off_sm_used_frac) * np.asarray(duty) * (0.6 + 0.4 * np.asarray(norm_tput))
 
 

@@ -146,7 +146,6 @@ class Fleet:
         self.migrations = np.zeros(m, dtype=np.int64)
         self.lost_steps = np.zeros(m)
         self._next_arrival = 0
-        self.n_jobs_max = m  # no limit of the fleet's own (a policy's planner keeps its residents in bounds)
         # Recent online-only metrics for the rounds' candidates (ring of the last 15 minutes)
         # and the SM-activity history the forecaster reads.
         self.recent_n = 15
@@ -192,9 +191,9 @@ class Fleet:
     def apply(self, actions: list[PlanAction], now_s: float) -> dict[str, int]:
         """Carry out a plan: evictions and the checkpoint half of migrations first, then restarts and starts."""
         counts = {"start": 0, "keep": 0, "migrate": 0, "evict": 0, "refused": 0}
-        # Offline jobs one GPU may hold: Salus keeps residents (its planner bounds them); MPS policies as many as
-        # their rounds plan (each at its own share); time sharing one.
-        limit = {"salus": self.n_jobs_max, "mps": self.cfg.max_jobs_per_gpu}.get(self.sharing, 1)
+        # Offline jobs one GPU may hold: Salus keeps residents (its planner bounds them, the fleet does not); MPS
+        # policies as many as their rounds plan (each at its own share); time sharing one.
+        limit = {"salus": math.inf, "mps": self.cfg.max_jobs_per_gpu}.get(self.sharing, 1)
         # Phase 1: evictions and the checkpoint half of every migration free their GPUs.
         for act in actions:
             if act.action in (Action.EVICT, Action.MIGRATE) and self.state[act.job_id] == RUNNING:
