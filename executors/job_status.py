@@ -40,6 +40,7 @@ REASON_TEXT = {
     u.OUT_OF_PREDICTOR_RANGE: NO_FEASIBLE + "outside the speed predictor's range",
     u.SLOWDOWN: NO_FEASIBLE + "predicted online slowdown over the allowance",
     u.NO_THROUGHPUT: NO_FEASIBLE + "no predicted throughput",
+    u.ONE_USER_PER_GPU: "waiting: its GPU went to another user's jobs (MPS serves one user per GPU)",
     u.NOT_MATCHED: "lost in the matching to other jobs",
     u.DEFERRED_SRPT: "waiting: the cluster is full and jobs with less work left go first",
 }

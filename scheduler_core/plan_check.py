@@ -5,7 +5,8 @@ re-derives each constraint from the snapshot rather than trusting the planner.
 
 * each offline job is placed at most once, each GPU hosts at most ``max_jobs_per_gpu`` jobs (one by
   default, the paper), each in its own slot;
-* on a GPU with several jobs (scheduler_core.slots) their MPS shares together stay within the GPU's
+* on a GPU with several jobs (scheduler_core.slots) they are of one user (MPS serves one user per GPU), their
+  MPS shares together stay within the GPU's
   offline share (dynamic SM, re-derived from the forecast) and their memory quotas together within the
   memory the online service is forecast to leave free;
 * SM percentages lie within the policy's bounds (a kept job keeps the share it
@@ -14,7 +15,7 @@ re-derives each constraint from the snapshot rather than trusting the planner.
   forecast to leave free, and the job's need fits in the quota;
 * new work (start, migrate) only goes to Healthy GPUs; a kept job may stay on
   an Unhealthy GPU (paper §4.1: only Overlimit evicts), never on any other state;
-* the job may run on that GPU type.
+* the job may run on that GPU type, and next to that GPU's online replica (its user, scheduler_core.run_as).
 """
 
 from __future__ import annotations
@@ -23,6 +24,7 @@ from collections import Counter
 
 from scheduler_core.domain import Action, GpuCandidate, GpuHealth, JobCandidate, PlanAction, PlannedPlacement
 from scheduler_core.dynamic_sm import SmPolicy, offline_sm_pct
+from scheduler_core.run_as import may_share
 
 
 def plan_violations(
@@ -51,6 +53,10 @@ def plan_violations(
         for slot, n in slots.items():
             if n > 1:
                 out.append(f"GPU {gpu_id}: {n} jobs in slot {slot}")
+        users = sorted({u for u in (getattr(job_by_id.get(p.job_id), "run_as_user", None) for p in ps)
+                        if u is not None})
+        if len(users) > 1:
+            out.append(f"GPU {gpu_id} hosts jobs of {len(users)} users ({', '.join(users)}): MPS serves one")
         g = gpu_by_id.get(gpu_id)
         if len(ps) > 1 and g is not None:
             whole = int(offline_sm_pct(g.forecast_sm_pct, sm))
@@ -85,6 +91,9 @@ def plan_violations(
                        f"forecast free on GPU {p.gpu_id}")
         if j.mem_bytes > p.mem_quota_bytes:
             out.append(f"job {p.job_id}: needs {j.mem_bytes} B, quota {p.mem_quota_bytes} B")
+        if not may_share(g.run_as_user, j.run_as_user):
+            out.append(f"job {p.job_id} of user {j.run_as_user} on GPU {p.gpu_id}, whose online replica runs as "
+                       f"{g.run_as_user} (MPS serves one user per GPU)")
         if g.gpu_type not in j.allowed_gpu_types:
             out.append(f"job {p.job_id}: GPU type {g.gpu_type} not allowed ({sorted(j.allowed_gpu_types)})")
     return out

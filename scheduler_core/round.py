@@ -35,6 +35,7 @@ from scheduler_core.domain import (
 from scheduler_core.dynamic_sm import SmPolicy
 from scheduler_core.first_fit import first_fit
 from scheduler_core.pair_weights import build_graph, mem_quota_bytes
+from scheduler_core.run_as import one_user_per_gpu
 from scheduler_core.slots import keeps_share
 from scheduler_core.unplaced import unplaced_reasons
 
@@ -115,6 +116,19 @@ def plan_round(
         stats["certificate"] = sol.certificate.as_dict()
     t_match = time.perf_counter()
     ci, ji = _as_arrays(pairs)
+    # Several jobs per GPU: one user per GPU among them (MPS), which the matching cannot express.
+    rc, rj, dropped = one_user_per_gpu(ci, ji, graph.layout.gpu, [j.run_as_user for j in jobs],
+                                       graph.weights.weights_at)
+    other_user = [jobs[j] for j in dropped.tolist()]
+    if rc.size != ci.size or not (np.array_equal(rc, ci) and np.array_equal(rj, ji)):
+        after = float(graph.weights.weights_at(rc, rj).sum())
+        lost = max(0.0, float(total) - after)
+        ci, ji, total = rc, rj, after
+        # The certificate is for the matching without the constraint, whose optimum is an upper bound:
+        # the plan is within the matching's gap plus what the regrouping lost.
+        certified = certified and lost <= 1e-9
+        gap = None if gap is None else float(gap) + lost
+        stats["one_user_per_gpu"] = {"regrouped": True, "dropped": len(other_user), "lost_weight": lost}
     slot_pairs = list(zip(graph.layout.gpu[ci].tolist(), ji.tolist()))
     placements, actions = diff_plan(graph.gpus, jobs, slot_pairs, graph.pair_pct(ci, ji), graph.slot_quota[ci],
                                     *graph.predicted(ci, ji), cfg, graph.layout.count[ci])
@@ -127,8 +141,10 @@ def plan_round(
                     f"competed (a running job counts its remaining work x{cfg.admission.preempt_ratio:g})")
     stats["admission"] = {"slots": slots, "competing": len(jobs), "deferred": len(deferred),
                           "preempted": sum(1 for j in deferred if j.current_gpu_id is not None)}
+    why_other_user = ("the matching also gave their GPU to another user's jobs, whose jobs there weigh more "
+                      "(several jobs per GPU: MPS serves one user per GPU)")
     stats["unplaced"] = unplaced_reasons(gpus, jobs, predictors, graph, {p.job_id for p in placements},
-                                         (why_deferred, deferred))
+                                         (why_deferred, deferred), (why_other_user, other_user))
     t_end = time.perf_counter()
     return RoundResult(
         placements=placements,

@@ -15,6 +15,8 @@ GPU, in the order a user can act on:
 ``slowdown``                 the predicted online slowdown exceeds the service's allowance on every candidate
                              GPU at every share level
 ``no_throughput``            the predicted throughput is 0 wherever the slowdown is allowed
+``one_user_per_gpu``         matched to a GPU the matching also gave to another user's jobs, which kept it
+                             (several jobs per GPU: MPS serves one user per GPU, :func:`scheduler_core.run_as.one_user_per_gpu`)
 ``not_matched``              feasible somewhere, but the matching gave those GPUs to other jobs
 ``deferred_srpt``            the round was overloaded and jobs with less remaining work competed first
                              (:mod:`scheduler_core.admission`)
@@ -44,10 +46,11 @@ MEMORY = "memory"
 OUT_OF_PREDICTOR_RANGE = "out_of_predictor_range"
 SLOWDOWN = "slowdown"
 NO_THROUGHPUT = "no_throughput"
+ONE_USER_PER_GPU = "one_user_per_gpu"
 NOT_MATCHED = "not_matched"
 DEFERRED_SRPT = "deferred_srpt"
 REASONS = (NO_GPU_OF_ALLOWED_TYPE, NO_PREDICTOR, NO_PROFILE, GPU_NOT_HEALTHY, RUN_AS_USER, MEMORY,
-           OUT_OF_PREDICTOR_RANGE, SLOWDOWN, NO_THROUGHPUT, NOT_MATCHED, DEFERRED_SRPT)
+           OUT_OF_PREDICTOR_RANGE, SLOWDOWN, NO_THROUGHPUT, ONE_USER_PER_GPU, NOT_MATCHED, DEFERRED_SRPT)
 GIB = 1024**3
 
 
@@ -56,16 +59,21 @@ def _types(names) -> str:
 
 
 def unplaced_reasons(gpus: list[GpuCandidate], jobs: list[JobCandidate], predictors: dict, graph,
-                     placed_job_ids: set[int], deferred: tuple[str, list[JobCandidate]] | None = None) -> dict:
+                     placed_job_ids: set[int], deferred: tuple[str, list[JobCandidate]] | None = None,
+                     other_user: tuple[str, list[JobCandidate]] | None = None) -> dict:
     """``{"counts": {reason: jobs}, "jobs": {reason: {detail: "<job id>,<job id>,…"}}}`` for the jobs not placed.
 
     ``gpus`` are all the round's GPUs (any health), ``graph`` its
     :class:`~scheduler_core.pair_weights.RoundGraph` (rows: the eligible GPUs). Nested
     dicts of strings and numbers: the round's stats are stored as such (:func:`groups`
-    reads the job ids back). ``deferred``: the jobs admission kept out of the round, with why.
+    reads the job ids back). ``deferred``: the jobs admission kept out of the round, with why;
+    ``other_user``: the matched jobs dropped for another user's jobs on their GPU, with why.
     """
-    left = [j for j, job in enumerate(jobs) if job.job_id not in placed_job_ids]
     groups: dict[tuple[str, str], list[int]] = defaultdict(list)
+    if other_user is not None and other_user[1]:
+        groups[(ONE_USER_PER_GPU, other_user[0])].extend(j.job_id for j in other_user[1])
+    explained = placed_job_ids | {j.job_id for j in (other_user[1] if other_user is not None else ())}
+    left = [j for j, job in enumerate(jobs) if job.job_id not in explained]
     if left:
         job_class = graph.weights.job_class
         why = {}

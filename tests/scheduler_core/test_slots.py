@@ -147,3 +147,80 @@ def test_a_gpu_that_is_not_healthy_is_never_split() -> None:
     on_1 = [p for p in res.placements if p.gpu_id == 1]
     assert [p.job_id for p in on_1] == [10]
     assert {a.job_id: a.action for a in res.actions}[10] == Action.KEEP
+
+
+def test_jobs_of_several_users_never_share_a_gpu() -> None:
+    # Two GPUs split in two, four jobs of two users, two of each: the matching may mix them, the round
+    # regroups them one user per GPU and still places all four.
+    gpus = [gpu(i, forecast_sm_pct=10.0, allowance=0.5) for i in range(1, 3)]
+    jobs = [replace(job(10 + j, mem_bytes=2 * GIB), run_as_user=("ana", "bo")[j % 2]) for j in range(4)]
+    cfg = RoundConfig(max_jobs_per_gpu=2)
+    res = plan_round(gpus, jobs, SMALL_JOBS, cfg)
+    user = {j.job_id: j.run_as_user for j in jobs}
+    per_gpu = defaultdict(set)
+    for p in res.placements:
+        per_gpu[p.gpu_id].add(user[p.job_id])
+    assert len(res.placements) == 4 and sorted(map(sorted, per_gpu.values())) == [["ana"], ["bo"]]
+    assert plan_violations(gpus, jobs, res.placements, res.actions, cfg.sm, 2) == []
+    # Jobs of one user (or of unknown user) are placed two per GPU without any regrouping.
+    same = plan_round(gpus, [replace(j, run_as_user="ana") for j in jobs], SMALL_JOBS, cfg)
+    assert len(same.placements) == 4 and "one_user_per_gpu" not in same.stats
+
+
+def test_jobs_regrouping_cannot_place_wait_with_their_reason() -> None:
+    # One GPU split in two, a job of each of two users: one of them waits, and the plan's bound says what that may cost.
+    gpus = [gpu(1, forecast_sm_pct=10.0, allowance=0.5)]
+    jobs = [replace(job(10, mem_bytes=2 * GIB), run_as_user="ana"), replace(job(11, mem_bytes=2 * GIB), run_as_user="bo")]
+    res = plan_round(gpus, jobs, SMALL_JOBS, RoundConfig(max_jobs_per_gpu=2))
+    (p,) = res.placements
+    got = res.stats["one_user_per_gpu"]
+    assert got["dropped"] == 1 and got["lost_weight"] > 0
+    assert not res.certified_optimal and res.optimality_gap_bound >= got["lost_weight"]
+    assert res.stats["unplaced"]["counts"] == {"one_user_per_gpu": 1}
+
+
+def test_one_user_per_gpu_regroups_by_weight() -> None:
+    from scheduler_core.run_as import one_user_per_gpu
+
+    w = np.array([[1.0, 2.0, 9.0, 1.0, 1.0], [1.0, 2.0, 9.0, 1.0, 1.0]])  # (GPU, job)
+    users = ["a", "b", None, "a", "b"]
+    # GPU 0 got jobs 0 (a), 1 (b), 2 (unknown); GPU 1 got 3 (a), 4 (b); three slots on GPU 0, two on GPU 1.
+    col_gpu = np.array([0, 0, 0, 1, 1])
+    weight = lambda c, j: w[col_gpu[np.asarray(c)], np.asarray(j)]  # noqa: E731
+    cols, js, dropped = one_user_per_gpu(np.array([0, 1, 2, 3, 4]), np.array([0, 1, 2, 3, 4]), col_gpu, users, weight)
+    placed = dict(zip(js.tolist(), col_gpu[cols].tolist()))
+    assert placed[2] == 0 and dropped.tolist() == []
+    # b weighs most on GPU 0 (2 + 1 against 1 + 1 for a, beside the unknown user's job): a takes GPU 1.
+    assert {placed[1], placed[4]} == {0} and {placed[0], placed[3]} == {1}
+    # Nothing mixed: unchanged.
+    cols, js, dropped = one_user_per_gpu(np.array([0, 3]), np.array([0, 1]), col_gpu, users, weight)
+    assert cols.tolist() == [0, 3] and js.tolist() == [0, 1] and dropped.size == 0
+
+
+def test_the_plan_check_refuses_two_users_on_one_gpu() -> None:
+    gpus = [gpu(1, forecast_sm_pct=10.0)]
+    jobs = [replace(job(10), run_as_user="ana"), replace(job(11), run_as_user="bo")]
+    res = plan_round(gpus, [replace(j, run_as_user=None) for j in jobs], SMALL_JOBS, RoundConfig(max_jobs_per_gpu=2))
+    assert len(res.placements) == 2
+    got = plan_violations(gpus, jobs, res.placements, res.actions, SmPolicy(), 2)
+    assert got == ["GPU 1 hosts jobs of 2 users (ana, bo): MPS serves one"]
+
+
+@settings(max_examples=30, deadline=None, suppress_health_check=[HealthCheck.too_slow])
+@given(st.integers(0, 2**31 - 1), st.integers(1, 10), st.integers(0, 30), st.sampled_from([2, 3]),
+       st.integers(1, 3))
+def test_with_users_every_gpu_hosts_one_user_and_the_bound_covers_the_loss(seed, n, m, k, n_users) -> None:
+    gpus, jobs = random_cluster(seed, n, m, running=0.0)
+    rng = np.random.default_rng(seed)
+    jobs = [replace(j, run_as_user=None if rng.random() < 0.2 else f"u{rng.integers(n_users)}") for j in jobs]
+    preds = {"t4": SmoothStub(seed), "a10": SmoothStub(seed + 1)}
+    cfg = RoundConfig(max_jobs_per_gpu=k, corunner_efficiency=0.8)
+    res = plan_round(gpus, jobs, preds, cfg)
+    assert plan_violations(gpus, jobs, res.placements, res.actions, cfg.sm, k) == []
+    # The same round with every job of one user is the problem without the constraint: its optimum
+    # bounds this one from above, and the plan is within its stated bound of it.
+    free = plan_round(gpus, [replace(j, run_as_user=None) for j in jobs], preds, cfg)
+    assert res.objective <= free.matching_objective + 1e-9
+    assert free.certified_optimal and res.optimality_gap_bound is not None
+    assert free.matching_objective - res.matching_objective <= res.optimality_gap_bound + 1e-6
+    assert res.certified_optimal == ("one_user_per_gpu" not in res.stats or res.stats["one_user_per_gpu"]["lost_weight"] <= 1e-9)
