@@ -48,7 +48,7 @@ class MetricRow:
     online_qps: float | None
     online_latency_ms: float | None
     online_solo_latency_ms: float | None
-    offline_job_id: int | None
+    offline_job_id: int | None  # the offline job on the GPU (of several, the one with the largest share)
     health: str
 
 

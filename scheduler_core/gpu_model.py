@@ -284,6 +284,26 @@ def with_offline(online: OnlineAlone, model: OnlineModel, job: WorkloadTraits, s
                   back(got.slowdown), back(got.pace))
 
 
+def on_one_gpu(online: OnlineAlone, model: OnlineModel, jobs: Sequence[WorkloadTraits], sm_pct: Sequence[float],
+               duty: Sequence[float], job_mem_bytes: Sequence[float], params: InterferenceParams = InterferenceParams(),
+               target_util: float | None = None) -> tuple[Shared, np.ndarray]:
+    """One GPU (scalar ``online`` and ``model``) with its offline jobs, any number of them (lists, one entry per
+    job): the GPU's :class:`Shared` totals (``norm_tput``: the jobs' sum) and each job's normalized throughput.
+
+    No job: the replica alone. One job: :func:`with_offline`. Several: :func:`with_offline_jobs`.
+    """
+    if not jobs:
+        return alone_as_shared(online), np.zeros(0)
+    one = lambda cls, obj: cls(*(np.atleast_1d(np.asarray(getattr(obj, f.name), dtype=float)) for f in fields(obj)))  # noqa: E731
+    stacked = WorkloadTraits(*(np.array([getattr(t, f.name) for t in jobs], dtype=float) for f in fields(WorkloadTraits)))
+    got = with_offline_jobs(one(OnlineAlone, online), one(OnlineModel, model), np.zeros(len(jobs), dtype=np.int64),
+                            stacked, np.asarray(sm_pct, dtype=float), np.asarray(duty, dtype=float),
+                            np.asarray(job_mem_bytes, dtype=float), params, target_util)
+    tput = np.asarray(got.norm_tput, dtype=float)
+    return Shared(float(got.util_pct[0]), float(got.sm_pct[0]), float(got.mem_bytes[0]), float(got.bw_pct[0]),
+                  float(tput.sum()), float(got.slowdown[0]), float(got.pace[0])), tput
+
+
 def alone_as_shared(online: OnlineAlone) -> Shared:
     """The device totals of a GPU with no offline work: the replica's own."""
     return Shared(online.util_pct, online.sm_pct, online.mem_bytes, online.bw_pct, 0.0, 1.0)

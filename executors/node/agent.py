@@ -308,7 +308,7 @@ class GpuLoop:
         self.placements = placements or StaticPlacements()
         self.accounting = accounting
         self.split_gap = split_gap
-        self.minute_job: int | None = None   # the offline job seen on the GPU in the minute (the last one)
+        self.minute_job: int | None = None   # the offline job seen on the GPU in the minute (the latest sample's)
         self._partial_at_s: float | None = None
         self.cfg = cfg
         self.evictor = evictor
@@ -339,8 +339,8 @@ class GpuLoop:
             self.flush_minute()
             self.minute, self.minute_job, self._partial_at_s = minute, None, None
         jobs = self.placements.on_gpu(self.b.gpu_index)
-        if jobs:
-            self.minute_job = jobs[0].job_id
+        if jobs:  # of several, the one with the largest share (as the simulated cluster labels its minutes)
+            self.minute_job = max(jobs, key=lambda j: (j.sm_pct, -j.job_id)).job_id
         every = self.cfg.partial_every_s
         if every and (self._partial_at_s is None or now_epoch - self._partial_at_s >= every):
             if self._partial_at_s is not None:

@@ -7,10 +7,11 @@ simulated cluster and the trace-driven simulator use), driven by
   while that scrape is fresh — a real replica's real load; else the service's registered
   daily cycle (``qps_min``…``qps_max``, peak hour), as the simulated cluster models it;
   a GPU without an online service has no online load;
-- the **offline job on the GPU at its share**: what Slurm runs there (the plan in the job's
-  comment) or what the latest round placed (``executors.node.placements``), with the
-  job's interference traits from the catalog or its profile. The job runs kernels once it
-  has run ``warmup_s`` (0 by default: Slurm's start is the real start);
+- the **offline jobs on the GPU, each at its share** (one, or several where the round split
+  the GPU): what Slurm runs there (the plan in each job's comment) or what the latest round
+  placed (``executors.node.placements``), with each job's interference traits from the
+  catalog or its profile. A job runs kernels once it has run ``warmup_s`` (0 by default:
+  Slurm's start is the real start);
 - measurement noise of ``noise_pct`` on SM activity and utilization.
 
 So a request burst on a real replica drives its simulated GPU's SM activity up, and
@@ -28,16 +29,15 @@ from dataclasses import dataclass
 
 import numpy as np
 
-from executors.node.placements import OfflineOnGpu, Placements
+from executors.node.placements import Placements
 from executors.node.sampler import NAN, RawSample
 from scheduler_core.domain import GpuTypeSpec
 from scheduler_core.gpu_model import (
     XCUDA_TARGET_UTIL,
     OnlineModel,
-    alone_as_shared,
     clock_frac,
+    on_one_gpu,
     online_alone,
-    with_offline,
 )
 from scheduler_core.interference import InterferenceParams
 from scheduler_core.online_load import diurnal_qps
@@ -106,15 +106,15 @@ class SimulatedGpu:
                 self._untraited.add(j.job_id)
                 log.warning("GPU %d: job %d has no traits (no profile, unknown type): not simulated",
                             self.gpu_index, j.job_id)
-        job = next((j for j in jobs if j.traits is not None), None)
-        duty = 0.0
-        if job is not None:
-            ran_s = math.inf if job.started_epoch_s is None else now_s - job.started_epoch_s
-            duty = 1.0 if ran_s >= self.warmup_s else 0.0  # no kernels of its own while it starts
+        running = tuple(
+            (j.traits, j.sm_pct, float(j.mem_bytes),
+             # no kernels of its own while it starts
+             1.0 if j.started_epoch_s is None or now_s - j.started_epoch_s >= self.warmup_s else 0.0)
+            for j in sorted(jobs, key=lambda j: j.job_id) if j.traits is not None)
         # The model's inputs change once a second or a scrape at most; samples come every few ms.
-        key = (qps, None if job is None else (job.traits, job.sm_pct, job.mem_bytes), duty)
+        key = (qps, running)
         if key != self._key:
-            self._key, self._state = key, self._evaluate(qps, job, duty)
+            self._key, self._state = key, self._evaluate(qps, running)
         util, sm, mem, bw, online = self._state
         if self.noise_pct > 0:
             sm = min(100.0, max(0.0, sm + self.noise_pct * float(self._rng.standard_normal())))
@@ -123,14 +123,14 @@ class SimulatedGpu:
         return RawSample(util, sm, sm * OCCUPANCY_PER_SM, mem, float(self.spec.memory_bytes), bw, clock,
                          float(self.spec.max_sm_clock_mhz), NAN, NAN, False, *online)
 
-    def _evaluate(self, qps: float, job: OfflineOnGpu | None, duty: float) -> tuple:
-        """(util, SM, memory, bandwidth, the 7 online fields) of the model, without measurement noise."""
+    def _evaluate(self, qps: float, running: tuple) -> tuple:
+        """(util, SM, memory, bandwidth, the 7 online fields) of the model, without measurement noise.
+
+        ``running``: (traits, share, memory, duty) of each offline job on the GPU."""
         model = self.online if self.online is not None else _NO_ONLINE
         on = online_alone(model, qps)
-        shared = alone_as_shared(on)
-        if job is not None:
-            shared = with_offline(on, model, job.traits, job.sm_pct, duty, float(job.mem_bytes), self.interference,
-                                  self.xcuda_target_util)
+        traits, pct, mem, duty = zip(*running) if running else ((), (), (), ())
+        shared, _ = on_one_gpu(on, model, traits, pct, duty, mem, self.interference, self.xcuda_target_util)
         if self.replica is None or self.online is None:
             online = (NAN,) * 7
         else:

@@ -1,8 +1,8 @@
 """A simulated GPU cluster: the honest stand-in for real GPUs on machines without them.
 
 Every GPU runs one online service replica whose request rate follows its
-daily cycle (with noise and occasional bursts); an offline job placed on the
-GPU runs under an MPS share. What the GPU reports, the job's normalized
+daily cycle (with noise and occasional bursts); the offline jobs placed on the
+GPU (one, or several where the round splits it) run under their MPS shares. What the GPU reports, the job's normalized
 throughput and the service's slowdown come from the one simulated GPU model,
 ``scheduler_core.gpu_model``. A SysMonitor per GPU evicts offline work
 on Overlimit. Everything it reports is labelled ``simulated``.
@@ -32,10 +32,9 @@ from scheduler_core.domain import Action, GpuHealth, GpuTypeSpec, PlanAction
 from scheduler_core.gpu_model import (
     XCUDA_TARGET_UTIL,
     OnlineModel,
-    alone_as_shared,
     clock_frac,
+    on_one_gpu,
     online_alone,
-    with_offline,
 )
 from scheduler_core.gpu_specs import get_spec
 from scheduler_core.interference import InterferenceParams
@@ -192,9 +191,11 @@ class SimulatedCluster:
             return DispatchResult(act, True, "checkpointed and requeued")
         if act.gpu_id not in self._gpus:
             return DispatchResult(act, False, f"unknown GPU {act.gpu_id}")
-        holder = next((j for j in self._jobs.values() if j.gpu_id == act.gpu_id and j.spec.job_id != act.job_id), None)
-        if holder is not None:
-            return DispatchResult(act, False, f"GPU {act.gpu_id} still hosts job {holder.spec.job_id}")
+        # Several jobs may share a GPU (each its own MPS share); their shares never add up to more than the GPU.
+        others = [j for j in self._jobs.values() if j.gpu_id == act.gpu_id and j.spec.job_id != act.job_id]
+        if others and sum(j.sm_pct for j in others) + int(act.sm_pct or 0) > 100:
+            held = ", ".join(f"job {j.spec.job_id} at {j.sm_pct} %" for j in others)
+            return DispatchResult(act, False, f"GPU {act.gpu_id} still hosts {held}: no room for {act.sm_pct} %")
         if act.action == Action.START:
             if job is not None:
                 ok = job.gpu_id == act.gpu_id and job.sm_pct == act.sm_pct
@@ -327,17 +328,15 @@ class SimulatedCluster:
     def _step_gpu(self, gid: int, g: _Gpu, now: dt.datetime, hour: float, report: IntervalReport) -> MetricRow:
         gt = g.gtype
         on = online_alone(g.model, self._online_qps(g, hour))
-        job = next((j for j in self._jobs.values() if j.gpu_id == gid), None)
-        shared, job_id = alone_as_shared(on), None
-        if job is not None:
-            job_id = job.spec.job_id
-            wl = self.catalog.offline_workload(job.spec.job_type)
-            active_s = max(0.0, 60.0 - job.warmup_left_s)
+        jobs = sorted((j for j in self._jobs.values() if j.gpu_id == gid), key=lambda j: (-j.sm_pct, j.spec.job_id))
+        active = [max(0.0, 60.0 - j.warmup_left_s) for j in jobs]  # no kernels of its own during start-up or restart
+        shared, tput = on_one_gpu(on, g.model, [self.catalog.offline_workload(j.spec.job_type).traits for j in jobs],
+                                  [j.sm_pct for j in jobs], [a / 60.0 for a in active],
+                                  [j.spec.mem_bytes for j in jobs], self.settings.interference,
+                                  self.settings.xcuda_target_util)
+        for job, active_s, t in zip(jobs, active, tput.tolist()):
             job.warmup_left_s = max(0.0, job.warmup_left_s - 60.0)
-            # no kernels of its own during start-up or restart
-            shared = with_offline(on, g.model, wl.traits, job.sm_pct, active_s / 60.0, job.spec.mem_bytes,
-                                  self.settings.interference, self.settings.xcuda_target_util)
-            steps = float(shared.norm_tput) * self.solo_steps_per_s(job.spec.job_type, gt.name) * active_s
+            steps = t * self.solo_steps_per_s(job.spec.job_type, gt.name) * active_s
             steps = min(steps, job.spec.total_steps - job.steps_done)
             job.steps_done += steps
             job.exec_steps += steps
@@ -357,23 +356,23 @@ class SimulatedCluster:
             temperature_c=None, online_gpu_util_pct=float(on.util_pct), online_sm_activity_pct=float(on.sm_pct),
             online_mem_used_bytes=float(on.mem_bytes), online_mem_bw_util_pct=float(on.bw_pct),
             online_qps=float(on.qps), online_latency_ms=solo_lat * float(shared.slowdown),
-            online_solo_latency_ms=solo_lat, offline_job_id=job_id, health=g.monitor.state.value,
+            online_solo_latency_ms=solo_lat, offline_job_id=jobs[0].spec.job_id if jobs else None,
+            health=g.monitor.state.value,
         )
-        if job is None:
-            return row
         end = now + dt.timedelta(minutes=1)
-        if job.steps_done >= job.spec.total_steps:
-            report.completed[job.spec.job_id] = end
-            self._pending_execs.append(self._close_execution(job, end))
-            report.progress[job.spec.job_id] = (job.steps_done, job.steps_done)
-            del self._jobs[job.spec.job_id]
-        elif g.monitor.state == GpuHealth.OVERLIMIT:
-            lost = job.steps_done - job.checkpoint_step
-            report.evictions.append(
-                EvictionRecord(job.spec.job_id, gid, end, _overlimit_reason(sample, self.settings.sysmonitor),
-                               g.monitor.state.value, lost)
-            )
-            self._stop(job, end, checkpoint=False)
+        for job in jobs:
+            if job.steps_done >= job.spec.total_steps:
+                report.completed[job.spec.job_id] = end
+                self._pending_execs.append(self._close_execution(job, end))
+                report.progress[job.spec.job_id] = (job.steps_done, job.steps_done)
+                del self._jobs[job.spec.job_id]
+            elif g.monitor.state == GpuHealth.OVERLIMIT:
+                lost = job.steps_done - job.checkpoint_step
+                report.evictions.append(
+                    EvictionRecord(job.spec.job_id, gid, end, _overlimit_reason(sample, self.settings.sysmonitor),
+                                   g.monitor.state.value, lost)
+                )
+                self._stop(job, end, checkpoint=False)
         return row
 
 

@@ -1,4 +1,5 @@
-"""The simulated cluster across processes: its state survives export/import exactly, windows go in order."""
+"""The simulated cluster across processes: its state survives export/import exactly, windows go in order;
+several jobs share a GPU within 100 % of its SMs."""
 
 from __future__ import annotations
 
@@ -69,6 +70,27 @@ def test_state_refuses_unknown_jobs_and_versions() -> None:
         other.load_state(state)
     with pytest.raises(ValueError, match="state version"):
         new_cluster().load_state({**state, "version": 99})
+
+
+def test_two_jobs_share_a_gpu_each_slower_than_alone_and_a_third_that_does_not_fit_is_refused() -> None:
+    def steps(actions) -> tuple[dict, object]:
+        c = new_cluster()
+        c.advance(T0 - dt.timedelta(hours=1), 60)
+        results = c.dispatch(actions, T0)
+        assert all(r.ok for r in results), [r.detail for r in results]
+        report = c.advance(T0, 15)
+        return {j: p[0] for j, p in report.progress.items()}, report
+
+    alone, _ = steps([PlanAction(Action.START, 1, 1, None, 40)])
+    together, report = steps([PlanAction(Action.START, 1, 1, None, 40), PlanAction(Action.START, 2, 1, None, 45)])
+    assert 0 < together[1] < alone[1] and together[2] > 0
+    rows = [r for r in report.metrics if r.gpu_id == 1]
+    assert {r.offline_job_id for r in rows} == {2}  # of several, the job with the largest share
+    c = new_cluster()
+    c.dispatch([PlanAction(Action.START, 1, 1, None, 40), PlanAction(Action.START, 2, 1, None, 45)], T0)
+    (refused,) = c.dispatch([PlanAction(Action.START, 3, 1, None, 20)], T0)
+    assert not refused.ok and "no room for 20 %" in refused.detail
+    assert set(c.running()) == {1, 2}
 
 
 def test_backend_observes_windows_in_order_and_once(cluster_store: Store) -> None:

@@ -14,6 +14,7 @@ from scheduler_core.gpu_model import (
     traits_from_profile,
     offline_traits,
     with_offline,
+    on_one_gpu,
     with_offline_jobs,
     xcuda_pace,
 )
@@ -147,3 +148,25 @@ def test_xcuda_paces_the_jobs_of_a_gpu_together_to_its_target() -> None:
     assert free.sm_pct[0] > 90.0  # unpaced, the two jobs would take the GPU past the target
     assert paced.sm_pct[0] == pytest.approx(90.0) and 0.0 < paced.pace[0] < 1.0
     assert np.allclose(paced.norm_tput, free.norm_tput * paced.pace[0])
+
+
+def test_one_gpu_with_a_list_of_jobs_is_the_pair_model_or_the_k_job_model() -> None:
+    m = _model("transformer", "t4")
+    on = online_alone(m, 120.0)
+    a, b = (CATALOG.offline[k].traits for k in ("ResNet-18 (batch size 16)", "ResNet-50 (batch size 64)"))
+    none, tput = on_one_gpu(on, m, [], [], [], [])
+    assert tput.size == 0 and none.slowdown == 1.0 and none.sm_pct == on.sm_pct
+    one, tput = on_one_gpu(on, m, [a], [60.0], [1.0], [2e9], target_util=0.9)
+    pair = with_offline(on, m, a, 60.0, 1.0, 2e9, target_util=0.9)
+    for name in ("util_pct", "sm_pct", "mem_bytes", "bw_pct", "norm_tput", "slowdown", "pace"):
+        assert getattr(one, name) == pytest.approx(float(getattr(pair, name)), rel=1e-12), name
+    assert tput.tolist() == pytest.approx([float(pair.norm_tput)])
+    two, tput = on_one_gpu(on, m, [a, b], [30.0, 40.0], [1.0, 1.0], [2e9, 3e9], target_util=0.9)
+    stacked = OnlineModel.stack([m])
+    ref = with_offline_jobs(online_alone(stacked, np.array([120.0])), stacked, np.zeros(2, dtype=np.int64),
+                            WorkloadTraits(*(np.array([getattr(a, f), getattr(b, f)])
+                                             for f in ("sensitivity", "pressure", "sm_need", "mem_bw"))),
+                            np.array([30.0, 40.0]), np.ones(2), np.array([2e9, 3e9]), target_util=0.9)
+    assert tput.tolist() == pytest.approx(ref.norm_tput.tolist(), rel=1e-12)
+    assert two.norm_tput == pytest.approx(float(ref.norm_tput.sum())) and two.slowdown == pytest.approx(ref.slowdown[0])
+    assert two.mem_bytes == pytest.approx(float(on.mem_bytes) + 5e9)

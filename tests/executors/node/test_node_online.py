@@ -161,3 +161,20 @@ def test_the_minute_in_progress_is_written_early_and_replaced() -> None:
     rows = rig.rows()
     assert sorted(rows) == [0, 1] and len(rig.sink.rows) == 2  # replaced, never duplicated
     assert rows[1].online_qps == pytest.approx(20.0)
+
+
+def test_two_jobs_on_a_gpu_are_modelled_together_and_the_minute_names_the_larger_share() -> None:
+    from dataclasses import replace
+
+    rig = Rig(qps=10.0, endpoint=False, xcuda_target_util=None)
+    small = replace(rig.job, job_id=43, slurm_job_id=9043, sm_pct=30)
+    rig.placements.set(0, [replace(rig.job, sm_pct=40), small])
+    rig.run(61)
+    both = rig.gpu(T0 + 30.0)
+    rig.placements.set(0, [replace(rig.job, sm_pct=40)])
+    one = rig.gpu(T0 + 30.0)
+    # the second job adds its SMs, memory and pressure on the replica
+    assert both.sm_activity_pct > one.sm_activity_pct
+    assert both.mem_used_bytes == pytest.approx(one.mem_used_bytes + (2 << 30))
+    assert both.online_latency_ms > one.online_latency_ms
+    assert rig.rows()[0].offline_job_id == 42  # 40 % against 30 %
