@@ -89,7 +89,7 @@ def build_definitions(settings: MuxflowSettings, now: Callable[[], dt.datetime] 
     """The deployment. ``now`` is the round sensor's clock (the main job passes simulated time)."""
     profiling = build_profiling_assets(settings.seed, settings.samples_per_type)
     predictor_assets, _ = build_predictor_assets(settings.gpu_types)
-    round_cfg = RoundConfig(migration_penalty=settings.migration_penalty)
+    round_cfg = RoundConfig(migration_penalty=settings.migration_penalty, max_jobs_per_gpu=settings.max_jobs_per_gpu)
     clock = settings.round_clock
     round_assets = build_round_assets(clock, round_cfg, settings.report_dir)
 

@@ -70,6 +70,8 @@ class MuxflowSettings:
     samples_per_type: int = 2000
     max_holdout_mae: float = 0.10  # asset check bound on a predictor's held-out MAE of normalized throughput
     migration_penalty: float = 0.05
+    # Offline jobs a round may put on one GPU, each with its own MPS share (scheduler_core.slots; 1: the paper).
+    max_jobs_per_gpu: int = 1
     epochs: int = 250
     report_dir: str = ".muxflow/report"
     warmup_minutes: int = 60  # simulated cluster: online-only history recorded before its first round
@@ -104,6 +106,8 @@ class MuxflowSettings:
                                     f"aligned to midnight UTC), got {t.isoformat()}")
         if self.rounds_end is not None and self.rounds_end <= self.rounds_start:
             raise SettingsError("rounds_end must be after rounds_start")
+        if not 1 <= self.max_jobs_per_gpu <= 8:
+            raise SettingsError(f"max_jobs_per_gpu must be between 1 and 8, got {self.max_jobs_per_gpu!r}")
         if not 0 < self.max_holdout_mae:
             raise SettingsError("max_holdout_mae must be > 0")
         if self.samples_per_type < 10 or self.epochs < 1 or self.migration_penalty < 0 or self.warmup_minutes < 15:
@@ -113,11 +117,17 @@ class MuxflowSettings:
     def slurm_config(self, *, default_url: str | None = None, default_conf: str | None = None) -> SlurmConfig:
         """The Slurm part of these settings: the one object the cluster resource, the CLI and the node agent
         build their Slurm client and backend from (``default_url``/``default_conf``: the dev cluster's, where
-        the settings name no Slurm)."""
+        the settings name no Slurm URL; then its slurm.conf goes with its REST socket, over $SLURM_CONF, so that
+        ``scontrol`` never talks to another cluster than the REST calls)."""
         return SlurmConfig.build(
             url=self.slurm_url or default_url, api_version=self.slurm_api_version, jwt_file=self.slurm_jwt_file,
-            user=self.slurm_user, conf=self.slurm_conf or default_conf, retry_deadline_s=self.slurm_retry_deadline_s,
+            user=self.slurm_user, conf=self._slurm_conf(default_url, default_conf), retry_deadline_s=self.slurm_retry_deadline_s,
             name_gpus=self.slurm_name_gpus, gains=self.xcuda_gains, profiling=self.profiling, sampling=self.sampling)
+
+    def _slurm_conf(self, default_url: str | None, default_conf: str | None) -> str | None:
+        if self.slurm_url is None and default_url is not None and default_conf is not None:
+            return default_conf
+        return self.slurm_conf or default_conf
 
     def cluster_resource(self):
         """The cluster resource these settings describe: what Dagster runs and the CLI both use."""
@@ -195,6 +205,7 @@ ENV_VARS: dict[str, tuple[str, Callable[[str], Any]]] = {  # variable -> (settin
     "MUXFLOW_ROUNDS_END": ("rounds_end", lambda v: _parse_time(v, "rounds_end")), "MUXFLOW_SEED": ("seed", int),
     "MUXFLOW_SAMPLES_PER_TYPE": ("samples_per_type", int), "MUXFLOW_MAX_HOLDOUT_MAE": ("max_holdout_mae", float),
     "MUXFLOW_MIGRATION_PENALTY": ("migration_penalty", float), "MUXFLOW_EPOCHS": ("epochs", int),
+    "MUXFLOW_MAX_JOBS_PER_GPU": ("max_jobs_per_gpu", int),
     "MUXFLOW_REPORT_DIR": ("report_dir", str),
     "MUXFLOW_SLURM_API_VERSION": ("slurm_api_version", str), "MUXFLOW_SLURM_JWT_FILE": ("slurm_jwt_file", str),
     "MUXFLOW_SLURM_USER": ("slurm_user", str), "SLURM_CONF": ("slurm_conf", str),

@@ -37,9 +37,12 @@ def _next_simulated_window(store, clock) -> dt.datetime:
 @click.option("--migration-penalty", type=click.FloatRange(min=0), default=None,
               help="Weight a move must gain to be made. Default: 0 on the simulated cluster (the paper's "
                    "round), the settings' migration_penalty (MUXFLOW_MIGRATION_PENALTY) on Slurm.")
+@click.option("--max-jobs-per-gpu", type=click.IntRange(1, 8), default=None,
+              help="Offline jobs the round may put on one GPU, each with its own MPS share. Default: the "
+                   "settings' max_jobs_per_gpu (MUXFLOW_MAX_JOBS_PER_GPU, 1: the paper).")
 @click.option("--seed", type=int, default=0, show_default=True, help="Simulated cluster only.")
 @click.pass_context
-def round_cmd(ctx, once: bool, migration_penalty: float | None, seed: int) -> None:
+def round_cmd(ctx, once: bool, migration_penalty: float | None, max_jobs_per_gpu: int | None, seed: int) -> None:
     """Run one scheduling round against the store and print the plan.
 
     The cluster is the store's: a simulated one (its next 15 minutes are then simulated
@@ -75,7 +78,9 @@ def round_cmd(ctx, once: bool, migration_penalty: float | None, seed: int) -> No
     if simulated and migration_penalty is None:
         penalty = 0.0  # the paper's round, as this command always planned on the simulated cluster
     try:
-        svc = RoundService(store, backend, RoundConfig(migration_penalty=penalty), conf.round_clock)
+        k = conf.max_jobs_per_gpu if max_jobs_per_gpu is None else max_jobs_per_gpu
+        svc = RoundService(store, backend, RoundConfig(migration_penalty=penalty, max_jobs_per_gpu=k),
+                           conf.round_clock)
     except RoundError as exc:
         raise CliError(f"round: {exc}") from exc
     now = dt.datetime.now(dt.timezone.utc)
@@ -140,14 +145,16 @@ def report_cmd(ctx, name: str | None, list_: bool, csv_path: Path | None) -> Non
 @click.option("--trace", type=click.Path(exists=True, dir_okay=False, path_type=Path), default=None)
 @click.option("--report-dir", type=click.Path(file_okay=False, path_type=Path), default=Path(".muxflow/report"), show_default=True)
 @click.option("--seed", type=int, default=0, show_default=True)
+@click.option("--max-jobs-per-gpu", type=click.IntRange(1, 8), default=1, show_default=True,
+              help="Offline jobs a round may put on one GPU, each with its own MPS share (1: the paper).")
 @click.option("--dagster-home", type=click.Path(file_okay=False, path_type=Path), envvar="DAGSTER_HOME",
               default=Path(".dagster_home"), show_default=True,
               help="Dagster instance the runs are recorded in (what `make ui` shows). Env: DAGSTER_HOME.")
 @click.option("--fresh", is_flag=True,
               help="Start over: delete the SQLite store and the Dagster instance's run history first.")
 @click.pass_context
-def run_cmd(ctx, types_text, services, hours, jobs, samples, epochs, trace, report_dir, seed, dagster_home,
-            fresh) -> None:
+def run_cmd(ctx, types_text, services, hours, jobs, samples, epochs, trace, report_dir, seed, max_jobs_per_gpu,
+            dagster_home, fresh) -> None:
     """The main job: a full scheduling run on a simulated cluster, executed through Dagster in process.
 
     Afterwards `make ui` shows every run, the round partitions and their metadata.
@@ -166,7 +173,7 @@ def run_cmd(ctx, types_text, services, hours, jobs, samples, epochs, trace, repo
         reset_dagster_home(dagster_home)
     cfg = MainJobConfig(db_url=url, report_dir=report_dir, types=types, services=services, hours=hours, jobs=jobs,
                         trace=trace or SAMPLE_TRACE, samples_per_type=samples, seed=seed,
-                        predictor=PredictorConfig(epochs=epochs, seed=seed), dagster_home=dagster_home)
+                        max_jobs_per_gpu=max_jobs_per_gpu, predictor=PredictorConfig(epochs=epochs, seed=seed), dagster_home=dagster_home)
     try:
         summary = run_main_job(cfg, progress=lambda msg: click.echo(msg))
     except ValueError as exc:

@@ -358,6 +358,36 @@ def test_sample_train_round_report_flow(cluster_url: str, tmp_path: Path) -> Non
     assert_usage_error(cluster_url, ["report", "nosuch"], r"^error: report: .*nosuch")
 
 
+def test_round_with_several_jobs_per_gpu_puts_jobs_together_within_the_gpu(cluster_url: str) -> None:
+    # 24 jobs that need few SMs (35 %) on 16 GPUs: with two slots per GPU the round places more than 16, two on
+    # some GPUs, each in its own slot, their shares within the GPU; the simulated cluster runs them together.
+    small = with_job(with_job(JOB, "--job-type", "Recommendation (batch size 512)"), "--steps", "5000000")
+    for i in range(24):
+        ok(cluster_url, *with_job(small, "--name", f"s{i}"))
+    ok(cluster_url, "sample", "--per-type", "600")
+    ok(cluster_url, "train", "--epochs", "60")
+    before = row_counts(cluster_url)
+    refused = run(cluster_url, "round", "--once", "--max-jobs-per-gpu", "0")
+    assert refused.exit_code == 2 and "--max-jobs-per-gpu" in refused.stderr and row_counts(cluster_url) == before
+    out = ok(cluster_url, "round", "--once", "--max-jobs-per-gpu", "2").output
+    placed = int(re.search(r"^placements (\d+)", out, re.M).group(1))
+    assert 16 < placed <= 24, out
+    engine = create_engine(cluster_url)
+    try:
+        with engine.connect() as conn:
+            rows = conn.execute(select(m.Placement.gpu_id, m.Placement.slot, m.Placement.sm_pct)).all()
+            running = conn.scalar(select(func.count()).select_from(m.OfflineJob).where(m.OfflineJob.state == "RUNNING"))
+    finally:
+        engine.dispose()
+    per_gpu: dict[int, list[tuple[int, int]]] = {}
+    for gpu_id, slot, pct in rows:
+        per_gpu.setdefault(gpu_id, []).append((slot, pct))
+    shared = {g: ps for g, ps in per_gpu.items() if len(ps) > 1}
+    assert shared and all(sorted(s for s, _ in ps) == [0, 1] and sum(p for _, p in ps) <= 100
+                          for ps in shared.values()), per_gpu
+    assert running == placed  # every placement was dispatched and runs, two to a GPU where the plan said so
+
+
 def test_round_without_predictor_or_cluster(store_url: str) -> None:
     assert_usage_error(store_url, ["round", "--once"], r"^error: cluster: ")
     ok(store_url, *CLUSTER)

@@ -89,8 +89,9 @@ def test_code_location_loads_from_settings_file(tmp_path: Path) -> None:
 
 def test_settings_from_environment_and_errors(tmp_path: Path) -> None:
     s = load_settings({"MUXFLOW_DATABASE_URL": "sqlite:///x.db", "MUXFLOW_GPU_TYPES": "t4, a100",
-                       "MUXFLOW_ROUNDS_START": "2026-03-01T06:30", "MUXFLOW_MAX_HOLDOUT_MAE": "0.2"})
-    assert s.gpu_types == ("t4", "a100") and s.max_holdout_mae == 0.2
+                       "MUXFLOW_ROUNDS_START": "2026-03-01T06:30", "MUXFLOW_MAX_HOLDOUT_MAE": "0.2",
+                       "MUXFLOW_MAX_JOBS_PER_GPU": "2"})
+    assert s.gpu_types == ("t4", "a100") and s.max_holdout_mae == 0.2 and s.max_jobs_per_gpu == 2
     assert s.rounds_start == dt.datetime(2026, 3, 1, 6, 30, tzinfo=dt.timezone.utc)
     assert MuxflowSettings.from_json(s.to_json()) == s
     bad = [
@@ -103,6 +104,8 @@ def test_settings_from_environment_and_errors(tmp_path: Path) -> None:
         ({"MUXFLOW_SEED": "zero"}, "MUXFLOW_SEED"),
         ({"MUXFLOW_GPU_TYPES": "t4,t4"}, "distinct"),
         ({"MUXFLOW_MAX_HOLDOUT_MAE": "0"}, "max_holdout_mae"),
+        ({"MUXFLOW_MAX_JOBS_PER_GPU": "0"}, "max_jobs_per_gpu"),
+        ({"MUXFLOW_MAX_JOBS_PER_GPU": "two"}, "MUXFLOW_MAX_JOBS_PER_GPU"),
     ]
     for env, msg in bad:
         with pytest.raises(SettingsError, match=msg):
@@ -124,6 +127,18 @@ def test_settings_from_environment_and_errors(tmp_path: Path) -> None:
     (tmp_path / "bad.json").write_text('{"db_url": "sqlite:///x.db", "colour": "red"}')
     with pytest.raises(SettingsError, match="unknown settings: colour"):
         load_settings({"MUXFLOW_SETTINGS": str(tmp_path / "bad.json")})
+
+
+def test_the_dev_clusters_slurm_conf_goes_with_its_rest_socket_over_the_environments() -> None:
+    # $SLURM_CONF of another cluster in the shell: scontrol must not talk to it while REST talks to the dev cluster
+    s = load_settings({"MUXFLOW_DATABASE_URL": "sqlite:///x.db", "SLURM_CONF": "/etc/other/slurm.conf"})
+    dev = s.slurm_config(default_url="unix:/tmp/dev/rest.sock", default_conf="/tmp/dev/slurm.conf")
+    assert (dev.url, dev.conf_path) == ("unix:/tmp/dev/rest.sock", "/tmp/dev/slurm.conf")
+    assert s.slurm_config().conf_path == "/etc/other/slurm.conf"
+    named = load_settings({"MUXFLOW_DATABASE_URL": "sqlite:///x.db", "SLURM_CONF": "/etc/site/slurm.conf",
+                           "MUXFLOW_SLURM_URL": "unix:/run/slurmrestd.sock"})
+    site = named.slurm_config(default_url="unix:/tmp/dev/rest.sock", default_conf="/tmp/dev/slurm.conf")
+    assert (site.url, site.conf_path) == ("unix:/run/slurmrestd.sock", "/etc/site/slurm.conf")
 
 
 # -- schedule and sensors -------------------------------------------------------------------
