@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import datetime as dt
 import os
+import re
 import subprocess
 import sys
 from pathlib import Path
@@ -12,6 +13,7 @@ from sqlalchemy import select
 
 from executors.slurm.backend import SlurmBackend, XcudaGains, register_slurm_nodes
 from executors.slurm.client import SlurmRestClient
+from executors.slurm.pickup import import_submissions
 from executors.store import models as m
 from executors.store.db import Store
 from executors.store.jobs import transition
@@ -40,6 +42,21 @@ def sbatch(dev_cluster, script: Path, *args: str, user: str | None = None) -> in
     return int(out.stdout.strip().split(";")[0])
 
 
+def scontrol_gres(live, sid: int) -> list[str]:
+    """The ``GRES=`` of each node of a job in ``scontrol show job -d``: what Slurm accounts it on
+    (``mps:t4g2:40(IDX:2)``: 40 of the MPS count of GPU index 2)."""
+    out = subprocess.run(["scontrol", "show", "job", "-d", str(sid)], env={**os.environ,
+                         **live.cluster.slurm_env(live.layout)}, capture_output=True, text=True, timeout=30,
+                         check=False)
+    assert out.returncode == 0, out.stderr
+    return re.findall(r"\bGRES=(\S+)", out.stdout)
+
+
+def read_env(path: Path) -> dict[str, str]:
+    """A job's ``env`` output (or any ``KEY=value`` lines) as a dict."""
+    return dict(line.split("=", 1) for line in path.read_text().splitlines() if "=" in line)
+
+
 def write_script(d: Path, body: str, name: str = "job.sh") -> Path:
     p = d / name
     p.write_text("#!/bin/sh\n" + body)
@@ -61,6 +78,28 @@ def register(store: Store, dev_cluster) -> dict[tuple[str, int], int]:
         return {(g.node.name, g.gpu_index): g.id for g in s.scalars(select(m.Gpu))}
 
 
+def held_jobs(live, store: Store, d: Path, n: int, prefix: str, body: str = "sleep 300\n",
+              submitted: list[int] | None = None) -> dict[int, int]:
+    """``n`` plain ``sbatch -p offline --gres=mps:10`` submissions (held by the cluster's job_submit.lua) named
+    ``<prefix>-<i>``, imported (these alone: other runs' jobs are theirs) and PENDING; store id -> Slurm id.
+    ``submitted`` gets each Slurm id as soon as it exists (for the caller's clean-up)."""
+    script = write_script(d, body)
+    sids = []
+    for i in range(n):
+        sids.append(sbatch(live, script, "-p", "offline", "--gres=mps:10", "-J", f"{prefix}-{i}",
+                           f"--output={d}/%j.out", f"--comment={GOOD_COMMENT.format(name=f'{prefix}-{i}')}"))
+        if submitted is not None:
+            submitted.append(sids[-1])
+    with live.client() as c:
+        import_submissions(store, c, None, only=sids)
+    with store.session() as s:
+        rows = {j.id: j.slurm_job_id for j in s.scalars(select(m.OfflineJob).where(
+            m.OfflineJob.slurm_job_id.in_(sids)))}
+    assert sorted(rows.values()) == sorted(sids)
+    make_pending(store, list(rows))
+    return rows
+
+
 def make_pending(store: Store, job_ids: list[int]) -> None:
     with store.session() as s:
         for j in job_ids:
@@ -68,13 +107,20 @@ def make_pending(store: Store, job_ids: list[int]) -> None:
             transition(s, j, JobState.PENDING, "test: profiled")
 
 
-def make_round(store: Store, actions: list[dict], window: dt.datetime | None = None) -> int:
+def make_round(store: Store, actions: list[dict], window: dt.datetime | None = None,
+               placements: list[dict] | None = None) -> int:
+    """A planned round with these plan actions; ``placements``: its ``placements`` rows, each a dict of
+    :class:`executors.store.models.Placement` columns (``job_id``, ``gpu_id``, ``sm_pct``, ``mem_quota_bytes``,
+    ``slot``…; the predictions default to 0 and the action to ``start``)."""
     window = window or dt.datetime(2026, 1, 1, tzinfo=dt.UTC) + dt.timedelta(minutes=15 * (os.getpid() % 10000))
     with store.session() as s:
         rnd = m.SchedulingRound(window_start_utc=window, status="planned", plan_actions=actions,
-                                placements=len(actions))
+                                placements=len(placements if placements is not None else actions))
         s.add(rnd)
         s.flush()
+        for p in placements or []:
+            s.add(m.Placement(**{"round_id": rnd.id, "action": "start", "predicted_norm_tput": 0.0,
+                                 "predicted_online_slowdown": 0.0, **p}))
         return rnd.id
 
 

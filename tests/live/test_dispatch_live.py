@@ -27,11 +27,10 @@ import pytest
 from sqlalchemy import func, select
 
 from executors.slurm.backend import XcudaGains, parse_plan_comment
-from executors.slurm.pickup import import_submissions
 from executors.store import models as m
 from tests.live.conftest import cancel_quietly
 from tests.live.muxflow_helpers import (
-    GOOD_COMMENT, REPO, backend, dispatch_cmd, make_pending, make_round, make_store, register, sbatch, write_script,
+    REPO, backend, dispatch_cmd, held_jobs, make_round, make_store, register, sbatch, write_script,
 )
 
 N_JOBS = 50
@@ -54,20 +53,12 @@ def _cancel_at_teardown(dev_cluster):
 
 
 def _held_jobs(dev_cluster, store, d, n: int, prefix: str, body: str = "sleep 300\n") -> dict[int, int]:
-    """``n`` plain sbatch submissions, imported (these alone: other runs' jobs are theirs); store id -> Slurm id."""
-    script = write_script(d, body)
-    sids = [sbatch(dev_cluster, script, "-p", "offline", "--gres=mps:10", "-J", f"{prefix}-{i}",
-                   f"--output={d}/%j.out", f"--comment={GOOD_COMMENT.format(name=f'{prefix}-{i}')}")
-            for i in range(n)]
-    _SUBMITTED.extend((dev_cluster, sid) for sid in sids)
-    with dev_cluster.client() as c:
-        import_submissions(store, c, None, only=sids)
-    with store.session() as s:
-        rows = {j.id: j.slurm_job_id for j in s.scalars(select(m.OfflineJob).where(
-            m.OfflineJob.slurm_job_id.in_(sids)))}
-    assert sorted(rows.values()) == sorted(sids)
-    make_pending(store, list(rows))
-    return rows
+    """:func:`held_jobs`, each Slurm job cancelled at the test's end."""
+    sids: list[int] = []
+    try:
+        return held_jobs(dev_cluster, store, d, n, prefix, body, submitted=sids)
+    finally:
+        _SUBMITTED.extend((dev_cluster, sid) for sid in sids)
 
 
 _cancel = cancel_quietly

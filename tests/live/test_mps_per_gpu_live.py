@@ -30,9 +30,9 @@ from executors.slurm.spec import JobUpdate
 from executors.store import models as m
 from tests.live.conftest import cancel_quietly, make_private_cluster
 from tests.live.muxflow_helpers import (
-    REPO, backend, dispatch_cmd, make_round, make_store, register, sbatch, write_script,
+    REPO, backend, dispatch_cmd, held_jobs, make_round, make_store, read_env, register, sbatch, scontrol_gres,
+    write_script,
 )
-from tests.live.test_dispatch_live import _held_jobs
 
 TYPED_SHARES = {0: 30, 1: 45, 2: 60, 3: 80}  # GPU index of mx-t4-1 -> MPS %: 215 % in all, one GPU has 100
 UNTYPED_SHARES = {1: 60, 2: 60}              # GPU index of mx-a10-1 -> MPS %: 120 %, more than one GPU
@@ -43,17 +43,6 @@ def mixed_cluster(dev_cluster):
     nodes = (DevNode("mx-t4-1", "t4"), DevNode("mx-a10-1", "a10", per_gpu_types=False))
     with make_private_cluster(nodes) as live:
         yield live
-
-
-def _scontrol_gres(live, sid: int) -> list[str]:
-    out = subprocess.run(["scontrol", "show", "job", "-d", str(sid)], env={**os.environ,
-                         **live.cluster.slurm_env(live.layout)}, capture_output=True, text=True, timeout=30)
-    assert out.returncode == 0, out.stderr
-    return re.findall(r"\bGRES=(\S+)", out.stdout)
-
-
-def _env(path) -> dict[str, str]:
-    return dict(line.split("=", 1) for line in path.read_text().splitlines() if "=" in line)
 
 
 def test_register_nodes_reads_per_gpu_and_untyped_nodes(mixed_cluster, private_tmp) -> None:
@@ -78,9 +67,9 @@ def test_four_jobs_run_at_once_each_on_its_planned_gpu_and_share(mixed_cluster, 
     plan = [("mx-t4-1", i, pct) for i, pct in TYPED_SHARES.items()] + \
            [("mx-a10-1", i, pct) for i, pct in UNTYPED_SHARES.items()]
     # plain sbatch --gres=mps:10 submissions, imported and PENDING: store id -> Slurm id
-    held = _held_jobs(live, store, d, len(plan), f"mx-pergpu{os.getpid()}",
-                      f"env > {d}/env.$SLURM_JOB_ID.tmp && mv {d}/env.$SLURM_JOB_ID.tmp {d}/env.$SLURM_JOB_ID\n"
-                      "sleep 300\n")
+    held = held_jobs(live, store, d, len(plan), f"mx-pergpu{os.getpid()}",
+                     f"env > {d}/env.$SLURM_JOB_ID.tmp && mv {d}/env.$SLURM_JOB_ID.tmp {d}/env.$SLURM_JOB_ID\n"
+                     "sleep 300\n")
     job_of = {sid: job_id for job_id, sid in held.items()}
     sids = sorted(job_of)
     try:
@@ -106,9 +95,9 @@ def test_four_jobs_run_at_once_each_on_its_planned_gpu_and_share(mixed_cluster, 
         for sid, (node, i, pct) in placed.items():
             j = jobs[sid]
             assert j.nodes == (node,) and j.mps_pct == pct, (sid, j.nodes, j.gres_per_node)
-            env = _env(d / f"env.{sid}")
+            env = read_env(d / f"env.{sid}")
             assert env["CUDA_MPS_ACTIVE_THREAD_PERCENTAGE"] == str(pct) and env["SLURMD_NODENAME"] == node
-            gres = _scontrol_gres(live, sid)
+            gres = scontrol_gres(live, sid)
             if node == "mx-t4-1":
                 # Slurm accounts the share on the planned GPU: the typed share named it
                 assert j.gres_per_node == f"gres:mps:t4g{i}:{pct}"
@@ -118,7 +107,7 @@ def test_four_jobs_run_at_once_each_on_its_planned_gpu_and_share(mixed_cluster, 
                 assert j.gres_per_node == f"gres:mps:{pct}" and j.mps_share_type is None, j.gres_per_node
                 assert re.fullmatch(rf"mps:(a10:)?{pct}\(IDX:\d\)", gres[0].split(",")[0]), gres
         # the two untyped 60 % shares ran at once, so Slurm put them on two GPUs (all_sharing)
-        idx = {re.search(r"\(IDX:(\d)\)", _scontrol_gres(live, sid)[0]).group(1)
+        idx = {re.search(r"\(IDX:(\d)\)", scontrol_gres(live, sid)[0]).group(1)
                for sid, (node, _i, _pct) in placed.items() if node == "mx-a10-1"}
         assert len(idx) == 2, idx
         print(f"untyped shares planned on mx-a10-1 GPUs {sorted(UNTYPED_SHARES)}, Slurm accounted them on {sorted(idx)}")
@@ -154,6 +143,6 @@ def test_slurm_2205_adds_a_pending_jobs_new_type_next_to_its_old_one(mixed_clust
             c.update_job(sid, JobUpdate(gres_per_node="mps:t4g0:30", hold=False, eligible_now=True))
             j = live.wait_job(c, sid, lambda j: j.state == "RUNNING", "restart", timeout_s=60)
         assert j.gres_per_node == "gres:mps:t4g0:30"  # what the job record says it asks for ...
-        assert _scontrol_gres(live, sid) == ["mps:t4g2:40(IDX:2),mps:t4g0:30(IDX:0)"]  # ... and what Slurm gave it
+        assert scontrol_gres(live, sid) == ["mps:t4g2:40(IDX:2),mps:t4g0:30(IDX:0)"]  # ... and what Slurm gave it
     finally:
         cancel_quietly(live, [sid])
