@@ -51,6 +51,10 @@ def _sim_options(fn):
         click.option("--max-jobs-per-gpu", type=click.IntRange(min=1, max=8), default=1, show_default=True,
                      help="Offline jobs a MuxFlow round may put on one GPU, each with its own MPS share and memory "
                           "quota; 1 = the paper."),
+        click.option("--between-rounds", is_flag=True,
+                     help="Every policy also places waiting jobs between rounds, in the minute a job arrives or a "
+                          "GPU frees (MuxFlow: waiting jobs onto free GPUs only, nothing moves) [default: at "
+                          "rounds only, the paper]. The pipeline plans at rounds only."),
         click.option("--calibration", default="transfer", show_default=True,
                      help="Interference calibration: transfer, pessimistic, or a measured GPU type's own fit "
                           "(k80, p100, ...; docs/CALIBRATION.md)."),
@@ -63,7 +67,7 @@ def _sim_options(fn):
 
 
 def _config(gpus, types_text, hours, jobs, arrival_hours, mean_job_hours, seed, sm_fallback_levels=None,
-            migration_penalty=None, slo_scale=None, max_jobs_per_gpu=1):
+            migration_penalty=None, slo_scale=None, max_jobs_per_gpu=1, between_rounds=False):
     from scheduler_core.simulator import SimConfig
 
     types = tuple(parse_types(types_text).items()) if types_text else None
@@ -73,7 +77,7 @@ def _config(gpus, types_text, hours, jobs, arrival_hours, mean_job_hours, seed, 
         return SimConfig(gpus=gpus, gpu_types=types, hours=hours, jobs=jobs, arrival_hours=arrival_hours,
                          mean_job_hours=mean_job_hours, max_job_hours=max(8.0, mean_job_hours), seed=seed,
                          sm_fallback_levels=sm_fallback_levels, migration_penalty=migration_penalty,
-                         slo_scale=slo_scale, max_jobs_per_gpu=max_jobs_per_gpu)
+                         slo_scale=slo_scale, max_jobs_per_gpu=max_jobs_per_gpu, between_rounds=between_rounds)
     except ValueError as exc:
         raise CliError(str(exc)) from exc
 
@@ -184,6 +188,7 @@ def _config_json(cfg) -> dict:
             "sm_fallback_levels": cfg.sm_fallback_levels if cfg.sm_fallback_levels is not None
             else SmPolicy().fallback_levels,
             "fixed_sm_pct": cfg.fixed_sm_pct, "slo_scale": cfg.slo_scale, "max_jobs_per_gpu": cfg.max_jobs_per_gpu,
+            "between_rounds": cfg.between_rounds,
             "service_slos_ms": dict(zip((s.name for s in cfg.services), cfg.service_slos_ms()))}
 
 
@@ -193,7 +198,8 @@ def _config_json(cfg) -> dict:
 @click.pass_context
 @_guarded
 def simulate(ctx, trace_path, gpus, types_text, hours, jobs, arrival_hours, mean_job_hours, seed, sm_fallback_levels,
-             migration_penalty, slo_scale, max_jobs_per_gpu, calibration, as_json, quiet, policy) -> None:
+             migration_penalty, slo_scale, max_jobs_per_gpu, between_rounds, calibration, as_json, quiet,
+             policy) -> None:
     """Simulate one policy on a trace and print the paper's metrics (SIMULATED)."""
     if ctx.invoked_subcommand is not None:
         return
@@ -201,7 +207,7 @@ def simulate(ctx, trace_path, gpus, types_text, hours, jobs, arrival_hours, mean
 
     get_policy(policy)
     cfg = _config(gpus, types_text, hours, jobs, arrival_hours, mean_job_hours, seed, sm_fallback_levels,
-                  migration_penalty, slo_scale, max_jobs_per_gpu)
+                  migration_penalty, slo_scale, max_jobs_per_gpu, between_rounds)
     [calibration] = _check_calibrations([calibration])
     trace = _load(trace_path)
     inputs, info = _inputs(cfg, calibration, quiet)
@@ -268,9 +274,8 @@ def composition(gpu_type, calibration, corunner_efficiency, as_json) -> None:
                    "pessimistic].")
 @_guarded
 def compare(trace_path, gpus, types_text, hours, jobs, arrival_hours, mean_job_hours, seed, sm_fallback_levels,
-            migration_penalty, slo_scale, max_jobs_per_gpu, calibration, as_json, quiet, policy_text, out_dir,
-            sensitivity,
-            calibrations_text) -> None:
+            migration_penalty, slo_scale, max_jobs_per_gpu, between_rounds, calibration, as_json, quiet, policy_text,
+            out_dir, sensitivity, calibrations_text) -> None:
     """Run every policy on the same trace; print the table normalized like the paper's Figures 11 and 13."""
     from executors.simulated.calibration import calibrations
     from executors.simulated.evaluation import plot_comparison, plot_utilization
@@ -283,7 +288,7 @@ def compare(trace_path, gpus, types_text, hours, jobs, arrival_hours, mean_job_h
     if "muxflow" not in names:
         raise CliError("policies: the comparison is normalized to muxflow; include it")
     cfg = _config(gpus, types_text, hours, jobs, arrival_hours, mean_job_hours, seed, sm_fallback_levels,
-                  migration_penalty, slo_scale, max_jobs_per_gpu)
+                  migration_penalty, slo_scale, max_jobs_per_gpu, between_rounds)
     [calibration] = _check_calibrations([calibration])
     others = []
     if sensitivity:

@@ -120,6 +120,9 @@ class SimConfig:
     # Offline jobs an MPS policy's round may put on one GPU, each with its own share (RoundConfig.max_jobs_per_gpu,
     # scheduler_core.slots); 1 = the paper.
     max_jobs_per_gpu: int = 1
+    # Place waiting jobs between rounds too, in the minute a job arrives or a GPU frees (every policy's planner,
+    # called with RoundView.between_rounds: MuxFlow's only starts waiting jobs on free GPUs); False: rounds only.
+    between_rounds: bool = False
 
     def __post_init__(self) -> None:
         if self.gpus < 1:

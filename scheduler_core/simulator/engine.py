@@ -2,7 +2,10 @@
 
 Events happen at minute granularity (arrivals join the queue and wait for the
 next round, as submissions do in production; completions are timed inside
-their minute). Deterministic per seed: randomness comes from named streams
+their minute). With ``SimConfig.between_rounds`` every policy's planner is also
+called in a minute after a job arrived or a GPU freed while jobs wait
+(``RoundView.between_rounds``), a mechanism measured here that the pipeline does
+not have: its rounds are periodic. Deterministic per seed: randomness comes from named streams
 (:func:`scheduler_core.rng.rng_stream`): ``trace-repeat``, ``sim-online-load``,
 ``sim-bursts`` — the online load is the same under every policy.
 """
@@ -68,31 +71,46 @@ def run_simulation(trace: list[TraceJob], inputs: SimInputs, cfg: SimConfig, pol
            "allowed_offline_jobs_per_gpu": cfg.sharing.salus_max_resident if policy.sharing == "salus" else multi,
            "allowed_active_jobs_per_gpu": multi}
     rounds: list[dict] = []
+    between = {"calls": 0, "started": 0}
+
+    def plan(now_s: float, between_rounds: bool) -> tuple[dict, dict, np.ndarray]:
+        """Plan and apply; the invariants of what was applied. (stats, applied counts, running jobs)."""
+        actions, stats = planner(RoundView(fleet, now_s, between_rounds))
+        applied = fleet.apply(actions, now_s)
+        inv["refused_actions"] += applied["refused"]
+        pcts = stats.pop("sm_pcts", [])
+        lo, hi = stats.pop("sm_bounds", (1, 100))
+        inv["sm_pct_out_of_bounds"] += sum(1 for p in pcts if not lo <= p <= hi)
+        run = fleet.running()
+        if run.size:
+            inv["max_offline_jobs_per_gpu"] = max(inv["max_offline_jobs_per_gpu"],
+                                                  int(np.bincount(fleet.gpu[run]).max()))
+            if policy.sharing == "mps":  # MPS shares of one GPU's jobs together within the GPU
+                shares = np.bincount(fleet.gpu[run], weights=fleet.sm_pct[run], minlength=fleet.n)
+                inv["gpus_over_100_pct_shares"] += int((shares > 100).sum())
+            # Under MPS a job next to a replica of another user would wait for it (scheduler_core.run_as).
+            gu, ju = fleet.gpu_user[fleet.gpu[run]], fleet.job_user[run]
+            inv["jobs_next_to_another_user"] += int(((gu >= 0) & (ju >= 0) & (gu != ju)).sum())
+        return stats, applied, run
+
+    done_before = 0
     for minute in range(-cfg.warmup_minutes, total):
         now_s = minute * 60.0
         if minute >= 0 and minute % cfg.round_minutes == 0:
             fleet.admit(now_s)
             t = time.perf_counter()
-            actions, stats = planner(RoundView(fleet, now_s))
-            applied = fleet.apply(actions, now_s)
-            inv["refused_actions"] += applied["refused"]
-            pcts = stats.pop("sm_pcts", [])
-            lo, hi = stats.pop("sm_bounds", (1, 100))
-            inv["sm_pct_out_of_bounds"] += sum(1 for p in pcts if not lo <= p <= hi)
-            run = fleet.running()
-            if run.size:
-                inv["max_offline_jobs_per_gpu"] = max(inv["max_offline_jobs_per_gpu"],
-                                                      int(np.bincount(fleet.gpu[run]).max()))
-                if policy.sharing == "mps":  # MPS shares of one GPU's jobs together within the GPU
-                    shares = np.bincount(fleet.gpu[run], weights=fleet.sm_pct[run], minlength=fleet.n)
-                    inv["gpus_over_100_pct_shares"] += int((shares > 100).sum())
-                # Under MPS a job next to a replica of another user would wait for it (scheduler_core.run_as).
-                gu, ju = fleet.gpu_user[fleet.gpu[run]], fleet.job_user[run]
-                inv["jobs_next_to_another_user"] += int(((gu >= 0) & (ju >= 0) & (gu != ju)).sum())
+            stats, applied, run = plan(now_s, False)
             rounds.append({**stats, **applied, "round_s": time.perf_counter() - t, "queued": int(fleet.queued().size),
                            "running": int(run.size)})
             if progress is not None:
                 progress(len(rounds), n_rounds, rounds[-1])
+        elif minute > 0 and cfg.between_rounds and (fleet.admit(now_s) or done_before < fleet.done_count()) \
+                and fleet.queued().size:
+            # A job arrived or a GPU freed in the last minute, and jobs wait: place them now.
+            _stats, applied, _run = plan(now_s, True)
+            between["calls"] += 1
+            between["started"] += applied["start"]
+        done_before = fleet.done_count()
         m = fleet.step(minute, hour_of_day(now_s), now_s)
         if minute >= 0:
             rec.add(minute, m)
@@ -105,6 +123,8 @@ def run_simulation(trace: list[TraceJob], inputs: SimInputs, cfg: SimConfig, pol
     inv["all_accounted"] = sum(inv["accounted"].values()) == jobs.size
     metrics = compute_metrics(cfg, fleet, rec, rounds)
     metrics["policy"] = policy.name
+    if cfg.between_rounds:
+        metrics["between_rounds"] = between
     wall = time.perf_counter() - t0
     metrics["timing"] = {"wall_s": round(wall, 3),
                          "round_s_mean": round(float(np.mean([r["round_s"] for r in rounds])), 4) if rounds else 0.0,

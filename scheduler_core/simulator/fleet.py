@@ -169,6 +169,10 @@ class Fleet:
             self._next_arrival = end
         return max(0, new)
 
+    def done_count(self) -> int:
+        """Jobs finished so far."""
+        return int(np.count_nonzero(self.state == DONE))
+
     def queued(self) -> np.ndarray:
         return np.flatnonzero(self.state == QUEUED)
 

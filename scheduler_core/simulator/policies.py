@@ -49,6 +49,7 @@ class RoundView:
 
     fleet: object  # scheduler_core.simulator.fleet.Fleet
     now_s: float
+    between_rounds: bool = False  # a placement between rounds (SimConfig.between_rounds): start waiting jobs only
 
 
 Planner = Callable[[RoundView], tuple[list[PlanAction], dict]]
@@ -91,6 +92,7 @@ class _MuxFlowPlanner:
         self.latency = ServiceLatencyModels()
         self.slos = cfg.service_slos_ms()
         self._profiles: dict[int, dict[str, OfflineFeatures]] = {}
+        self._last: tuple[np.ndarray, np.ndarray] | None = None  # the last round's forecast SM and p99 per GPU
 
     def profiles(self, fleet, type_index: int) -> dict[str, OfflineFeatures]:
         got = self._profiles.get(type_index)
@@ -120,13 +122,23 @@ class _MuxFlowPlanner:
     def __call__(self, view: RoundView) -> tuple[list[PlanAction], dict]:
         f = view.fleet
         recent = f.recent_online()
-        fc = forecast_many(f.sm_history(), self.forecast)
-        fc = np.where(np.isfinite(fc), fc, recent["sm"])
-        p99 = self._forecast_p99(f, recent, fc)
         run = f.running()
+        if view.between_rounds and self._last is not None:
+            # Between rounds: the round's forecast holds for its interval; only free GPUs take waiting jobs.
+            fc, p99 = self._last
+            free = np.ones(f.n, dtype=bool)
+            free[f.gpu[run]] = False
+            gpu_ids, job_ids = np.flatnonzero(free), f.queued()
+        else:
+            fc = forecast_many(f.sm_history(), self.forecast)
+            fc = np.where(np.isfinite(fc), fc, recent["sm"])
+            p99 = self._forecast_p99(f, recent, fc)
+            self._last = (fc, p99)
+            gpu_ids, job_ids = range(f.n), np.concatenate([run, f.queued()])
         on_gpu = {int(f.gpu[j]): int(j) for j in run}
         gpus = []
-        for i in range(f.n):
+        for i in gpu_ids:
+            i = int(i)
             cur = on_gpu.get(i)
             gpus.append(GpuCandidate(
                 gpu_id=i, gpu_type=f.gpu_type_name[i], memory_bytes=int(f.mem_total[i]),
@@ -145,7 +157,7 @@ class _MuxFlowPlanner:
         # Solo seconds of work left on the reference GPU: what the trace tells (Salus's SRTF knows it too).
         remaining = (f.jobs.total_steps - f.steps_done) / f.sps_ref[f.jobs.job_type]
         # Queue order: running jobs, then waiting ones by arrival (the job table is in arrival order).
-        for j in np.concatenate([run, f.queued()]):
+        for j in job_ids:
             j = int(j)
             running = f.state[j] == 2
             jobs.append(JobCandidate(

@@ -69,6 +69,18 @@ def test_slo_scale_gives_services_slos_and_reports_violations_per_service_minute
     assert bad.exit_code == 2 and "slo-scale" in bad.stderr
 
 
+def test_between_rounds_places_arrivals_without_waiting_for_the_round(in_tmp) -> None:
+    args = ["simulate", "--trace", str(SAMPLE_TRACE), *TINY, "--policy", "muxflow", "--json", "--quiet"]
+    plain = json.loads(run(*args).stdout)
+    res = run(*args, "--between-rounds")
+    assert res.exit_code == 0, res.stderr
+    m = json.loads(res.stdout)
+    assert m["config"]["between_rounds"] is True and plain["config"]["between_rounds"] is False
+    assert m["between_rounds"]["calls"] > 0 and m["between_rounds"]["started"] > 0 and "between_rounds" not in plain
+    assert m["invariants"]["all_accounted"] and m["invariants"]["refused_actions"] == 0
+    assert m["offline"]["jct_censored_s"] < plain["offline"]["jct_censored_s"]
+
+
 def test_a_malformed_trace_line_is_reported_with_its_number(in_tmp) -> None:
     bad = in_tmp / "bad.trace"
     good = SAMPLE_TRACE.read_text().splitlines()[:2]
