@@ -110,7 +110,8 @@ def run_simulation(trace: list[TraceJob], inputs: SimInputs, cfg: SimConfig, pol
             _stats, applied, _run = plan(now_s, True)
             between["calls"] += 1
             between["started"] += applied["start"]
-        done_before = fleet.done_count()
+        if cfg.between_rounds:
+            done_before = fleet.done_count()
         m = fleet.step(minute, hour_of_day(now_s), now_s)
         if minute >= 0:
             rec.add(minute, m)
