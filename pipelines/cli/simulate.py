@@ -51,6 +51,8 @@ def _sim_options(fn):
         click.option("--max-jobs-per-gpu", type=click.IntRange(min=1, max=8), default=1, show_default=True,
                      help="Offline jobs a MuxFlow round may put on one GPU, each with its own MPS share and memory "
                           "quota; 1 = the paper."),
+        click.option("--round-minutes", type=click.IntRange(min=1, max=60), default=15, show_default=True,
+                     help="Minutes between rounds, for every policy (the pipeline's round_period_s / 60)."),
         click.option("--between-rounds", is_flag=True,
                      help="Every policy also places waiting jobs between rounds, in the minute a job arrives or a "
                           "GPU frees (MuxFlow: waiting jobs onto free GPUs only, nothing moves) [default: at "
@@ -67,7 +69,7 @@ def _sim_options(fn):
 
 
 def _config(gpus, types_text, hours, jobs, arrival_hours, mean_job_hours, seed, sm_fallback_levels=None,
-            migration_penalty=None, slo_scale=None, max_jobs_per_gpu=1, between_rounds=False):
+            migration_penalty=None, slo_scale=None, max_jobs_per_gpu=1, between_rounds=False, round_minutes=15):
     from scheduler_core.simulator import SimConfig
 
     types = tuple(parse_types(types_text).items()) if types_text else None
@@ -77,7 +79,8 @@ def _config(gpus, types_text, hours, jobs, arrival_hours, mean_job_hours, seed, 
         return SimConfig(gpus=gpus, gpu_types=types, hours=hours, jobs=jobs, arrival_hours=arrival_hours,
                          mean_job_hours=mean_job_hours, max_job_hours=max(8.0, mean_job_hours), seed=seed,
                          sm_fallback_levels=sm_fallback_levels, migration_penalty=migration_penalty,
-                         slo_scale=slo_scale, max_jobs_per_gpu=max_jobs_per_gpu, between_rounds=between_rounds)
+                         slo_scale=slo_scale, max_jobs_per_gpu=max_jobs_per_gpu, between_rounds=between_rounds,
+                         round_minutes=round_minutes)
     except ValueError as exc:
         raise CliError(str(exc)) from exc
 
@@ -198,8 +201,8 @@ def _config_json(cfg) -> dict:
 @click.pass_context
 @_guarded
 def simulate(ctx, trace_path, gpus, types_text, hours, jobs, arrival_hours, mean_job_hours, seed, sm_fallback_levels,
-             migration_penalty, slo_scale, max_jobs_per_gpu, between_rounds, calibration, as_json, quiet,
-             policy) -> None:
+             migration_penalty, slo_scale, max_jobs_per_gpu, round_minutes, between_rounds, calibration, as_json,
+             quiet, policy) -> None:
     """Simulate one policy on a trace and print the paper's metrics (SIMULATED)."""
     if ctx.invoked_subcommand is not None:
         return
@@ -207,7 +210,7 @@ def simulate(ctx, trace_path, gpus, types_text, hours, jobs, arrival_hours, mean
 
     get_policy(policy)
     cfg = _config(gpus, types_text, hours, jobs, arrival_hours, mean_job_hours, seed, sm_fallback_levels,
-                  migration_penalty, slo_scale, max_jobs_per_gpu, between_rounds)
+                  migration_penalty, slo_scale, max_jobs_per_gpu, between_rounds, round_minutes)
     [calibration] = _check_calibrations([calibration])
     trace = _load(trace_path)
     inputs, info = _inputs(cfg, calibration, quiet)
@@ -274,8 +277,8 @@ def composition(gpu_type, calibration, corunner_efficiency, as_json) -> None:
                    "pessimistic].")
 @_guarded
 def compare(trace_path, gpus, types_text, hours, jobs, arrival_hours, mean_job_hours, seed, sm_fallback_levels,
-            migration_penalty, slo_scale, max_jobs_per_gpu, between_rounds, calibration, as_json, quiet, policy_text,
-            out_dir, sensitivity, calibrations_text) -> None:
+            migration_penalty, slo_scale, max_jobs_per_gpu, round_minutes, between_rounds, calibration, as_json, quiet,
+            policy_text, out_dir, sensitivity, calibrations_text) -> None:
     """Run every policy on the same trace; print the table normalized like the paper's Figures 11 and 13."""
     from executors.simulated.calibration import calibrations
     from executors.simulated.evaluation import plot_comparison, plot_utilization
@@ -288,7 +291,7 @@ def compare(trace_path, gpus, types_text, hours, jobs, arrival_hours, mean_job_h
     if "muxflow" not in names:
         raise CliError("policies: the comparison is normalized to muxflow; include it")
     cfg = _config(gpus, types_text, hours, jobs, arrival_hours, mean_job_hours, seed, sm_fallback_levels,
-                  migration_penalty, slo_scale, max_jobs_per_gpu, between_rounds)
+                  migration_penalty, slo_scale, max_jobs_per_gpu, between_rounds, round_minutes)
     [calibration] = _check_calibrations([calibration])
     others = []
     if sensitivity:

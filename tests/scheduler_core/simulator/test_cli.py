@@ -81,6 +81,17 @@ def test_between_rounds_places_arrivals_without_waiting_for_the_round(in_tmp) ->
     assert m["offline"]["jct_censored_s"] < plain["offline"]["jct_censored_s"]
 
 
+def test_round_minutes_sets_every_policys_round_period(in_tmp) -> None:
+    res = run("simulate", "--trace", str(SAMPLE_TRACE), *TINY, "--policy", "muxflow", "--json", "--round-minutes", "5")
+    assert res.exit_code == 0, res.stderr
+    m = json.loads(res.stdout)
+    assert m["config"]["round_minutes"] == 5 and m["rounds"]["count"] == 18  # 90 minutes
+    assert m["config"]["migration_penalty"] == pytest.approx(90.0 / 300.0)  # a restart over the shorter interval
+    assert "[muxflow] round 18/18 (100%)" in res.stderr
+    bad = run("simulate", "--trace", str(SAMPLE_TRACE), *TINY, "--round-minutes", "0")
+    assert bad.exit_code == 2 and "round-minutes" in bad.stderr
+
+
 def test_a_malformed_trace_line_is_reported_with_its_number(in_tmp) -> None:
     bad = in_tmp / "bad.trace"
     good = SAMPLE_TRACE.read_text().splitlines()[:2]
