@@ -193,7 +193,8 @@ def run_main_job(cfg: MainJobConfig, progress: Callable[[str], None] | None = pr
         db_url=db_url, gpu_types=gpu_types, rounds_start=SIM_START, rounds_end=first_window + n_rounds * ROUND,
         seed=cfg.seed,
         samples_per_type=cfg.samples_per_type, max_holdout_mae=cfg.max_holdout_mae,
-        migration_penalty=cfg.migration_penalty, max_jobs_per_gpu=cfg.max_jobs_per_gpu, epochs=cfg.predictor.epochs, report_dir=str(cfg.report_dir.resolve()),
+        migration_penalty=cfg.migration_penalty, max_jobs_per_gpu=cfg.max_jobs_per_gpu, epochs=cfg.predictor.epochs,
+        report_dir=str(cfg.report_dir.resolve()),
         warmup_minutes=cfg.warmup_minutes,
     )
     instance = open_dagster_instance(cfg.dagster_home)

@@ -121,7 +121,8 @@ class MuxflowSettings:
         ``scontrol`` never talks to another cluster than the REST calls)."""
         return SlurmConfig.build(
             url=self.slurm_url or default_url, api_version=self.slurm_api_version, jwt_file=self.slurm_jwt_file,
-            user=self.slurm_user, conf=self._slurm_conf(default_url, default_conf), retry_deadline_s=self.slurm_retry_deadline_s,
+            user=self.slurm_user, conf=self._slurm_conf(default_url, default_conf),
+            retry_deadline_s=self.slurm_retry_deadline_s,
             name_gpus=self.slurm_name_gpus, gains=self.xcuda_gains, profiling=self.profiling, sampling=self.sampling)
 
     def _slurm_conf(self, default_url: str | None, default_conf: str | None) -> str | None:

@@ -93,7 +93,7 @@ def run_simulation(trace: list[TraceJob], inputs: SimInputs, cfg: SimConfig, pol
             inv["jobs_next_to_another_user"] += int(((gu >= 0) & (ju >= 0) & (gu != ju)).sum())
         return stats, applied, run
 
-    done_before = 0
+    freed = False  # a job finished in the last minute
     for minute in range(-cfg.warmup_minutes, total):
         now_s = minute * 60.0
         if minute >= 0 and minute % cfg.round_minutes == 0:
@@ -104,15 +104,13 @@ def run_simulation(trace: list[TraceJob], inputs: SimInputs, cfg: SimConfig, pol
                            "running": int(run.size)})
             if progress is not None:
                 progress(len(rounds), n_rounds, rounds[-1])
-        elif minute > 0 and cfg.between_rounds and (fleet.admit(now_s) or done_before < fleet.done_count()) \
-                and fleet.queued().size:
+        elif minute > 0 and cfg.between_rounds and (fleet.admit(now_s) or freed) and fleet.queued().size:
             # A job arrived or a GPU freed in the last minute, and jobs wait: place them now.
             _stats, applied, _run = plan(now_s, True)
             between["calls"] += 1
             between["started"] += applied["start"]
-        if cfg.between_rounds:
-            done_before = fleet.done_count()
         m = fleet.step(minute, hour_of_day(now_s), now_s)
+        freed = m.finished > 0
         if minute >= 0:
             rec.add(minute, m)
             inv["max_active_jobs_per_gpu"] = max(inv["max_active_jobs_per_gpu"], m.active_per_gpu_max)

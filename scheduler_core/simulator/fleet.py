@@ -76,6 +76,7 @@ class Minute:
     running: int
     active_per_gpu_max: int  # most offline jobs that progressed on one GPU in this minute
     evicted: int
+    finished: int  # offline jobs that finished in this minute
 
 
 class Fleet:
@@ -168,10 +169,6 @@ class Fleet:
             self.state[self._next_arrival:end] = QUEUED
             self._next_arrival = end
         return max(0, new)
-
-    def done_count(self) -> int:
-        """Jobs finished so far."""
-        return int(np.count_nonzero(self.state == DONE))
 
     def queued(self) -> np.ndarray:
         return np.flatnonzero(self.state == QUEUED)
@@ -288,7 +285,7 @@ class Fleet:
             np.add.at(mem, self.gpu[run], self.jobs.mem_bytes[run].astype(float))
             self.real_s[run] += 60.0
         act = self._active(run) if self.sharing != "none" else np.zeros(0, dtype=np.int64)
-        gpu_equiv, per_gpu_max = 0.0, 0
+        gpu_equiv, per_gpu_max, finished = 0.0, 0, 0
         if act.size:
             g = self.gpu[act]
             per_gpu_max = int(np.bincount(g).max())
@@ -345,6 +342,7 @@ class Fleet:
                 self.finish_s[fin] = now_s + used
                 self.real_s[fin] -= 60.0 - used
                 self.state[fin] = DONE
+                finished = int(fin.size)
                 self.gpu[fin] = -1
         if run.size:  # start-up and restarts proceed on every placed job (Salus residents too)
             self.warmup_s[run] = np.maximum(0.0, self.warmup_s[run] - 60.0)
@@ -361,6 +359,7 @@ class Fleet:
             qps=qps, latency_ms=lat_solo * slow, solo_latency_ms=lat_solo, util_pct=util, sm_pct=sm,
             mem_frac=mem_frac, solo_util_pct=on_util, solo_sm_pct=on_sm, solo_mem_frac=on_mem / self.mem_total,
             offline_gpu_equiv=gpu_equiv, running=int(run.size), active_per_gpu_max=per_gpu_max, evicted=evicted,
+            finished=finished,
         )
 
     def _monitor(self, now_s: float, util, sm, clock, mem_frac) -> int:
