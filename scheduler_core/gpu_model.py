@@ -290,12 +290,15 @@ def on_one_gpu(online: OnlineAlone, model: OnlineModel, jobs: Sequence[WorkloadT
     """One GPU (scalar ``online`` and ``model``) with its offline jobs, any number of them (lists, one entry per
     job): the GPU's :class:`Shared` totals (``norm_tput``: the jobs' sum) and each job's normalized throughput.
 
-    No job: the replica alone. One job: :func:`with_offline`. Several: :func:`with_offline_jobs`.
+    No job: the replica alone (:func:`alone_as_shared`). Otherwise :func:`with_offline_jobs` on the one GPU,
+    which with one job is :func:`with_offline`.
     """
     if not jobs:
         return alone_as_shared(online), np.zeros(0)
-    one = lambda cls, obj: cls(*(np.atleast_1d(np.asarray(getattr(obj, f.name), dtype=float)) for f in fields(obj)))  # noqa: E731
-    stacked = WorkloadTraits(*(np.array([getattr(t, f.name) for t in jobs], dtype=float) for f in fields(WorkloadTraits)))
+    one = lambda cls, obj: cls(*(np.atleast_1d(np.asarray(getattr(obj, f.name), dtype=float))  # noqa: E731
+                                 for f in fields(obj)))
+    stacked = WorkloadTraits(*(np.array([getattr(t, f.name) for t in jobs], dtype=float)
+                               for f in fields(WorkloadTraits)))
     got = with_offline_jobs(one(OnlineAlone, online), one(OnlineModel, model), np.zeros(len(jobs), dtype=np.int64),
                             stacked, np.asarray(sm_pct, dtype=float), np.asarray(duty, dtype=float),
                             np.asarray(job_mem_bytes, dtype=float), params, target_util)

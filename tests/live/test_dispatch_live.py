@@ -30,7 +30,7 @@ from executors.slurm.backend import XcudaGains, parse_plan_comment
 from executors.store import models as m
 from tests.live.conftest import cancel_quietly
 from tests.live.muxflow_helpers import (
-    REPO, backend, dispatch_cmd, held_jobs, make_round, make_store, register, sbatch, write_script,
+    REPO, backend, dispatch_cmd, held_jobs, make_round, make_store, read_env, register, sbatch, write_script,
 )
 
 N_JOBS = 50
@@ -212,13 +212,13 @@ def test_taskprolog_contract_offline_and_online(dev_cluster, private_tmp) -> Non
     assert (ok, failed) == (1, 0)
     dev_cluster.wait_for("both jobs to print their environment",
                          lambda: (d / f"env.{sid}").exists() and (d / f"env.{online}").exists(), timeout_s=60)
-    env = dict(line.split("=", 1) for line in (d / f"env.{sid}").read_text().splitlines() if "=" in line)
+    env = read_env(d / f"env.{sid}")
     assert env["CUDA_VISIBLE_DEVICES"] == "2" and env["CUDA_MPS_ACTIVE_THREAD_PERCENTAGE"] == "35"
     assert env["CUDA_MPS_PIPE_DIRECTORY"].endswith("/gpu2") and env["SLURMD_NODENAME"] == "mx-a10-1"
     assert env["LD_PRELOAD"].endswith("executors/xcuda/build/libxcuda.so")
     assert env["XCUDA_MEM_QUOTA_BYTES"] == str(2 * 1024**3) and env["XCUDA_GPU_INDEX"] == "2"
     assert (env["XCUDA_KP"], env["XCUDA_KI"], env["XCUDA_KD"]) == ("0.5", "12.5", "0.02")
-    oenv = dict(line.split("=", 1) for line in (d / f"env.{online}").read_text().splitlines() if "=" in line)
+    oenv = read_env(d / f"env.{online}")
     assert "LD_PRELOAD" not in oenv and not any(k.startswith("XCUDA_") for k in oenv)
     assert oenv.get("CUDA_VISIBLE_DEVICES", "") == ""
 
@@ -398,7 +398,7 @@ def test_a_job_placed_again_on_its_node_runs_with_its_plan_though_slurmd_skips_t
     def run_env_of(restart: int) -> dict[str, str]:
         f = d / f"env.{sid}.{restart}"
         dev_cluster.wait_for(f"run {restart} of job {sid} to print its environment", f.exists, timeout_s=90)
-        return dict(line.split("=", 1) for line in f.read_text().splitlines() if "=" in line)
+        return read_env(f)
 
     layout = dev_cluster.layout
     watch = PrologWatchThread(PrologWatch(layout.node_script_dir / "prolog.sh", layout.plan_dir, "mx-a10-1",
@@ -462,7 +462,7 @@ def test_a_task_prolog_waiting_for_its_plan_gets_it_from_the_prolog_the_node_age
         dev_cluster.wait_for("the task to start", (d / f"env.{sid}").exists, timeout_s=30)
     finally:
         watch.close()
-    env = dict(line.split("=", 1) for line in (d / f"env.{sid}").read_text().splitlines() if "=" in line)
+    env = read_env(d / f"env.{sid}")
     assert env["CUDA_VISIBLE_DEVICES"] == "3" and env["CUDA_MPS_ACTIVE_THREAD_PERCENTAGE"] == "30", env
     assert env["LD_PRELOAD"].endswith("libxcuda.so") and env["XCUDA_MEM_QUOTA_BYTES"] == str(2 * 1024**3), env
     log = Path("/var/log/muxflow/muxflow-node.log")

@@ -18,6 +18,7 @@ from executors.slurm.client import SlurmNotFound
 from executors.slurm.errors import SlurmAuthError, SlurmRestError
 from executors.slurm.scontrol import ScontrolRequeue
 from executors.slurm.spec import JobSignal, JobSpec, JobUpdate
+from tests.live.muxflow_helpers import read_env
 
 DATA = Path(__file__).resolve().parents[1] / "executors" / "slurm" / "data"
 
@@ -27,10 +28,6 @@ def env_script(out_dir: Path) -> str:
     return ("#!/bin/sh\n"
             f"env > {out_dir}/env.$SLURM_JOB_ID.tmp && mv {out_dir}/env.$SLURM_JOB_ID.tmp "
             f"{out_dir}/env.$SLURM_JOB_ID\n")
-
-
-def read_env(path: Path) -> dict[str, str]:
-    return dict(line.split("=", 1) for line in path.read_text().splitlines() if "=" in line)
 
 
 def test_held_job_placed_on_chosen_node_with_mps_share(dev_cluster) -> None:

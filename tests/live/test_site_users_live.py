@@ -16,7 +16,9 @@ from executors.slurm.backend import XcudaGains, parse_plan_comment
 from executors.slurm.pickup import import_submissions
 from executors.round_runner import stored_result
 from executors.store import models as m
-from tests.live.muxflow_helpers import GOOD_COMMENT, backend, make_pending, make_round, make_store, register, sbatch
+from tests.live.muxflow_helpers import (
+    GOOD_COMMENT, backend, make_pending, make_round, make_store, read_env, register, sbatch,
+)
 from tests.live.site_helpers import release_of, run_as, site_cluster, write_artifact  # noqa: F401
 
 USER, OTHER = "mxuser1", "mxuser2"
@@ -114,7 +116,7 @@ def test_users_cannot_change_the_plan_and_caps_come_from_root(site_cluster, priv
         plan = parse_plan_comment(j.admin_comment)
         assert j.state == "RUNNING" and j.nodes == ("mx-a10-1",) and j.mps_pct == PLAN_PCT
         assert (plan["gpu"], plan["pct"]) == (str(PLAN_GPU), str(PLAN_PCT))
-        env = dict(line.split("=", 1) for line in (d / f"env.{sid}").read_text().splitlines() if "=" in line)
+        env = read_env(d / f"env.{sid}")
         assert (env["CUDA_VISIBLE_DEVICES"], env["CUDA_MPS_ACTIVE_THREAD_PERCENTAGE"]) == (str(PLAN_GPU), str(PLAN_PCT))
         assert env["XCUDA_MEM_QUOTA_BYTES"] == str(2 * 1024**3) and env["LD_PRELOAD"].endswith("libxcuda.so")
         assert (env["XCUDA_KP"], env["XCUDA_KI"], env["XCUDA_KD"]) == ("0.5", "12.5", "0.02")
