@@ -60,6 +60,10 @@ class Job:
     end_time_utc: datetime | None
     state_flags: tuple[str, ...] = ()
     admin_comment: str = ""  # MuxFlow's plan (docs/SLURM.md "Users cannot change the plan")
+    array_job_id: int = 0  # the job array it belongs to (0: none); a pending array is one record of all its tasks
+    array_tasks: str = ""  # the pending array's task ids ("0-2"), or the task id of one task
+    het_job_id: int = 0  # the heterogeneous job's leader (0: none); each component is a job record
+    node_count: int | None = None  # nodes asked for (pending) or allocated
 
     @property
     def held(self) -> bool:

@@ -16,8 +16,9 @@ Fields (``key=value``, values with spaces in single or double quotes):
 label: what the predictor sees comes from profiling the job), ``priority`` and
 ``name`` (default: the Slurm job name). The job
 must ask for exactly one untyped MPS share of one GPU (``--gres=mps:N``, 1 ≤ N ≤ 100)
-and nothing else. A submission that breaks the contract is recorded as a
-FAILED job whose reason starts with ``rejected:`` (``muxflow jobs list``
+and nothing else, on one node, and be requeueable; job arrays and heterogeneous
+jobs are refused (``job_submit.lua`` refuses all of these at submission already).
+A submission that breaks the contract is recorded as a FAILED job whose reason starts with ``rejected:`` (``muxflow jobs list``
 shows it) and is cancelled in Slurm; the reason is put in its comment first.
 """
 
@@ -28,6 +29,7 @@ import shlex
 from collections.abc import Collection
 from dataclasses import dataclass
 
+from executors.slurm.errors import SlurmError
 from executors.slurm.hostlist import gres_count, parse_gres
 from executors.slurm.models import Job
 from executors.slurm.spec import JobSpec as SlurmJobSpec
@@ -84,8 +86,29 @@ def submission_comment(spec: JobSpec) -> str:
             f"steps={spec.total_steps} priority={spec.priority} name={q(spec.name)}")
 
 
+def _check_shape(job: Job) -> None:
+    """One job on one node that can be requeued: MuxFlow gives each job its own share of one
+    GPU, so arrays, heterogeneous jobs and multi-node jobs are refused (each would run several
+    processes on one planned share, or on nodes the plan never saw), and it evicts and
+    migrates by requeue, which Slurm refuses for a job that may not be requeued."""
+    if job.array_job_id:
+        raise SubmissionError("array", f"job arrays are not supported (array {job.array_job_id}, tasks "
+                              f"{job.array_tasks or '?'}): MuxFlow plans each job's own GPU share; submit "
+                              "each task as its own sbatch job")
+    if job.het_job_id:
+        raise SubmissionError("hetjob", f"heterogeneous jobs are not supported (het job {job.het_job_id}): "
+                              "submit each component as its own sbatch job")
+    if job.node_count is not None and job.node_count > 1:
+        raise SubmissionError("nodes", f"asks for {job.node_count} nodes; MuxFlow places a job on one GPU of "
+                              "one node (-N 1)")
+    if not job.requeue:
+        raise SubmissionError("requeue", "cannot be requeued (--no-requeue, or the site's JobRequeue=0 without "
+                              "--requeue): MuxFlow evicts and migrates jobs by checkpoint and requeue")
+
+
 def spec_from_job(job: Job) -> JobSpec:
     """The submission's spec; :class:`SubmissionError` for missing or contradictory options."""
+    _check_shape(job)
     f = _fields(job.comment or "")
     for key in ("mem", "gpu-types", "ckpt", "steps"):
         if not f.get(key):
@@ -141,6 +164,7 @@ def import_submissions(store, client, known_job_types: set[str] | None = None, *
         gpu_types = gpu_type_memory(s)
     imported: list[int] = []
     rejected: list[tuple[int, str]] = []
+    cancelled: set[int] = set()  # Slurm ids cancelled in this pass (a heterogeneous job's leader takes all)
     for job in sorted(jobs, key=lambda j: j.job_id):
         if job.job_id in seen:
             continue
@@ -156,7 +180,7 @@ def import_submissions(store, client, known_job_types: set[str] | None = None, *
                     total_steps=1, state=JobState.FAILED.value, state_reason=reason, slurm_job_id=job.job_id,
                     run_as_user=job.user_name or None,
                 ))
-            _cancel_rejected(client, job.job_id, reason)
+            _cancel_rejected(client, job, reason, cancelled)
             rejected.append((job.job_id, reason))
             log.warning("slurm job %s rejected: %s", job.job_id, exc)
             continue
@@ -177,8 +201,9 @@ def import_submissions(store, client, known_job_types: set[str] | None = None, *
     with store.session() as s:
         stale = {j.job_id for j in jobs} & jobstore.rejected_slurm_ids(s, REJECTED_PREFIX)
         reasons = {j.slurm_job_id: j.state_reason for j in jobstore.jobs_of_slurm_ids(s, stale)} if stale else {}
+    by_id = {j.job_id: j for j in jobs}
     for sid in sorted(stale - {r[0] for r in rejected}):
-        _cancel_rejected(client, sid, reasons.get(sid) or "rejected")
+        _cancel_rejected(client, by_id[sid], reasons.get(sid) or "rejected", cancelled)
     return PickupReport(imported, rejected)
 
 
@@ -203,9 +228,25 @@ def submit_held(store, client, spec: JobSpec, script: str, *, mps_pct: int, work
     return res.job_id, import_submissions(store, client, known_job_types, only=[res.job_id])
 
 
-def _cancel_rejected(client, slurm_job_id: int, reason: str) -> None:
+def _cancel_rejected(client, job: Job, reason: str, cancelled: set[int]) -> None:
+    """Put the reason in the job's comment, then cancel it in Slurm.
+
+    A heterogeneous job is cancelled through its leader (Slurm refuses to cancel one
+    component), an array through its id (all its tasks). A cancel Slurm refuses is
+    logged, not raised: the job is recorded as rejected, so the next pick-up tries
+    the cancel again, and the other submissions of this pass are still imported.
+    """
+    target = job.het_job_id or job.job_id
+    if target in cancelled:
+        return
     try:
-        client.update_job(slurm_job_id, JobUpdate(comment=f"muxflow {reason}"[:250]))
+        client.update_job(job.job_id, JobUpdate(comment=f"muxflow {reason}"[:250]))
     except Exception as exc:  # the cancel matters more than the comment
-        log.warning("slurm job %s: could not record the rejection in its comment: %s", slurm_job_id, exc)
-    client.cancel(slurm_job_id)
+        log.warning("slurm job %s: could not record the rejection in its comment: %s", job.job_id, exc)
+    try:
+        client.cancel(target)
+    except SlurmError as exc:
+        log.warning("slurm job %s: rejected, but cancelling %s failed (the next pick-up tries again): %s",
+                    job.job_id, target, exc)
+        return
+    cancelled.add(target)

@@ -30,14 +30,19 @@ def make_store(tmp_path: Path) -> tuple[Store, str]:
     return Store(url), url
 
 
-def sbatch(dev_cluster, script: Path, *args: str, user: str | None = None) -> int:
-    """``sbatch`` of the cluster's Slurm release, as root or as ``user`` (a real non-root user)."""
+def sbatch_run(dev_cluster, script: Path, *args: str, user: str | None = None) -> subprocess.CompletedProcess:
+    """``sbatch --parsable`` of the cluster's Slurm release, as root or as ``user`` (a real non-root user)."""
     env = {**os.environ, **dev_cluster.cluster.slurm_env(dev_cluster.layout)}
     argv = ["sbatch", "--parsable", *args, str(script)]
     if user is not None:
         argv = ["runuser", "-u", user, "--", *argv]
-    out = subprocess.run(dev_cluster.cluster.command(dev_cluster.layout, argv), env=env, capture_output=True,
-                         text=True, timeout=30, cwd="/tmp")
+    return subprocess.run(dev_cluster.cluster.command(dev_cluster.layout, argv), env=env, capture_output=True,
+                          text=True, timeout=30, cwd="/tmp")
+
+
+def sbatch(dev_cluster, script: Path, *args: str, user: str | None = None) -> int:
+    """:func:`sbatch_run`, which must succeed: the job id."""
+    out = sbatch_run(dev_cluster, script, *args, user=user)
     assert out.returncode == 0, out.stderr
     return int(out.stdout.strip().split(";")[0])
 

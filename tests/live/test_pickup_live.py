@@ -11,7 +11,7 @@ from sqlalchemy import select
 from executors.simulated.calibration import default_catalog
 from executors.slurm.pickup import import_submissions
 from executors.store import models as m
-from tests.live.muxflow_helpers import GOOD_COMMENT, REPO, make_store, register, sbatch, write_script
+from tests.live.muxflow_helpers import GOOD_COMMENT, REPO, make_store, register, sbatch, sbatch_run, write_script
 
 
 def test_sbatch_offline_is_held_imported_once_and_bad_ones_rejected(dev_cluster, private_tmp) -> None:
@@ -80,6 +80,40 @@ def test_sbatch_offline_is_held_imported_once_and_bad_ones_rejected(dev_cluster,
                             capture_output=True, text=True, timeout=120)
     assert listed.returncode == 0, listed.stderr
     assert "rejected: gres" in listed.stdout and "FAILED" in listed.stdout and "mx-good" in listed.stdout
+
+
+def test_arrays_multi_node_heterogeneous_and_unrequeueable_jobs_are_refused_at_sbatch(dev_cluster) -> None:
+    """job_submit.lua refuses, with the reason, what MuxFlow cannot place on one GPU share or move by requeue;
+    an offline job that does not say gets requeue on; the online partition is left alone."""
+    from executors.slurm.dev.install import JOB_USERS
+
+    d = dev_cluster.job_dir("pickup-shapes")
+    script = write_script(d, "sleep 1\n")
+    user = JOB_USERS[0]
+    common = ("-p", "offline", "--gres=mps:20", "--output=/dev/null", f"--comment={GOOD_COMMENT.format(name='s')}")
+    refused = {
+        "array": (("--array=0-2",), "job arrays are not placed by MuxFlow"),
+        "nodes": (("-N", "2"), "-N 2 asks for more"),
+        "het": ((":", "-p", "offline", "--gres=mps:10"), "heterogeneous jobs are not placed by MuxFlow"),
+        "no-requeue": (("--no-requeue",), "drop --no-requeue"),
+    }
+    with dev_cluster.client() as c:
+        before = {j.job_id for j in c.list_jobs()}
+        for what, (extra, words) in refused.items():
+            out = sbatch_run(dev_cluster, script, *common, *extra, user=user)
+            assert out.returncode != 0 and words in out.stderr, (what, out.returncode, out.stderr)
+        good = sbatch(dev_cluster, script, *common, user=user)
+        online = sbatch(dev_cluster, script, "-p", "online", "--no-requeue", "--output=/dev/null", user=user)
+        try:
+            assert {j.job_id for j in c.list_jobs()} - before == {good, online}  # nothing refused got in
+            assert c.get_job(good).held and c.get_job(good).requeue
+            assert not c.get_job(online).requeue
+        finally:
+            for sid in (good, online):
+                try:
+                    c.cancel(sid)
+                except Exception:
+                    pass
 
 
 def test_a_user_cannot_release_a_held_offline_job_by_hand(dev_cluster) -> None:

@@ -146,6 +146,10 @@ class ApiVersion(ABC):
             submit_time_utc=self.timestamp(raw.get("submit_time")),
             start_time_utc=self.timestamp(raw.get("start_time")),
             end_time_utc=self.timestamp(raw.get("end_time")),
+            array_job_id=as_int(raw.get("array_job_id"), 0) or 0,
+            array_tasks=as_str(raw.get("array_task_string")) or as_str(as_int(raw.get("array_task_id"))),
+            het_job_id=as_int(raw.get("het_job_id"), 0) or 0,
+            node_count=as_int(raw.get("node_count")),
         )
 
     def parse_node(self, raw: dict[str, Any]) -> Node:

@@ -11,6 +11,9 @@
 -- change anything of it (partition, GRES/TRES, node lists, comments, hold/release, priority…),
 -- and nobody but root and SlurmUser can move another job into the offline partition or set a
 -- MuxFlow admin comment. Cancelling stays the user's right (scancel is not a modification).
+-- Arrays, heterogeneous and multi-node jobs and --no-requeue are refused for the offline
+-- partition (the pick-up refuses them too, on a cluster without this script); a job that does
+-- not say gets requeue on, whatever the site's JobRequeue.
 
 local OFFLINE = "offline"
 local DEFAULT_IS_OFFLINE = true
@@ -41,11 +44,39 @@ local function refuse(fmt, ...)
    return slurm.ERROR
 end
 
+local NO_VAL = slurm.NO_VAL or 4294967294
+local NO_VAL16 = slurm.NO_VAL16 or 65534
+
+-- MuxFlow gives each offline job its own share of one GPU and moves it by checkpoint and requeue:
+-- what cannot be placed or moved that way is refused at submission, with the reason.
+local function unplaceable(job_desc)
+   if job_desc.array_inx ~= nil then
+      return "job arrays are not placed by MuxFlow (each job gets its own GPU share): submit each task as its own job"
+   end
+   if job_desc.het_job_offset ~= nil and job_desc.het_job_offset ~= NO_VAL then
+      return "heterogeneous jobs are not placed by MuxFlow: submit each component as its own job"
+   end
+   if job_desc.min_nodes ~= nil and job_desc.min_nodes ~= NO_VAL and job_desc.min_nodes > 1 then
+      return string.format("MuxFlow places a job on one GPU of one node: -N %d asks for more", job_desc.min_nodes)
+   end
+   if job_desc.requeue == 0 then
+      return "offline jobs are evicted and migrated by checkpoint and requeue: drop --no-requeue"
+   end
+   return nil
+end
+
 function slurm_job_submit(job_desc, part_list, submit_uid)
    if job_desc.admin_comment ~= nil and not RELEASERS[submit_uid] then
       return refuse("admin_comment is reserved for MuxFlow")
    end
    if is_offline(job_desc.partition) then
+      local why = unplaceable(job_desc)
+      if why ~= nil then
+         return refuse("%s", why)
+      end
+      if job_desc.requeue == nil or job_desc.requeue == NO_VAL16 then
+         job_desc.requeue = 1  -- whatever the site's JobRequeue default: MuxFlow requeues to evict and migrate
+      end
       job_desc.priority = 0
       job_desc.admin_comment = TAG .. ":held-for-placement"
       slurm.log_info("muxflow: held offline job %s from uid %s for placement",

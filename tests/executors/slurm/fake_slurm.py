@@ -112,8 +112,13 @@ class FakeSlurm:
     def cancel(self, job_id: int, signal: str | None = None) -> None:
         self._call("cancel", job_id, signal)
         j = self._job(job_id)
+        if j.het_job_id and j.het_job_id != job_id:  # as slurmctld 22.05 answers (dev cluster)
+            raise SlurmRestError("DELETE", f"/job/{job_id}", 500, [SlurmErrorEntry(
+                message="Operation not permitted on individual component of heterogeneous job", number=2108)])
         if signal is None:
-            self.jobs[job_id] = replace(j, state="CANCELLED")
+            for other in [o for o in self.jobs.values() if o.job_id == job_id or (j.het_job_id and
+                                                                                o.het_job_id == j.het_job_id)]:
+                self.jobs[other.job_id] = replace(other, state="CANCELLED")
 
     def requeue(self, job_id: int, hold: bool = True) -> None:
         self._call("requeue", job_id, hold)

@@ -151,3 +151,19 @@ def test_v0040_node_partition_ping() -> None:
     assert part.nodes == ("mx-t4-1", "mx-a10-1") and part.state == "UP" and part.total_cpus == 16
     assert V40.parse_ping({"hostname": "ctl", "pinged": "UP", "mode": "primary"}).up
     assert not V40.parse_ping({"hostname": "ctl", "responding": False}).up
+
+
+def test_array_heterogeneous_and_node_count_fields() -> None:
+    """A pending array is one record with its task string; a het component names its leader (v0.0.38, live)."""
+    raw = {**body("job_held")["jobs"][0], "array_job_id": 16, "array_task_id": None, "array_task_string": "0-2",
+           "het_job_id": 0, "node_count": 1}
+    job = V38.parse_job(raw)
+    assert (job.array_job_id, job.array_tasks, job.het_job_id, job.node_count) == (16, "0-2", 0, 1)
+    task = V38.parse_job({**raw, "job_id": 17, "array_task_id": 0, "array_task_string": ""})
+    assert (task.array_job_id, task.array_tasks) == (16, "0")
+    plain = V38.parse_job(body("job_held")["jobs"][0])
+    assert (plain.array_job_id, plain.het_job_id) == (0, 0)
+    v40 = V40.parse_job({**V40_JOB, "array_job_id": _nv(0), "array_task_id": {"set": False, "infinite": False,
+                                                                               "number": 0},
+                         "het_job_id": _nv(41), "node_count": _nv(2)})
+    assert (v40.array_job_id, v40.array_tasks, v40.het_job_id, v40.node_count) == (0, "", 41, 2)

@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+from dataclasses import replace
+
 import pytest
 
 from executors.slurm.retry import Retry, SlurmUnavailable
@@ -76,3 +78,19 @@ def test_scontrol_failures_while_slurmctld_is_down_are_retried() -> None:
     with pytest.raises(ScontrolError):
         Retry(deadline_s=30, sleep=lambda _s: None).call("x", lambda: (_ for _ in ()).throw(
             ScontrolError("scontrol requeuehold 5: Invalid job id specified")))
+
+
+@pytest.mark.parametrize(("shape", "field", "words"), [
+    (dict(array_job_id=42, array_tasks="0-2"), "array", "tasks 0-2"),
+    (dict(array_job_id=40, array_tasks="2"), "array", "array 40"),
+    (dict(het_job_id=42), "hetjob", "het job 42"),
+    (dict(node_count=2), "nodes", "2 nodes"),
+    (dict(requeue=False), "requeue", "--no-requeue"),
+])
+def test_arrays_heterogeneous_multi_node_and_unrequeueable_jobs_are_refused(shape, field, words) -> None:
+    """Each would run several processes on one planned GPU share (or on nodes the plan never saw), or could
+    not be evicted or migrated (Slurm refuses to requeue it)."""
+    with pytest.raises(SubmissionError) as exc:
+        spec_from_job(replace(job(), **shape))
+    assert exc.value.field == field and words in str(exc.value)
+    assert spec_from_job(replace(job(), node_count=1)).total_steps == 100  # one node is what MuxFlow places

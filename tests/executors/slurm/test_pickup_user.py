@@ -27,3 +27,22 @@ def test_each_imported_or_rejected_job_keeps_its_submitting_user(tmp_path) -> No
         users = {j.slurm_job_id: (j.run_as_user, j.state) for j in s.scalars(select(m.OfflineJob))}
     assert users == {31: ("alice", "SUBMITTED"), 32: ("bob", "SUBMITTED"), 33: ("carol", "FAILED"),
                      34: (None, "SUBMITTED")}
+
+
+def test_a_heterogeneous_job_is_cancelled_through_its_leader_and_a_refused_cancel_stops_nothing(tmp_path) -> None:
+    store: Store = store_with_fake_nodes(tmp_path)
+    fake = FakeSlurm([replace(make_job(40, comment=GOOD.format("h")), het_job_id=40),
+                      replace(make_job(41, comment=GOOD.format("h")), het_job_id=40),
+                      make_job(42, comment=GOOD.format("ok"))])
+    rep = import_submissions(store, fake, only=[40, 41, 42])
+    assert [sid for sid, _ in rep.rejected] == [40, 41] and len(rep.imported) == 1
+    assert all("heterogeneous" in reason for _, reason in rep.rejected)
+    assert [c[1] for c in fake.calls if c[0] == "cancel"] == [40]  # the leader, once: Slurm refuses a component
+    assert {fake.jobs[i].state for i in (40, 41)} == {"CANCELLED"} and fake.jobs[42].held
+
+    # Slurm refusing a cancel is logged: the jobs after it are still imported, the next pick-up tries again.
+    fake2 = FakeSlurm([replace(make_job(50, comment=GOOD.format("x")), het_job_id=49),  # leader not listed
+                       make_job(51, comment=GOOD.format("y"))])
+    rep = import_submissions(store, fake2, only=[50, 51])
+    assert [sid for sid, _ in rep.rejected] == [50] and len(rep.imported) == 1
+    assert fake2.jobs[50].held  # nothing cancelled it yet
