@@ -14,7 +14,7 @@ from dataclasses import dataclass
 from executors.store import models as m
 from executors.store.db import Session
 from executors.store.inventory import gpu_type_memory
-from scheduler_core.trace import TraceJob
+from scheduler_core.trace import MAX_TOTAL_STEPS, TraceJob
 
 _SIZE = re.compile(r"^\s*(\d+(?:\.\d+)?)\s*([KMGT]i?B?|B)?\s*$", re.IGNORECASE)
 _UNITS = {"": 1, "B": 1, "K": 1e3, "KB": 1e3, "KIB": 1024, "M": 1e6, "MB": 1e6, "MIB": 1024**2,
@@ -93,8 +93,8 @@ def validate(spec: JobSpec, known_gpu_types: Mapping[str, int], known_job_types:
                               + ", ".join(f"{t} {format_bytes(known_gpu_types[t])}" for t in allowed) + ")")
     if not spec.checkpoint_dir.startswith("/"):
         raise SubmissionError("checkpoint_dir", f"must be an absolute path, got {spec.checkpoint_dir!r}")
-    if spec.total_steps <= 0:
-        raise SubmissionError("steps", "must be positive")
+    if not 0 < spec.total_steps <= MAX_TOTAL_STEPS:
+        raise SubmissionError("steps", f"must be within 1..{MAX_TOTAL_STEPS:.0e}")
     if spec.gpus != 1:
         raise SubmissionError(
             "gpus", "MuxFlow shares one offline job per GPU; multi-GPU offline jobs are not supported (paper §8)"

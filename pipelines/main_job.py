@@ -30,14 +30,14 @@ import torch
 
 from assets.reports import write_run_plots
 from executors.simulated.calibration import SAMPLE_TRACE, default_catalog, holdout_reports
+from executors.simulated.evaluation import load_trace
 from executors.simulated.setup import init_simulated_cluster
 from executors.store import summary as summary_db
-from executors.store.db import Store
+from executors.store.db import Store, cannot_open
 from executors.store.migrate import upgrade
 from executors.submission import SubmissionError, spec_from_trace, submit
 from pipelines.settings import MuxflowSettings, write_settings
 from scheduler_core.predictor import PredictorConfig
-from scheduler_core.trace import parse_trace
 
 log = logging.getLogger(__name__)
 ROUND = dt.timedelta(minutes=15)
@@ -167,19 +167,32 @@ def run_main_job(cfg: MainJobConfig, progress: Callable[[str], None] | None = pr
     t0 = time.perf_counter()
     torch.set_num_threads(max(1, min(2, torch.get_num_threads())))
     db_url = absolute_db_url(cfg.db_url)
-    upgrade(db_url)
-    store = Store(db_url)
     catalog = default_catalog()
     gpu_types = tuple(sorted(cfg.types))
+    # The whole trace is checked before anything is written or run.
+    try:
+        trace = load_trace(cfg.trace)
+    except (OSError, UnicodeDecodeError) as exc:
+        raise ValueError(f"trace: cannot read {cfg.trace}: {exc}") from exc
+    single = [t for t in trace if t.scale_factor == 1][: cfg.jobs]
+    skipped = sum(1 for t in trace if t.scale_factor != 1)
+    if not single:
+        raise ValueError(f"trace {cfg.trace}: no single-GPU job to run ({skipped} multi-GPU lines)")
+    for t in single:
+        try:
+            catalog.offline_workload(t.job_type)
+        except KeyError as exc:
+            raise ValueError(f"trace line {t.line_no}: {exc.args[0]}") from exc
+    try:
+        upgrade(db_url)
+    except Exception as exc:  # an unreachable server, a path that cannot be created
+        raise ValueError(cannot_open(db_url, exc)) from exc
+    store = Store(db_url)
     with store.session() as s:
         info = init_simulated_cluster(s, cfg.types, cfg.services, seed=cfg.seed)
     _say(progress, f"[1/5] simulated cluster: {info['gpus']} GPUs ({', '.join(f'{k}:{v}' for k, v in sorted(cfg.types.items()))}) "
                    f"on {info['nodes']} nodes, {info['services']} online services")
 
-    with open(cfg.trace) as fh:
-        trace = parse_trace(fh)
-    single = [t for t in trace if t.scale_factor == 1][: cfg.jobs]
-    skipped = sum(1 for t in trace if t.scale_factor != 1)
     horizon_s = cfg.hours * 3600 * 0.6
     last = max((t.arrival_s for t in single), default=0.0) or 1.0
     compression = max(1.0, last / horizon_s)

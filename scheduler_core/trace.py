@@ -11,6 +11,12 @@ from collections.abc import Iterable
 from dataclasses import dataclass
 
 
+# Sanity bounds, far beyond any real job: a row past them is a corrupt line, not a workload (a scale
+# factor of 10^10 workers would be expanded into memory; 10^400 steps overflow every duration).
+MAX_TOTAL_STEPS = 10**12
+MAX_SCALE_FACTOR = 65_536
+
+
 class TraceError(ValueError):
     def __init__(self, line_no: int, message: str):
         super().__init__(f"trace line {line_no}: {message}")
@@ -27,6 +33,10 @@ class TraceJob:
     total_steps: int
     arrival_s: float
     scale_factor: int
+
+
+def _short(text: str, n: int = 24) -> str:
+    return text if len(text) <= n else f"{text[:n]}… ({len(text)} characters)"
 
 
 def parse_trace(lines: Iterable[str]) -> list[TraceJob]:
@@ -47,8 +57,8 @@ def parse_trace(lines: Iterable[str]) -> list[TraceJob]:
             total_steps = int(steps)
         except ValueError:
             raise TraceError(line_no, f"total steps is not an integer: {steps!r}") from None
-        if total_steps <= 0:
-            raise TraceError(line_no, f"total steps must be positive, got {total_steps}")
+        if not 0 < total_steps <= MAX_TOTAL_STEPS:
+            raise TraceError(line_no, f"total steps must be within 1..{MAX_TOTAL_STEPS:.0e}, got {_short(steps)}")
         try:
             arrival_s = float(arrival)
         except ValueError:
@@ -59,8 +69,8 @@ def parse_trace(lines: Iterable[str]) -> list[TraceJob]:
             scale_factor = int(scale)
         except ValueError:
             raise TraceError(line_no, f"scale factor is not an integer: {scale!r}") from None
-        if scale_factor < 1:
-            raise TraceError(line_no, f"scale factor must be >= 1, got {scale_factor}")
+        if not 1 <= scale_factor <= MAX_SCALE_FACTOR:
+            raise TraceError(line_no, f"scale factor (GPUs) must be within 1..{MAX_SCALE_FACTOR:,}, got {_short(scale)}")
         jobs.append(
             TraceJob(line_no, job_type, command, steps_arg, needs_data == "1", total_steps, arrival_s, scale_factor)
         )

@@ -16,7 +16,8 @@ GPU, in the order a user can act on:
                              GPU at every share level
 ``no_throughput``            the predicted throughput is 0 wherever the slowdown is allowed
 ``one_user_per_gpu``         matched to a GPU the matching also gave to another user's jobs, which kept it
-                             (several jobs per GPU: MPS serves one user per GPU, :func:`scheduler_core.run_as.one_user_per_gpu`)
+                             (several jobs per GPU: MPS serves one user per GPU;
+                             :func:`scheduler_core.run_as.one_user_per_gpu`)
 ``not_matched``              feasible somewhere, but the matching gave those GPUs to other jobs
 ``deferred_srpt``            the round was overloaded and jobs with less remaining work competed first
                              (:mod:`scheduler_core.admission`)

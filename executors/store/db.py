@@ -29,6 +29,12 @@ def resolve_url(explicit: str | None = None, environ: dict[str, str] | None = No
     return explicit or env.get(ENV_URL) or default_url()
 
 
+def cannot_open(url: str, exc: BaseException) -> str:
+    """One line saying why the store at ``url`` could not be opened (an unreachable server, a bad URL)."""
+    first = str(exc).splitlines()[0] if str(exc) else ""
+    return f"database: cannot open {url}: {exc.__class__.__name__}: {first}"
+
+
 def make_engine(url: str) -> Engine:
     if url.startswith("sqlite"):
         path = url.split("///", 1)[-1]

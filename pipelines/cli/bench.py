@@ -33,7 +33,7 @@ from executors.simulated.bench import (
     set_threads,
 )
 from executors.simulated.calibration import SAMPLE_TRACE
-from pipelines.cli.common import HELP
+from pipelines.cli.common import HELP, SEED
 
 
 def _size(text: str) -> tuple[int, int]:
@@ -55,7 +55,7 @@ def bench() -> None:
 @click.option("--jobs", "n_jobs", type=click.IntRange(min=0), default=None, help="Pending offline jobs (one size).")
 @click.option("--sizes", default="100x50,500x250,1000x500,5000x2500", show_default=True,
               help="GPUSxJOBS list, used when --gpus/--jobs are not given.")
-@click.option("--seed", type=int, default=0, show_default=True)
+@click.option("--seed", type=SEED, default=0, show_default=True)
 @click.option("--baseline", type=click.Choice(["none", "dense"]), default="none", show_default=True,
               help="Also run the dense approach (every pair through the MLP, then linear_sum_assignment).")
 @click.option("--baseline-sizes", default="2000x2000,5000x5000", show_default=True,
@@ -129,7 +129,7 @@ def bench_round(n_gpus, n_jobs, sizes, seed, baseline, baseline_sizes, dense_max
 
 
 @bench.command("predictor", context_settings=HELP)
-@click.option("--seed", type=int, default=0, show_default=True)
+@click.option("--seed", type=SEED, default=0, show_default=True)
 @click.option("--samples", "samples_per_type", type=click.IntRange(min=20), default=2000, show_default=True,
               help="Simulated co-location samples per GPU type (paper: about 2,000).")
 @click.option("--epochs", type=click.IntRange(min=1), default=250, show_default=True)
@@ -182,7 +182,7 @@ def bench_predictor(seed, samples_per_type, epochs, sweep, sweep_type, hidden_si
 @bench.command("forecast", context_settings=HELP)
 @click.option("--gpus", "n_gpus", type=click.IntRange(min=1), default=100, show_default=True)
 @click.option("--days", type=click.IntRange(min=2), default=5, show_default=True)
-@click.option("--seed", type=int, default=0, show_default=True)
+@click.option("--seed", type=SEED, default=0, show_default=True)
 @click.option("--json", "as_json", is_flag=True, help="Print JSON only.")
 def bench_forecast(n_gpus, days, seed, as_json) -> None:
     """Online-load forecaster vs last-value on simulated diurnal SM traces (every 15-minute interval after day 1)."""
@@ -248,7 +248,7 @@ SIMULATE_TARGET_S = 60.0
 @click.option("--hours", type=click.FloatRange(min=0.25), default=24.0, show_default=True)
 @click.option("--jobs", type=click.IntRange(min=1), default=7287, show_default=True)
 @click.option("--policies", "policy_text", default=None, help="Comma-separated policies [default: all].")
-@click.option("--seed", type=int, default=0, show_default=True)
+@click.option("--seed", type=SEED, default=0, show_default=True)
 @click.option("--json", "as_json", is_flag=True)
 def bench_simulate(trace_path, gpus, hours, jobs, policy_text, seed, as_json) -> None:
     """Wall time of one simulation per policy at the paper's largest scale (1,000 GPUs, 24 h, 7,287 jobs), against

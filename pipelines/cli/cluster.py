@@ -6,7 +6,7 @@ import click
 import pandas as pd
 
 from executors.store import inventory
-from pipelines.cli.common import CliError, guard, parse_types, store_of
+from pipelines.cli.common import SEED, CliError, guard, parse_types, store_of
 
 
 @click.group()
@@ -19,7 +19,7 @@ def cluster() -> None:
 @click.option("--gpus", type=int, required=True, help="Total number of GPUs.")
 @click.option("--types", "types_text", required=True, help="GPU types and counts, e.g. t4:32,a10:32 (must add up to --gpus).")
 @click.option("--services", type=int, default=5, show_default=True, help="Online inference services.")
-@click.option("--seed", type=int, default=0, show_default=True)
+@click.option("--seed", type=SEED, default=0, show_default=True)
 @click.pass_context
 @guard
 def cluster_init(ctx, simulated: bool, gpus: int, types_text: str, services: int, seed: int) -> None:

@@ -8,11 +8,12 @@ and leaves the store as it was.
 from __future__ import annotations
 
 import functools
+import math
 from pathlib import Path
 
 import click
 
-from executors.store.db import Store, resolve_url
+from executors.store.db import Store, cannot_open, resolve_url
 
 EXIT_USAGE = 2
 HELP = {"help_option_names": ["-h", "--help"]}
@@ -33,8 +34,22 @@ class CliFailure(CliError):
     exit_code = 1
 
 
-db_option = click.option("--db", "db_url", envvar="MUXFLOW_DATABASE_URL", default=None,
-                         help="Feature store URL (default: MUXFLOW_DATABASE_URL, else the SQLite default).")
+SEED = click.IntRange(0, 2**32 - 1)  # what numpy's and torch's generators take
+
+
+class FiniteFloat(click.FloatRange):
+    """A float range that also refuses NaN (which compares false with both bounds) and infinities."""
+
+    def convert(self, value, param, ctx):
+        number = super().convert(value, param, ctx)
+        if not math.isfinite(number):
+            self.fail(f"{value!r} is not a finite number", param, ctx)
+        return number
+
+
+db_option = click.option("--db", "db_url", default=None,
+                         help="Feature store URL (default: `muxflow --db`, else MUXFLOW_DATABASE_URL, else the "
+                              "SQLite default).")
 
 
 def open_store(db: str | None) -> Store:
@@ -46,6 +61,9 @@ def open_store(db: str | None) -> Store:
     """
     from executors.store.migrate import current_revision, head_revision
 
+    ctx = click.get_current_context(silent=True)
+    if db is None and ctx is not None:  # no --db of the command's own: the group's (which folds in the environment)
+        db = (ctx.find_root().obj or {}).get("db")
     url = resolve_url(db)
     path = url.split("///", 1)[-1] if url.startswith("sqlite") else ""
     if path and path != ":memory:" and not Path(path).is_file():
@@ -53,11 +71,24 @@ def open_store(db: str | None) -> Store:
     try:
         rev = current_revision(url)
     except Exception as exc:  # unreachable server, bad URL
-        raise CliError(f"database: cannot open {url}: {exc.__class__.__name__}: {str(exc).splitlines()[0]}") from exc
+        raise CliError(cannot_open(url, exc)) from exc
     if rev != head_revision():
         raise CliError(f"database: schema is at {rev or 'nothing'}, expected {head_revision()}; "
                        "run `muxflow db upgrade`")
     return Store(url)
+
+
+def writable_dir(path: Path, option: str) -> Path:
+    """``path`` created if missing and checked writable, before any long work writes there."""
+    import tempfile
+
+    try:
+        path.mkdir(parents=True, exist_ok=True)
+        with tempfile.NamedTemporaryFile(dir=path, prefix=".muxflow-write-check-"):
+            pass
+    except OSError as exc:
+        raise CliError(f"{option}: cannot write to {path}: {exc.strerror or exc}") from exc
+    return path
 
 
 def store_of(ctx: click.Context) -> Store:

@@ -13,7 +13,7 @@ from dataclasses import replace
 from pathlib import Path
 
 import click
-from pipelines.cli.common import open_store, slurm_config
+from pipelines.cli.common import SEED, open_store, slurm_config
 
 log = logging.getLogger(__name__)
 
@@ -71,9 +71,8 @@ log = logging.getLogger(__name__)
               help="Where the Prolog writes the per-job plan files (the node scripts' @PLAN_DIR@).")
 @click.option("--time-scale", type=click.FloatRange(min=1e-3), default=1.0, hidden=True,
               help="Agent seconds per real second (tests: 60 makes a minute pass in one second).")
-@click.option("--seed", type=int, default=0, hidden=True)
-@click.pass_context
-def node_agent(ctx: click.Context, node: str | None, simulated: bool, db_url: str | None, interval_ms: float,
+@click.option("--seed", type=SEED, default=0, hidden=True)
+def node_agent(node: str | None, simulated: bool, db_url: str | None, interval_ms: float,
                duration: float | None, shm_dir: Path, no_shm: bool, evict_mode: str, mps_pipe_dir: str | None,
                ring_seconds: float, sm_config: Path | None, placements_from: str, poll_s: float, scrape_s: float,
                scrape_timeout_s: float, solo_window_s: float, partial_every_s: float, sim_noise_pct: float,
@@ -117,7 +116,7 @@ def node_agent(ctx: click.Context, node: str | None, simulated: bool, db_url: st
 
     if not no_shm:
         shm_dir.mkdir(parents=True, exist_ok=True)
-    store = open_store(db_url or (ctx.obj or {}).get("db"))
+    store = open_store(db_url)
     try:
         agent = build_agent(store, node, simulated=simulated, cfg=cfg, shm_dir=None if no_shm else shm_dir,
                             requeue=requeue, mps_pipe_dir=mps_pipe_dir, seed=seed, sources=sources)

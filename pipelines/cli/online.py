@@ -5,7 +5,7 @@ from __future__ import annotations
 import click
 
 from executors.store import inventory
-from pipelines.cli.common import CliError, guard, store_of
+from pipelines.cli.common import CliError, FiniteFloat, guard, store_of
 
 
 @click.group()
@@ -16,11 +16,11 @@ def online() -> None:
 @online.command("register")
 @click.option("--name", required=True)
 @click.option("--family", required=True, type=click.Choice(["cnn", "transformer", "recommender", "lm"]))
-@click.option("--qps-min", type=float, required=True)
-@click.option("--qps-max", type=float, required=True)
-@click.option("--peak-hour", type=float, default=20.0, show_default=True, help="Hour of day (UTC) of peak load.")
-@click.option("--slo-ms", type=float, default=100.0, show_default=True)
-@click.option("--allowance", type=float, default=0.2, show_default=True, help="Tolerated latency slowdown (0.2 = +20%).")
+@click.option("--qps-min", type=FiniteFloat(), required=True)
+@click.option("--qps-max", type=FiniteFloat(), required=True)
+@click.option("--peak-hour", type=FiniteFloat(), default=20.0, show_default=True, help="Hour of day (UTC) of peak load.")
+@click.option("--slo-ms", type=FiniteFloat(), default=100.0, show_default=True)
+@click.option("--allowance", type=FiniteFloat(), default=0.2, show_default=True, help="Tolerated latency slowdown (0.2 = +20%).")
 @click.option("--mem", "mem_text", required=True, help="GPU memory of one replica, e.g. 4GiB.")
 @click.option("--gpu-ids", required=True, help="Comma-separated GPU ids that host a replica.")
 @click.option("--endpoint", "endpoints", multiple=True, metavar="[GPU_ID=]URL",

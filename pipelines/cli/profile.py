@@ -22,7 +22,7 @@ from dataclasses import replace
 import click
 import pandas as pd
 
-from pipelines.cli.common import CliError, slurm_config, store_of
+from pipelines.cli.common import SEED, CliError, slurm_config, store_of
 from pipelines.cli.common import settings as deployment
 
 
@@ -44,7 +44,7 @@ def _where(real: bool, local: bool) -> str | None:
 
 
 @click.command("profile")
-@click.option("--seed", type=int, default=0, show_default=True)
+@click.option("--seed", type=SEED, default=0, show_default=True)
 @click.option("--real", is_flag=True, help="Dry runs of each new job on the Slurm profile partition.")
 @click.option("--local", is_flag=True, help="Dry runs as processes on this machine (jobs with a command).")
 @click.option("--runs", "show_runs", is_flag=True, help="List the latest profiling runs and exit.")
@@ -107,7 +107,7 @@ def profile(ctx, seed, real, local, show_runs, wait_s, bound_s, iterations, prof
 
 @click.command("sample")
 @click.option("--per-type", type=click.IntRange(min=10), default=2000, show_default=True)
-@click.option("--seed", type=int, default=0, show_default=True)
+@click.option("--seed", type=SEED, default=0, show_default=True)
 @click.option("--real", is_flag=True, help="Measure on the Slurm profile partition within the budget.")
 @click.option("--local", is_flag=True, help="Measure with the harness on this machine.")
 @click.option("--plan", "show_plan", is_flag=True, help="Print what would be measured next, run nothing.")
@@ -191,7 +191,7 @@ def sample(ctx, per_type, seed, real, local, show_plan, show_runs, budget_min, w
 
 @click.command()
 @click.option("--epochs", type=click.IntRange(min=1), default=250, show_default=True)
-@click.option("--seed", type=int, default=0, show_default=True)
+@click.option("--seed", type=SEED, default=0, show_default=True)
 @click.option("--arch", type=click.Choice(["mlp", "factorized"]), default="mlp", show_default=True,
               help="The paper's MLP, or GPU and job towers meeting in dot products (faster on rounds with a profile "
                    "per job; generalizes worse to profiles unlike the training data's).")

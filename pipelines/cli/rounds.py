@@ -10,7 +10,8 @@ import click
 import pandas as pd
 
 from executors.store import inventory
-from pipelines.cli.common import CliError, CliFailure, cluster_backend, parse_types, settings, store_of
+from pipelines.cli.common import (SEED, CliError, CliFailure, FiniteFloat, cluster_backend, parse_types, settings,
+                                  store_of, writable_dir)
 
 
 
@@ -34,13 +35,13 @@ def _next_simulated_window(store, clock) -> dt.datetime:
 
 @click.command("round")
 @click.option("--once", is_flag=True, required=True, help="Plan, dispatch and book exactly one round.")
-@click.option("--migration-penalty", type=click.FloatRange(min=0), default=None,
+@click.option("--migration-penalty", type=FiniteFloat(min=0), default=None,
               help="Weight a move must gain to be made. Default: 0 on the simulated cluster (the paper's "
                    "round), the settings' migration_penalty (MUXFLOW_MIGRATION_PENALTY) on Slurm.")
 @click.option("--max-jobs-per-gpu", type=click.IntRange(1, 8), default=None,
               help="Offline jobs the round may put on one GPU, each with its own MPS share. Default: the "
                    "settings' max_jobs_per_gpu (MUXFLOW_MAX_JOBS_PER_GPU, 1: the paper).")
-@click.option("--seed", type=int, default=0, show_default=True, help="Simulated cluster only.")
+@click.option("--seed", type=SEED, default=0, show_default=True, help="Simulated cluster only.")
 @click.pass_context
 def round_cmd(ctx, once: bool, migration_penalty: float | None, max_jobs_per_gpu: int | None, seed: int) -> None:
     """Run one scheduling round against the store and print the plan.
@@ -144,7 +145,7 @@ def report_cmd(ctx, name: str | None, list_: bool, csv_path: Path | None) -> Non
 @click.option("--epochs", type=click.IntRange(min=1), default=250, show_default=True)
 @click.option("--trace", type=click.Path(exists=True, dir_okay=False, path_type=Path), default=None)
 @click.option("--report-dir", type=click.Path(file_okay=False, path_type=Path), default=Path(".muxflow/report"), show_default=True)
-@click.option("--seed", type=int, default=0, show_default=True)
+@click.option("--seed", type=SEED, default=0, show_default=True)
 @click.option("--max-jobs-per-gpu", type=click.IntRange(1, 8), default=1, show_default=True,
               help="Offline jobs a round may put on one GPU, each with its own MPS share (1: the paper).")
 @click.option("--dagster-home", type=click.Path(file_okay=False, path_type=Path), envvar="DAGSTER_HOME",
@@ -171,6 +172,7 @@ def run_cmd(ctx, types_text, services, hours, jobs, samples, epochs, trace, repo
             p.unlink(missing_ok=True)
     if fresh:
         reset_dagster_home(dagster_home)
+    writable_dir(report_dir, "report-dir")  # before the run, not after its last round
     cfg = MainJobConfig(db_url=url, report_dir=report_dir, types=types, services=services, hours=hours, jobs=jobs,
                         trace=trace or SAMPLE_TRACE, samples_per_type=samples, seed=seed,
                         max_jobs_per_gpu=max_jobs_per_gpu, predictor=PredictorConfig(epochs=epochs, seed=seed), dagster_home=dagster_home)
@@ -178,5 +180,7 @@ def run_cmd(ctx, types_text, services, hours, jobs, samples, epochs, trace, repo
         summary = run_main_job(cfg, progress=lambda msg: click.echo(msg))
     except ValueError as exc:
         raise CliError(str(exc)) from exc
+    except RuntimeError as exc:  # a Dagster run failed (e.g. a predictor that fails its held-out check)
+        raise CliFailure(str(exc).splitlines()[0]) from exc
     click.echo("\n=== summary (SIMULATED cluster) ===")
     click.echo(json.dumps({k: v for k, v in summary.items() if k != "config"}, indent=2, default=str))

@@ -16,10 +16,11 @@ import time
 from pathlib import Path
 
 import click
-from pipelines.cli.common import HELP, CliError, parse_types
+from pipelines.cli.common import HELP, SEED, CliError, FiniteFloat, parse_types, writable_dir
 
 CACHE_DIR = Path(".muxflow") / "cache"
 DEFAULT_OUT = Path(".muxflow") / "simulate"
+MAX_HOURS = 24 * 366  # a year of simulated time
 
 
 def _sim_options(fn):
@@ -30,18 +31,18 @@ def _sim_options(fn):
         click.option("--gpus", type=click.IntRange(min=1), default=1000, show_default=True),
         click.option("--types", "types_text", default=None,
                      help="GPU types and counts adding up to --gpus, e.g. t4:500,a10:500 (default: all T4)."),
-        click.option("--hours", type=click.FloatRange(min=0.25), default=24.0, show_default=True),
-        click.option("--jobs", type=click.IntRange(min=1), default=None,
+        click.option("--hours", type=click.FloatRange(min=0.25, max=MAX_HOURS), default=24.0, show_default=True),
+        click.option("--jobs", type=click.IntRange(min=1, max=1_000_000), default=None,
                      help="Repeat/cut the trace to this many single-GPU jobs (paper: 1,410–7,287)."),
-        click.option("--arrival-hours", type=click.FloatRange(min=0.25), default=None,
+        click.option("--arrival-hours", type=click.FloatRange(min=0.25, max=MAX_HOURS), default=None,
                      help="Compress trace arrivals into this many hours [default: 2/3 of --hours, at most 16]."),
         click.option("--mean-job-hours", type=click.FloatRange(min=0.01), default=1.0, show_default=True,
                      help="Mean solo job duration after scaling."),
-        click.option("--seed", type=int, default=0, show_default=True),
+        click.option("--seed", type=SEED, default=0, show_default=True),
         click.option("--sm-fallback-levels", type=click.IntRange(min=0, max=8), default=None,
                      help="Smaller MPS shares a MuxFlow round may fall back to [default: the scheduler's, 3]; "
                           "0 = the paper."),
-        click.option("--migration-penalty", type=click.FloatRange(min=0.0), default=None,
+        click.option("--migration-penalty", type=FiniteFloat(min=0.0), default=None,
                      help="Weight a MuxFlow round subtracts for moving a running job [default: restart cost "
                           "over one interval, 0.1]; 0 = the paper."),
         click.option("--slo-scale", type=click.FloatRange(min=0.0, min_open=True), default=None,
@@ -300,11 +301,11 @@ def compare(trace_path, gpus, types_text, hours, jobs, arrival_hours, mean_job_h
     elif calibrations_text:
         raise CliError("calibrations: only with --sensitivity")
     trace = _load(trace_path)
+    out = writable_dir(out_dir or DEFAULT_OUT / Path(trace_path).stem, "out")  # before hours of simulation
     inputs, info = _inputs(cfg, calibration, quiet)
     results = run_policies(trace, inputs, cfg, names, quiet, f"{calibration}/" if sensitivity else "")
     metrics = {n: r.metrics for n, r in results.items()}
     rows = compare_table(metrics)
-    out = out_dir or DEFAULT_OUT / Path(trace_path).stem
     title = f"{Path(trace_path).name}, {cfg.gpus} GPUs, {cfg.hours:g} h, {results['muxflow'].invariants['jobs']} jobs"
     plots = {
         "utilization": str(plot_utilization({n: r.series for n, r in results.items()}, out / "utilization.png",

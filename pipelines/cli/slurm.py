@@ -46,7 +46,20 @@ def print_status(st: DevStatus) -> None:
         _err(f"problem: {p}")
 
 
-@click.group("slurm", context_settings=HELP)
+class _SlurmGroup(click.Group):
+    """Slurm not answering, or refusing a request, is one line on stderr (exit 1), not a traceback."""
+
+    def invoke(self, ctx: click.Context):
+        from executors.slurm.errors import SlurmError
+        from executors.slurm.retry import SlurmUnavailable
+
+        try:
+            return super().invoke(ctx)
+        except (SlurmError, SlurmUnavailable) as exc:
+            raise CliFailure(f"slurm: {exc}") from exc
+
+
+@click.group("slurm", cls=_SlurmGroup, context_settings=HELP)
 def slurm() -> None:
     """Slurm: the local dev cluster and the slurmrestd client."""
 

@@ -26,7 +26,7 @@ from pipelines.cli.common import CliError, CliFailure, cluster_backend, guard, s
               help="Slurm only: the MPS share asked for (--gres=mps:N, 1..100; default 30).")
 @click.option("--trace", "trace_path", type=click.Path(dir_okay=False, path_type=Path),
               help="Submit every job of a Philly-format trace instead (simulated cluster).")
-@click.option("--limit", type=int, default=None, help="With --trace: at most this many jobs.")
+@click.option("--limit", type=click.IntRange(min=0), default=None, help="With --trace: at most this many jobs.")
 @click.pass_context
 @guard
 def submit(ctx, name, command_, script_path, job_type, mem_text, gpu_types, checkpoint_dir, steps, priority, mps_pct,

@@ -392,3 +392,62 @@ def test_round_without_predictor_or_cluster(store_url: str) -> None:
     assert_usage_error(store_url, ["round", "--once"], r"^error: cluster: ")
     ok(store_url, *CLUSTER)
     assert_usage_error(store_url, ["train", "--epochs", "1"], r"^error: samples: ")
+
+
+@pytest.mark.parametrize("command", [["slurm", "pickup"], ["slurm", "register-nodes"]])
+def test_slurm_commands_use_the_groups_db_and_say_in_one_line_that_slurm_does_not_answer(
+        store_url: str, tmp_path: Path, monkeypatch, command: list[str]) -> None:
+    monkeypatch.chdir(tmp_path)  # no default store here: only `muxflow --db` names one
+    monkeypatch.delenv("MUXFLOW_DATABASE_URL", raising=False)
+    monkeypatch.setenv("MUXFLOW_SLURM_URL", f"unix:{tmp_path}/no-slurmrestd.sock")
+    before = row_counts(store_url)
+    result = run(store_url, *command)
+    assert result.exit_code == 1, result.output
+    lines = result.stderr.strip().splitlines()
+    assert len(lines) == 1 and lines[0].startswith("error: slurm: "), result.stderr
+    assert "no-slurmrestd.sock" in lines[0]
+    assert row_counts(store_url) == before
+
+
+@pytest.mark.parametrize("args", [
+    ["round", "--once", "--migration-penalty", "nan"],
+    ["round", "--once", "--seed", "-1"],
+    ["submit", "--trace", "x.trace", "--limit", "-3"],
+    ["simulate", "--hours", "inf"],
+    ["simulate", "--jobs", str(10**9)],
+])
+def test_values_no_run_could_use_are_refused_before_anything_runs(store_url: str, args: list[str]) -> None:
+    before = row_counts(store_url)
+    result = run(store_url, *args)
+    assert result.exit_code == 2 and "Invalid value" in result.output, result.output
+    assert row_counts(store_url) == before
+
+
+def test_submit_refuses_steps_the_store_could_not_hold(cluster_url: str) -> None:
+    assert_usage_error(cluster_url, with_job(JOB, "--steps", str(10**23)), "steps")
+
+
+def test_main_job_checks_its_trace_and_report_dir_before_it_writes_anything(tmp_path: Path) -> None:
+    url = f"sqlite:///{tmp_path / 'run.db'}"
+    trace = tmp_path / "t.trace"
+    trace.write_text("ResNet-50 (batch size 64)\tpython t.py\t--steps\t0\t100\t0\t1\n"
+                     "No Such Model (batch size 1)\tpython t.py\t--steps\t0\t100\t5\t1\n")
+    common = ["run", "--gpus", "t4:2", "--services", "1", "--hours", "0.25", "--dagster-home", str(tmp_path / "dh")]
+    result = run(url, *common, "--trace", str(trace), "--report-dir", str(tmp_path / "rep"))
+    assert result.exit_code == 2 and "trace line 2: unknown job type 'No Such Model" in result.stderr, result.output
+    not_a_dir = tmp_path / "file"
+    not_a_dir.write_text("")
+    result = run(url, *common, "--report-dir", str(not_a_dir / "sub"))
+    assert result.exit_code == 2 and result.stderr.startswith("error: report-dir: cannot write"), result.output
+    assert not (tmp_path / "run.db").exists()  # nothing was set up
+
+
+def test_simulate_compare_checks_its_out_dir_before_simulating(tmp_path: Path) -> None:
+    from executors.simulated.calibration import SAMPLE_TRACE
+
+    not_a_dir = tmp_path / "file"
+    not_a_dir.write_text("")
+    result = CliRunner().invoke(main, ["simulate", "compare", "--trace", str(SAMPLE_TRACE), "--gpus", "4",
+                                       "--hours", "0.25", "--quiet", "--out", str(not_a_dir / "sub")])
+    assert result.exit_code == 2 and "out: cannot write to" in result.stderr, result.output
+    assert "round" not in result.stderr  # no policy ran

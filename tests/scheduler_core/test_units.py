@@ -421,3 +421,20 @@ def test_transition_table_shape() -> None:
         if state not in (JobState.DONE, JobState.FAILED):
             assert JobState.FAILED in targets
     assert issubclass(IllegalTransition, ValueError)
+
+
+@pytest.mark.parametrize(("steps", "scale", "words"), [
+    ("1" + "0" * 400, "1", "total steps must be within"),
+    (str(10**12 + 1), "1", "total steps must be within"),
+    ("100", str(10**10), "scale factor (GPUs) must be within"),
+])
+def test_trace_rows_past_any_real_job_are_refused_with_their_line(steps, scale, words) -> None:
+    """A corrupt row must not be expanded into memory nor overflow every duration downstream."""
+    from scheduler_core.trace import TraceError, parse_trace
+
+    good = "ResNet-50 (batch size 64)\tpython train.py\t--steps\t0\t1000\t0\t1"
+    bad = f"ResNet-50 (batch size 64)\tpython train.py\t--steps\t0\t{steps}\t5\t{scale}"
+    with pytest.raises(TraceError) as exc:
+        parse_trace([good, bad])
+    assert exc.value.line_no == 2 and words in str(exc.value) and len(str(exc.value)) < 200
+    assert parse_trace([good])[0].total_steps == 1000
