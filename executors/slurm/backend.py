@@ -12,7 +12,8 @@ through ``scontrol requeuehold``, which no REST version offers):
   goes first, through ``scontrol``).
 - **MIGRATE**: signal ``USR1`` (the runtime helper checkpoints), ``requeuehold`` (Slurm
   sends SIGTERM, then SIGKILL after KillWait), wait until it is pending again, then
-  the START update for the new GPU and share.
+  the START update for the new GPU and share, sent no earlier than the second after the requeue (slurmd
+  refuses a launch in the second of the kill: :meth:`SlurmCluster._past_requeue_second`).
 - **EVICT**: ``USR1`` + ``requeuehold`` (a placed job not started yet is just held again).
 - **KEEP**: nothing is sent.
 
@@ -37,6 +38,7 @@ import datetime as dt
 import logging
 import math
 import re
+import time
 from collections.abc import Callable
 from dataclasses import dataclass, field
 
@@ -125,6 +127,10 @@ class SlurmCluster:
     settle_timeout_s: float = 60.0
     simulated: bool = False
     gains: XcudaGains = field(default_factory=XcudaGains)
+    # This host's wall clock, against Slurm's job times (a requeued job is released in a later second than
+    # its requeue: :meth:`_past_requeue_second`), with a margin for the two clocks' skew.
+    wall_clock: Callable[[], float] = time.time
+    requeue_margin_s: float = 0.1
 
     # -- store lookups -------------------------------------------------------------------
     # What a plan's actions need from the store is read once per dispatch (:meth:`_lookups`),
@@ -279,9 +285,27 @@ class SlurmCluster:
             # Slurm 22.05 turns an untyped share (plain sbatch --gres=mps:N) into a typed one only
             # from an empty request, which slurmrestd cannot send (docs/SLURM.md).
             self.retry.call(f"clear the GRES of Slurm job {sid}", lambda: self.client.clear_gres(sid))
+        self._past_requeue_second(j)
         update = JobUpdate(nodelist=node, gres_per_node=share, hold=False, eligible_now=True, admin_comment=comment)
         self.retry.call(f"place Slurm job {sid}", lambda: self.client.update_job(sid, update))
         return f"slurm job {sid} placed on {node} GPU {index} at {share}"
+
+    def _past_requeue_second(self, j: Job) -> None:
+        """Wait, if need be, until the wall-clock second after the job's last requeue.
+
+        slurmd refuses to launch a job whose credential is not newer, in whole seconds, than the kill of its
+        previous run ("Job N already killed, do not launch batch job"), and Slurm then ends the job FAILED.
+        A job released within the second of its requeue can be started in that second (reproduced on Slurm
+        22.05, the node free at once). A requeued job's submit time is its requeue (Slurm's clock, on or after
+        the kill), so the release waits for the next second of it: never more than a second, and only for a
+        job requeued just now (a migration, or an eviction the round before). A begin time in the next second
+        would do the same but leaves the job to Slurm's next periodic scheduling pass (tens of seconds).
+        """
+        if j.submit_time_utc is None:
+            return
+        wait = math.floor(j.submit_time_utc.timestamp()) + 1 + self.requeue_margin_s - self.wall_clock()
+        if 0 < wait <= 1 + self.requeue_margin_s:  # beyond that the clocks disagree: nothing to wait for
+            self.retry.sleep(wait)
 
     def _evict(self, sid: int) -> str:
         j = self._get(sid)

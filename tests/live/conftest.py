@@ -16,6 +16,7 @@ which a concurrent run given the same ``--basetemp`` empties when it starts.
 from __future__ import annotations
 
 import os
+import re
 import shutil
 import socket
 import subprocess
@@ -55,15 +56,18 @@ def muxflow_slurm(*args: str, timeout_s: float = 300) -> subprocess.CompletedPro
                           text=True, timeout=timeout_s)
 
 
-def wait_for(what: str, check: Callable[[], object], timeout_s: float = 30.0) -> object:
-    """Poll ``check`` until it returns something truthy; fail with ``what`` at the deadline."""
+def wait_for(what: str, check: Callable[[], object], timeout_s: float = 30.0,
+             explain: Callable[[], str] | None = None) -> object:
+    """Poll ``check`` until it returns something truthy; fail with ``what`` at the deadline, and with what
+    ``explain`` says then (what Slurm knew), so that a failure in CI can be read without the cluster."""
     end = time.monotonic() + timeout_s
     while True:
         value = check()
         if value:
             return value
         if time.monotonic() >= end:
-            pytest.fail(f"timed out after {timeout_s}s waiting for {what} (last: {value!r})")
+            more = f"\n{explain()}" if explain is not None else ""
+            pytest.fail(f"timed out after {timeout_s}s waiting for {what} (last: {value!r}){more}")
         time.sleep(POLL_S)
 
 
@@ -85,21 +89,34 @@ class LiveCluster:
         os.chmod(d, 0o1777)
         return d
 
+    def explain_job(self, job_id: int, lines: int = 12) -> str:
+        """What Slurm says of ``job_id`` (``scontrol show job``) and the last lines of the controller's and the
+        nodes' logs that name it: the story of a job that did not do what a test waited for."""
+        env = {**os.environ, **self.cluster.slurm_env(self.layout)}
+        try:
+            out = subprocess.run(self.cluster.command(self.layout, ["scontrol", "show", "job", "-o", str(job_id)]),
+                                 env=env, capture_output=True, text=True, timeout=15)
+            parts = [f"scontrol show job {job_id}: {(out.stdout or out.stderr).strip()}"]
+        except (OSError, subprocess.SubprocessError) as exc:
+            parts = [f"scontrol show job {job_id}: {exc}"]
+        pattern = re.compile(rf"(JobId={job_id}\b|job {job_id}\b|\[{job_id}\.|JOB {job_id}\b)")
+        for log in sorted(self.layout.log_dir.glob("*.log")):
+            try:
+                hits = [line for line in log.read_text(errors="replace").splitlines() if pattern.search(line)]
+            except OSError:
+                continue
+            if hits:
+                parts.append(f"{log.name}:\n  " + "\n  ".join(hit[:240] for hit in hits[-lines:]))
+        return "\n".join(parts)
+
     def wait_job(self, client: SlurmRestClient, job_id: int, done: Callable[[Job], bool], what: str,
                  timeout_s: float = 30.0) -> Job:
-        last: list[Job] = []
-
         def check() -> Job | None:
             job = client.get_job(job_id)
-            last[:] = [job]
             return job if done(job) else None
 
-        try:
-            return wait_for(what, check, timeout_s)  # type: ignore[return-value]
-        except pytest.fail.Exception:
-            j = last[0] if last else None
-            pytest.fail(f"job {job_id}: timed out waiting for {what}; last state "
-                        f"{j and (j.state, j.state_reason, j.nodes)}")
+        return wait_for(f"job {job_id}: {what}", check, timeout_s,  # type: ignore[return-value]
+                        explain=lambda: self.explain_job(job_id))
 
 
 @pytest.fixture(scope="session")

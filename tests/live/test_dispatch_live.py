@@ -397,7 +397,8 @@ def test_a_job_placed_again_on_its_node_runs_with_its_plan_though_slurmd_skips_t
 
     def run_env_of(restart: int) -> dict[str, str]:
         f = d / f"env.{sid}.{restart}"
-        dev_cluster.wait_for(f"run {restart} of job {sid} to print its environment", f.exists, timeout_s=90)
+        dev_cluster.wait_for(f"run {restart} of job {sid} to print its environment", f.exists, timeout_s=90,
+                             explain=lambda: dev_cluster.explain_job(sid))
         return read_env(f)
 
     layout = dev_cluster.layout
@@ -421,6 +422,49 @@ def test_a_job_placed_again_on_its_node_runs_with_its_plan_though_slurmd_skips_t
     for env in (first, second):
         assert env["SLURMD_NODENAME"] == "mx-a10-1" and env["CUDA_VISIBLE_DEVICES"] == "1", env
         assert env["CUDA_MPS_ACTIVE_THREAD_PERCENTAGE"] == "30" and env["LD_PRELOAD"].endswith("libxcuda.so"), env
+
+
+def test_a_job_migrated_on_its_node_within_the_second_of_its_requeue_runs_again(dev_cluster, private_tmp) -> None:
+    """A migration to another GPU of the same node, dispatched at the start of a wall-clock second: the requeue,
+    the release and Slurm's allocation can all fall in that second, and slurmd refuses a launch credential no
+    newer than the kill of the previous run ("Job N already killed, do not launch batch job"): the job would end
+    FAILED. The placement makes the job eligible from the next second (JobUpdate), so every run starts, on its
+    planned GPU."""
+    from executors.node.prolog_watch import PrologWatch, PrologWatchThread
+    from executors.round_runner import stored_result
+
+    store, _url = make_store(private_tmp)
+    gpus = register(store, dev_cluster)
+    d = dev_cluster.job_dir("samesecond")
+    run_env = f"{d}/env.$SLURM_JOB_ID.${{SLURM_RESTART_COUNT:-0}}"
+    jobs = _held_jobs(dev_cluster, store, d, 1, f"mx-ss{os.getpid()}", f"env > {run_env}.tmp && mv {run_env}.tmp "
+                                                                       f"{run_env}\nsleep 300\n")
+    (job_id, sid), = jobs.items()
+    be = backend(dev_cluster)
+    base = dt.datetime(2033, 1, 1, tzinfo=dt.UTC) + dt.timedelta(hours=os.getpid() % 1000)
+    layout = dev_cluster.layout
+    watch = PrologWatchThread(PrologWatch(layout.node_script_dir / "prolog.sh", layout.plan_dir, "mx-a10-1",
+                                          env={**os.environ, **dev_cluster.cluster.slurm_env(layout)}),
+                              interval_s=0.2).start()
+    try:
+        for run in range(4):
+            if run:  # at the start of a second, as a round's dispatch may be
+                time.sleep(1.0 - time.time() % 1.0)
+            rid = make_round(store, [{"action": "migrate" if run else "start", "job_id": job_id,
+                                      "gpu_id": gpus[("mx-a10-1", run)],
+                                      "from_gpu_id": gpus[("mx-a10-1", run - 1)] if run else None, "sm_pct": 30}],
+                             base + dt.timedelta(minutes=15 * run))
+            with store.session() as s:
+                res = stored_result(s, s.get(m.SchedulingRound, rid))
+            assert be.dispatch(store, rid, res, dt.datetime.now(dt.UTC)) == (1, 0)
+            f = d / f"env.{sid}.{run}"
+            dev_cluster.wait_for(f"run {run} of job {sid} to print its environment", f.exists, timeout_s=60,
+                                 explain=lambda: dev_cluster.explain_job(sid))
+            env = read_env(f)
+            assert env["SLURMD_NODENAME"] == "mx-a10-1" and env["CUDA_VISIBLE_DEVICES"] == str(run), env
+    finally:
+        watch.close()
+        _cancel(dev_cluster, jobs.values())
 
 
 def test_a_task_prolog_waiting_for_its_plan_gets_it_from_the_prolog_the_node_agent_runs(dev_cluster,

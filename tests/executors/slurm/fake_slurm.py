@@ -13,7 +13,8 @@ then crashes) fails the test.
 
 from __future__ import annotations
 
-from collections.abc import Collection
+import datetime as dt
+from collections.abc import Callable, Collection
 from dataclasses import replace
 from pathlib import Path
 
@@ -37,8 +38,10 @@ def make_job(job_id: int, *, comment: str = "", admin_comment: str = "", gres: s
 
 class FakeSlurm:
     def __init__(self, jobs: list[Job] = (), nodes: dict[str, tuple[str, int]] | None = None,
-                 untyped: Collection[str] = ()):
+                 untyped: Collection[str] = (), clock: Callable[[], float] | None = None):
         self.jobs: dict[int, Job] = {j.job_id: j for j in jobs}
+        # Slurm's wall clock: with one, a requeue sets the job's submit time to it, as slurmctld does
+        self.clock = clock
         self.nodes = nodes if nodes is not None else {"mx-t4-1": ("t4", 4), "mx-a10-1": ("a10", 4)}
         self.untyped = set(untyped)
         # jobs Slurm remembers as having had a typed GRES
@@ -122,7 +125,11 @@ class FakeSlurm:
 
     def requeue(self, job_id: int, hold: bool = True) -> None:
         self._call("requeue", job_id, hold)
-        self.jobs[job_id] = replace(self._job(job_id), state="PENDING", priority=0 if hold else 100, nodes=())
+        submitted = self._job(job_id).submit_time_utc
+        if self.clock is not None:
+            submitted = dt.datetime.fromtimestamp(self.clock(), tz=dt.UTC)
+        self.jobs[job_id] = replace(self._job(job_id), state="PENDING", priority=0 if hold else 100, nodes=(),
+                                    submit_time_utc=submitted)
 
     def node_gres(self, name: str) -> str:
         model, k = self.nodes[name]

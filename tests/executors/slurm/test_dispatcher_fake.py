@@ -4,6 +4,7 @@ xCUDA's gains, reconciliation on a re-run, the pick-up filter and ``muxflow subm
 from __future__ import annotations
 
 import datetime as dt
+from dataclasses import replace
 from pathlib import Path
 
 import pytest
@@ -163,3 +164,56 @@ def test_submit_held_refuses_bad_input_before_sending_anything(store: Store, ove
     assert exc.value.field == field and fake.calls == []
     with store.session() as s:
         assert s.scalars(select(m.OfflineJob)).all() == []
+
+
+class _Clock:
+    """One wall clock for Slurm and the dispatcher; sleeping moves it on."""
+
+    def __init__(self, t: float):
+        self.t = t
+        self.slept: list[float] = []
+
+    def __call__(self) -> float:
+        return self.t
+
+    def sleep(self, s: float) -> None:
+        self.slept.append(s)
+        self.t += s
+
+
+@pytest.mark.parametrize("requeued_at", [1000.02, 1000.97])
+def test_a_migrated_job_is_released_in_a_later_second_than_its_requeue(store: Store, requeued_at: float) -> None:
+    """slurmd refuses a launch credential no newer, in whole seconds, than the kill of the previous run, and the
+    job then ends FAILED: the release after a requeue waits for the next second of Slurm's clock (plus the
+    margin for the clocks' skew), and no longer."""
+    from executors.slurm.backend import SlurmCluster
+    from executors.slurm.retry import Retry
+
+    clock = _Clock(requeued_at)
+    fake = FakeSlurm([make_job(11, comment=GOOD.format(n="a"))], clock=clock)
+    ids = _pending(store, fake, [11])
+    fake.jobs[11] = replace(fake.jobs[11], state="RUNNING", priority=100, nodes=("mx-t4-1",))
+    released_at: list[float] = []
+    update_job = fake.update_job
+    fake.update_job = lambda sid, up: (released_at.append(clock()), update_job(sid, up))[1]
+    cl = SlurmCluster(store, fake, Retry(5.0, sleep=clock.sleep, clock=clock), wall_clock=clock)
+    act = PlanAction(Action.MIGRATE, ids[11], _gpu(store, "mx-a10-1", 1), _gpu(store, "mx-t4-1", 0), 40)
+    (res,) = cl.dispatch([act], dt.datetime.now(dt.UTC))
+    assert res.ok, res.detail
+    assert fake.jobs[11].required_nodes == ("mx-a10-1",) and not fake.jobs[11].held
+    assert released_at and int(released_at[-1]) == 1001 and released_at[-1] >= 1001.1 - 1e-9
+    assert sum(clock.slept) <= 1001.1 - requeued_at + 1e-9
+
+
+def test_a_job_requeued_long_ago_is_released_without_waiting(store: Store) -> None:
+    from executors.slurm.backend import SlurmCluster
+    from executors.slurm.retry import Retry
+
+    clock = _Clock(2000.5)
+    fake = FakeSlurm([make_job(11, comment=GOOD.format(n="a"))], clock=clock)
+    ids = _pending(store, fake, [11])
+    fake.jobs[11] = replace(fake.jobs[11], submit_time_utc=dt.datetime.fromtimestamp(1900, tz=dt.UTC))
+    cl = SlurmCluster(store, fake, Retry(5.0, sleep=clock.sleep, clock=clock), wall_clock=clock)
+    (res,) = cl.dispatch([PlanAction(Action.START, ids[11], _gpu(store, "mx-a10-1", 1), None, 40)],
+                         dt.datetime.now(dt.UTC))
+    assert res.ok and clock.slept == [] and not fake.jobs[11].held
