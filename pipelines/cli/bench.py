@@ -22,6 +22,7 @@ import click
 from executors.machine import describe as machine
 from executors.machine import rss_peak_mb
 from executors.simulated.bench import (
+    BENCH_GPU_TYPES,
     FIG12_HIDDEN,
     FIG12_LAYERS,
     bench_predictors,
@@ -34,11 +35,52 @@ from executors.simulated.bench import (
 )
 from executors.simulated.calibration import SAMPLE_TRACE
 from pipelines.cli.common import HELP, SEED
+from pipelines.cli.simulate import _guarded
 
 
-def _size(text: str) -> tuple[int, int]:
-    n, m = (int(v) for v in text.lower().split("x"))
-    return n, m
+class SizeList(click.ParamType):
+    """Comma-separated instance sizes ``<GPUs>x<jobs>`` (``1000x500``): at least one GPU, any number of jobs."""
+
+    name = "GPUSxJOBS[,...]"
+
+    def convert(self, value, param, ctx):
+        if not isinstance(value, str):
+            return value
+        sizes = []
+        for part in value.split(","):
+            n, sep, m = part.strip().lower().partition("x")
+            if not (sep and n.isdigit() and m.isdigit() and int(n) >= 1):
+                self.fail(f"{part.strip()!r} is not <GPUs>x<jobs> with whole numbers and at least one GPU "
+                          f"(e.g. 1000x500)", param, ctx)
+            sizes.append((int(n), int(m)))
+        return sizes
+
+
+class PositiveIntList(click.ParamType):
+    """Comma-separated whole numbers of at least 1 (``64,128``); empty means none."""
+
+    name = "N[,...]"
+
+    def convert(self, value, param, ctx):
+        if not isinstance(value, str):
+            return value
+        parts = [p.strip() for p in value.split(",") if p.strip()]
+        if not all(p.isdigit() and int(p) >= 1 for p in parts):
+            self.fail(f"{value!r} is not a comma-separated list of whole numbers of at least 1", param, ctx)
+        return [int(p) for p in parts]
+
+
+def _policies(ctx, param, value: str | None) -> list[str] | None:
+    """``--policies``: known simulator policies, by the names ``get_policy`` takes."""
+    if value is None:
+        return None
+    from scheduler_core.simulator import POLICIES, get_policy
+
+    names = [n.strip() for n in value.split(",") if n.strip()]
+    try:
+        return [get_policy(n).name for n in names] or list(POLICIES)
+    except (KeyError, ValueError) as exc:
+        raise click.BadParameter(str(exc)) from exc
 
 
 # Explicit, not inherited from ``muxflow``: Click caches a command's help option on
@@ -53,14 +95,14 @@ def bench() -> None:
 @bench.command("round", context_settings=HELP)
 @click.option("--gpus", "n_gpus", type=click.IntRange(min=1), default=None, help="Online GPUs (one size).")
 @click.option("--jobs", "n_jobs", type=click.IntRange(min=0), default=None, help="Pending offline jobs (one size).")
-@click.option("--sizes", default="100x50,500x250,1000x500,5000x2500", show_default=True,
+@click.option("--sizes", type=SizeList(), default="100x50,500x250,1000x500,5000x2500", show_default=True,
               help="GPUSxJOBS list, used when --gpus/--jobs are not given.")
 @click.option("--seed", type=SEED, default=0, show_default=True)
 @click.option("--baseline", type=click.Choice(["none", "dense"]), default="none", show_default=True,
               help="Also run the dense approach (every pair through the MLP, then linear_sum_assignment).")
-@click.option("--baseline-sizes", default="2000x2000,5000x5000", show_default=True,
+@click.option("--baseline-sizes", type=SizeList(), default="2000x2000,5000x5000", show_default=True,
               help="Sizes where both run side by side when the main size is too large for the dense baseline.")
-@click.option("--dense-max-pairs", type=int, default=30_000_000, show_default=True,
+@click.option("--dense-max-pairs", type=click.IntRange(min=0), default=30_000_000, show_default=True,
               help="Largest GPUs×jobs the dense baseline is run on.")
 @click.option("--running-frac", type=click.FloatRange(0, 1), default=0.0, show_default=True,
               help="Share of the jobs already running (one per GPU).")
@@ -87,7 +129,7 @@ def bench_round(n_gpus, n_jobs, sizes, seed, baseline, baseline_sizes, dense_max
     train_s = time.perf_counter() - t0
     cfg = RoundConfig(migration_penalty=migration_penalty)
     single = n_gpus is not None or n_jobs is not None
-    todo = [(n_gpus or 1000, n_jobs if n_jobs is not None else 500)] if single else [_size(s) for s in sizes.split(",")]
+    todo = [(n_gpus or 1000, n_jobs if n_jobs is not None else 500)] if single else sizes
     results = []
     for n, m in todo:
         t = time.perf_counter()
@@ -105,8 +147,7 @@ def bench_round(n_gpus, n_jobs, sizes, seed, baseline, baseline_sizes, dense_max
         results.append(row)
     side = []
     if baseline == "dense" and single and "skipped" in results[0].get("dense", {}):
-        for size in baseline_sizes.split(","):
-            n, m = _size(size)
+        for n, m in baseline_sizes:
             gpus, jobs = make_instance(n, m, seed, running_frac, distinct_profiles=distinct_profiles)
             fast, fast_res = run_fast(gpus, jobs, models, cfg)
             cmp_ = compare(gpus, jobs, models, cfg, fast, fast_res)
@@ -115,12 +156,13 @@ def bench_round(n_gpus, n_jobs, sizes, seed, baseline, baseline_sizes, dense_max
                          "speedup": cmp_["speedup"], "fast_objective": fast["objective"],
                          "dense_objective": cmp_["objective"], "objectives_equal": cmp_["objectives_equal"],
                          "fast_certified_optimal": fast["certified_optimal"]})
-    meta = {"benchmark": "round", "machine": machine(), "torch_threads": threads, "seed": seed,
+    meta = {"benchmark": "round", "simulated": True, "machine": machine(), "torch_threads": threads, "seed": seed,
             "train_predictors_s": round(train_s, 2), "running_frac": running_frac,
             "migration_penalty": migration_penalty, "profile_per_job": distinct_profiles, "predictor_arch": arch,
             "peak_rss_mb_process": round(rss_peak_mb(), 1)}
     out = {**meta, **results[0], "baseline_sizes": side} if single else {**meta, "results": results}
     if not as_json:
+        click.echo("SIMULATED online services and job profiles; real predictors, matching and plan, timed here")
         for r in results:
             click.echo(f"{r['gpus']:>6} GPUs x {r['jobs']:>6} jobs: total {r['total_s']:.3f} s (predict {r['predict_s']:.3f}, "
                        f"match {r['match_s']:.3f}, plan {r['plan_s']:.3f}) placements {r['placements']} "
@@ -134,9 +176,12 @@ def bench_round(n_gpus, n_jobs, sizes, seed, baseline, baseline_sizes, dense_max
               help="Simulated co-location samples per GPU type (paper: about 2,000).")
 @click.option("--epochs", type=click.IntRange(min=1), default=250, show_default=True)
 @click.option("--sweep/--no-sweep", default=True, show_default=True, help="Run the Figure 12 sweep.")
-@click.option("--sweep-type", default="t4", show_default=True, help="GPU type of the Figure 12 sweep.")
-@click.option("--hidden", "hidden_sizes", default=",".join(map(str, FIG12_HIDDEN)), show_default=True)
-@click.option("--layers", "layer_counts", default=",".join(map(str, FIG12_LAYERS)), show_default=True)
+@click.option("--sweep-type", type=click.Choice(BENCH_GPU_TYPES), default="t4", show_default=True,
+              help="GPU type of the Figure 12 sweep.")
+@click.option("--hidden", "hidden_sizes", type=PositiveIntList(), default=",".join(map(str, FIG12_HIDDEN)),
+              show_default=True)
+@click.option("--layers", "layer_counts", type=PositiveIntList(), default=",".join(map(str, FIG12_LAYERS)),
+              show_default=True)
 @click.option("--arch", type=click.Choice(["mlp", "factorized"]), default="mlp", show_default=True,
               help="Predictor network: the paper's MLP, or GPU and job towers meeting in dot products.")
 @click.option("--json", "as_json", is_flag=True, help="Print JSON only.")
@@ -153,8 +198,7 @@ def bench_predictor(seed, samples_per_type, epochs, sweep, sweep_type, hidden_si
                 for t, (r, s) in reports.items()}
     sweep_rows = []
     if sweep:
-        configs = [(4, int(h)) for h in hidden_sizes.split(",") if h] + \
-                  [(int(n), 64) for n in layer_counts.split(",") if n and (int(n), 64) != (4, 64)]
+        configs = [(4, h) for h in hidden_sizes] + [(n, 64) for n in layer_counts if (n, 64) != (4, 64)]
         for layers, hidden in configs:
             _, rep, _ = bench_predictors(seed, samples_per_type, epochs, (sweep_type,),
                                          cfg_overrides={"layers": layers, "hidden": hidden, "eval_every": 25,
@@ -163,9 +207,11 @@ def bench_predictor(seed, samples_per_type, epochs, sweep, sweep_type, hidden_si
             sweep_rows.append({"layers": layers, "hidden": hidden, **report_row(r, s),
                                "curve_mae_tput": [[e, round(v, 4)] for e, v in r.curve]})
         sweep_rows.sort(key=lambda row: (row["layers"] != 4, row["layers"], row["hidden"]))
-    out = {"benchmark": "predictor", "machine": machine(), "seed": seed, "samples_per_type": samples_per_type,
+    out = {"benchmark": "predictor", "simulated": True, "machine": machine(), "seed": seed,
+           "samples_per_type": samples_per_type,
            "epochs": epochs, "arch": arch, "per_gpu_type": per_type, "figure12_gpu_type": sweep_type, "figure12": sweep_rows}
     if not as_json:
+        click.echo("SIMULATED co-location samples (interference model + measurement noise); real MLP training")
         click.echo("GPU type  MAE tput  MAPE tput  MAE slowdown  MAPE slowdown  train s")
         for t, r in per_type.items():
             click.echo(f"{t:8s}  {r['mae_tput']:8.4f}  {r['mape_tput_pct']:8.2f}%  {r['mae_slowdown']:12.4f}  "
@@ -197,10 +243,12 @@ def bench_forecast(n_gpus, days, seed, as_json) -> None:
     recent = backtest(traces, ForecastPolicy(period_minutes=10**9), headroom_pct=headroom)["forecaster"]
     rows = {"forecaster": current["forecaster"].as_dict(), "last_value": current["last_value"].as_dict(),
             "yesterday_only_previous_version": previous.as_dict(), "recent_quantile_only": recent.as_dict()}
-    out = {"benchmark": "forecast", "machine": machine(), "seed": seed, "gpus": n_gpus, "days": days,
+    out = {"benchmark": "forecast", "simulated": True, "machine": machine(), "seed": seed, "gpus": n_gpus,
+           "days": days,
            "headroom_pct": headroom, "target": "SM activity % over the next 15 minutes", "methods": rows,
            "wall_s": round(time.perf_counter() - t0, 2)}
     if not as_json:
+        click.echo("SIMULATED diurnal SM-activity traces; real forecaster")
         click.echo("method                           MAE vs mean  MAE vs peak  below peak  shortfall  mean reserve")
         for name, r in rows.items():
             click.echo(f"{name:32s} {r['mae_vs_mean']:11.3f}  {r['mae_vs_peak']:11.3f}  "
@@ -247,17 +295,19 @@ SIMULATE_TARGET_S = 60.0
 @click.option("--gpus", type=click.IntRange(min=1), default=1000, show_default=True)
 @click.option("--hours", type=click.FloatRange(min=0.25), default=24.0, show_default=True)
 @click.option("--jobs", type=click.IntRange(min=1), default=7287, show_default=True)
-@click.option("--policies", "policy_text", default=None, help="Comma-separated policies [default: all].")
+@click.option("--policies", "policy_names", default=None, callback=_policies,
+              help="Comma-separated policies [default: all].")
 @click.option("--seed", type=SEED, default=0, show_default=True)
 @click.option("--json", "as_json", is_flag=True)
-def bench_simulate(trace_path, gpus, hours, jobs, policy_text, seed, as_json) -> None:
+@_guarded
+def bench_simulate(trace_path, gpus, hours, jobs, policy_names, seed, as_json) -> None:
     """Wall time of one simulation per policy at the paper's largest scale (1,000 GPUs, 24 h, 7,287 jobs), against
     the 60 s target; predictor training is reported separately (cached, shared by the policies)."""
     from executors.simulated.evaluation import load_trace, simulation_inputs
     from pipelines.cli.simulate import CACHE_DIR, _config, run_policies
-    from scheduler_core.simulator import POLICIES, get_policy
+    from scheduler_core.simulator import POLICIES
 
-    names = [get_policy(n).name for n in policy_text.split(",")] if policy_text else list(POLICIES)
+    names = policy_names or list(POLICIES)
     cfg = _config(gpus, None, hours, jobs, None, 1.0, seed)
     trace = load_trace(trace_path)
     t0 = time.perf_counter()

@@ -118,3 +118,33 @@ def test_short_help_flag_survives_standalone_use(tmp_path) -> None:
         assert CliRunner().invoke(bench, [*cmd, "--help"]).exit_code == 0
         result = CliRunner().invoke(main, ["--db", f"sqlite:///{tmp_path / 'h.db'}", "bench", *cmd, "-h"])
         assert result.exit_code == 0, result.output
+
+
+@pytest.mark.parametrize(("args", "says"), [
+    (["round", "--sizes", "4y3"], "'4y3' is not <GPUs>x<jobs>"),
+    (["round", "--sizes", "100x50,0x3"], "'0x3' is not <GPUs>x<jobs>"),
+    (["round", "--baseline-sizes", "2000x"], "'2000x' is not <GPUs>x<jobs>"),
+    (["round", "--dense-max-pairs", "-1"], "-1 is not in the range"),
+    (["predictor", "--hidden", "abc"], "'abc' is not a comma-separated list"),
+    (["predictor", "--layers", "2,0"], "'2,0' is not a comma-separated list"),
+    (["predictor", "--sweep-type", "h100"], "'h100' is not one of"),
+    (["simulate", "--policies", "muxflow,nope"], "unknown policy 'nope'"),
+])
+def test_bad_benchmark_options_are_refused_before_anything_runs(args, says) -> None:
+    result = CliRunner().invoke(bench, args)
+    assert result.exit_code == 2 and says in result.output, result.output
+    assert result.exception is None or isinstance(result.exception, SystemExit)
+
+
+def test_bench_simulate_refuses_a_bad_trace_in_one_line(tmp_path) -> None:
+    bad = tmp_path / "bad.tsv"
+    bad.write_text("not a trace\n")
+    result = CliRunner().invoke(bench, ["simulate", "--trace", str(bad), "--gpus", "2", "--jobs", "2", "--hours", "1"])
+    assert result.exit_code != 0 and isinstance(result.exception, SystemExit), result.output
+    assert f"{bad}: trace line 1" in result.output and "Traceback" not in result.output
+
+
+def test_simulated_figures_say_so_in_text_and_json() -> None:
+    result = CliRunner().invoke(bench, ["forecast", "--gpus", "2", "--days", "2"])
+    assert result.exit_code == 0 and result.output.startswith("SIMULATED "), result.output
+    assert json.loads(result.output.strip().splitlines()[-1])["simulated"] is True
