@@ -13,10 +13,25 @@ import click
 from executors.store.db import resolve_url
 from pipelines.cli import (bench, calibrate, cluster, db, jobs, node, online, profile, rounds, simulate, simulate_users,
                            slurm, submit)
-from pipelines.cli.common import HELP
+from pipelines.cli.common import HELP, CliError
 
 
-@click.group(context_settings=HELP)
+class _MainGroup(click.Group):
+    """A bad measurement file (bundled with a deployment, or named in ``MUXFLOW_MEASUREMENTS``) is one line
+    naming the file and the field, from whichever command first fits the calibrations on it."""
+
+    def invoke(self, ctx: click.Context):
+        try:
+            return super().invoke(ctx)
+        except ValueError as exc:
+            from executors.simulated.measurements import ENV_VAR, MeasurementError
+
+            if isinstance(exc, MeasurementError):
+                raise CliError(f"measurements ({ENV_VAR}): {exc}") from exc
+            raise
+
+
+@click.group(cls=_MainGroup, context_settings=HELP)
 @click.option("--db", "db_url", envvar="MUXFLOW_DATABASE_URL", default=None,
               help="SQLAlchemy URL of the feature store (default: SQLite under .muxflow/).")
 @click.option("-v", "--verbose", is_flag=True, help="Log progress details.")

@@ -451,3 +451,26 @@ def test_simulate_compare_checks_its_out_dir_before_simulating(tmp_path: Path) -
                                        "--hours", "0.25", "--quiet", "--out", str(not_a_dir / "sub")])
     assert result.exit_code == 2 and "out: cannot write to" in result.stderr, result.output
     assert "round" not in result.stderr  # no policy ran
+
+
+def test_a_bad_measurement_file_is_one_line_and_the_round_writes_nothing(store_url: str, tmp_path: Path,
+                                                                         monkeypatch) -> None:
+    from executors.simulated import calibration
+
+    ok(store_url, *CLUSTER)
+    bad = tmp_path / "lab.json"
+    bad.write_text('{"format": "muxflow.colocation/1", "gpus": {"v100": {"gpu_model": "Tesla V100", "driver": "535", '
+                   '"method": "mps", "date": "2025-03-14"}}, "solo": [{"gpu_type": "v100", "job_type": "ResNet-50 '
+                   '(batch size 16)", "steps_per_s": NaN}], "pairs": []}')
+    before = row_counts(store_url)
+    monkeypatch.setenv("MUXFLOW_MEASUREMENTS", str(bad))
+    calibration.reset()
+    try:
+        result = CliRunner().invoke(main, ["--db", store_url, "round", "--once"])
+    finally:
+        monkeypatch.delenv("MUXFLOW_MEASUREMENTS")
+        calibration.reset()
+    assert result.exit_code == 2 and isinstance(result.exception, SystemExit), result.output
+    assert f"measurements (MUXFLOW_MEASUREMENTS): {bad}: solo[0].steps_per_s: expected a number, got nan" \
+        in result.output
+    assert row_counts(store_url) == before
