@@ -35,7 +35,7 @@ from executors.simulated.bench import (
 )
 from executors.simulated.calibration import SAMPLE_TRACE
 from pipelines.cli.common import HELP, SEED
-from pipelines.cli.simulate import _guarded
+from pipelines.cli.simulate import _guarded, policy_list
 
 
 class SizeList(click.ParamType):
@@ -68,19 +68,6 @@ class PositiveIntList(click.ParamType):
         if not all(p.isdigit() and int(p) >= 1 for p in parts):
             self.fail(f"{value!r} is not a comma-separated list of whole numbers of at least 1", param, ctx)
         return [int(p) for p in parts]
-
-
-def _policies(ctx, param, value: str | None) -> list[str] | None:
-    """``--policies``: known simulator policies, by the names ``get_policy`` takes."""
-    if value is None:
-        return None
-    from scheduler_core.simulator import POLICIES, get_policy
-
-    names = [n.strip() for n in value.split(",") if n.strip()]
-    try:
-        return [get_policy(n).name for n in names] or list(POLICIES)
-    except (KeyError, ValueError) as exc:
-        raise click.BadParameter(str(exc)) from exc
 
 
 # Explicit, not inherited from ``muxflow``: Click caches a command's help option on
@@ -295,7 +282,7 @@ SIMULATE_TARGET_S = 60.0
 @click.option("--gpus", type=click.IntRange(min=1), default=1000, show_default=True)
 @click.option("--hours", type=click.FloatRange(min=0.25), default=24.0, show_default=True)
 @click.option("--jobs", type=click.IntRange(min=1), default=7287, show_default=True)
-@click.option("--policies", "policy_names", default=None, callback=_policies,
+@click.option("--policies", "policy_names", default=None, callback=policy_list,
               help="Comma-separated policies [default: all].")
 @click.option("--seed", type=SEED, default=0, show_default=True)
 @click.option("--json", "as_json", is_flag=True)
@@ -307,7 +294,7 @@ def bench_simulate(trace_path, gpus, hours, jobs, policy_names, seed, as_json) -
     from pipelines.cli.simulate import CACHE_DIR, _config, run_policies
     from scheduler_core.simulator import POLICIES
 
-    names = policy_names or list(POLICIES)
+    names = list(policy_names or POLICIES)
     cfg = _config(gpus, None, hours, jobs, None, 1.0, seed)
     trace = load_trace(trace_path)
     t0 = time.perf_counter()

@@ -103,6 +103,18 @@ def _guarded(fn):
     return wrapper
 
 
+def policy_list(ctx, param, value: str | None) -> list[str] | None:
+    """``--policies``: comma-separated simulator policies, each a name ``get_policy`` knows (None: not given)."""
+    if value is None:
+        return None
+    from scheduler_core.simulator import get_policy
+
+    try:
+        return [get_policy(n.strip()).name for n in value.split(",")]
+    except ValueError as exc:
+        raise click.BadParameter(str(exc)) from exc
+
+
 def _progress(policy: str, quiet: bool):
     started = time.perf_counter()
 
@@ -267,7 +279,8 @@ def composition(gpu_type, calibration, corunner_efficiency, as_json) -> None:
 
 @simulate.command("compare", context_settings=HELP)
 @_sim_options
-@click.option("--policies", "policy_text", default=None, help="Comma-separated policies [default: all].")
+@click.option("--policies", "policy_names", default=None, callback=policy_list,
+              help="Comma-separated policies [default: all].")
 @click.option("--out", "out_dir", type=click.Path(file_okay=False, path_type=Path), default=None,
               help=f"Where the plots and results.json go [default: {DEFAULT_OUT}/<trace name>].")
 @click.option("--sensitivity", is_flag=True,
@@ -279,14 +292,14 @@ def composition(gpu_type, calibration, corunner_efficiency, as_json) -> None:
 @_guarded
 def compare(trace_path, gpus, types_text, hours, jobs, arrival_hours, mean_job_hours, seed, sm_fallback_levels,
             migration_penalty, slo_scale, max_jobs_per_gpu, round_minutes, between_rounds, calibration, as_json, quiet,
-            policy_text, out_dir, sensitivity, calibrations_text) -> None:
+            policy_names, out_dir, sensitivity, calibrations_text) -> None:
     """Run every policy on the same trace; print the table normalized like the paper's Figures 11 and 13."""
     from executors.simulated.calibration import calibrations
     from executors.simulated.evaluation import plot_comparison, plot_utilization
-    from scheduler_core.simulator import POLICIES, get_policy
+    from scheduler_core.simulator import POLICIES
     from scheduler_core.simulator.metrics import compare_table
 
-    names = [get_policy(n).name for n in policy_text.split(",")] if policy_text else list(POLICIES)
+    names = list(policy_names or POLICIES)
     if "online-only" not in names:
         names.insert(0, "online-only")
     if "muxflow" not in names:

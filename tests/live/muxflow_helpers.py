@@ -129,6 +129,16 @@ def make_round(store: Store, actions: list[dict], window: dt.datetime | None = N
         return rnd.id
 
 
+def dispatch_actions(store: Store, be: SlurmBackend, actions: list[dict], window: dt.datetime) -> tuple[int, int]:
+    """A planned round of ``actions`` (:func:`make_round`) dispatched by ``be`` now: (done, failed)."""
+    from executors.round_runner import stored_result
+
+    rid = make_round(store, actions, window)
+    with store.session() as s:
+        res = stored_result(s, s.get(m.SchedulingRound, rid))
+    return be.dispatch(store, rid, res, dt.datetime.now(dt.UTC))
+
+
 def dispatch_cmd(url: str, round_id: int, retry_deadline_s: float = 60.0, state_dir: Path | None = None) -> list[str]:
     return [sys.executable, "-m", "pipelines.cli", "slurm", "dispatch", "--db", url, "--round", str(round_id),
             "--retry-deadline", str(retry_deadline_s), *(["--state-dir", str(state_dir)] if state_dir else [])]

@@ -30,7 +30,8 @@ from executors.slurm.backend import XcudaGains, parse_plan_comment
 from executors.store import models as m
 from tests.live.conftest import cancel_quietly
 from tests.live.muxflow_helpers import (
-    REPO, backend, dispatch_cmd, held_jobs, make_round, make_store, read_env, register, sbatch, write_script,
+    REPO, backend, dispatch_actions, dispatch_cmd, held_jobs, make_round, make_store, read_env, register, sbatch,
+    write_script,
 )
 
 N_JOBS = 50
@@ -232,14 +233,11 @@ def test_migrate_and_evict(dev_cluster, private_tmp) -> None:
     (a, sa), (b, sb) = sorted(jobs.items())
 
 
-    from executors.round_runner import stored_result
     be = backend(dev_cluster)
 
     def run_round(actions, minute):
-        rid = make_round(store, actions, dt.datetime(2030, 1, 1, tzinfo=dt.UTC) + dt.timedelta(minutes=minute))
-        with store.session() as s:
-            res = stored_result(s, s.get(m.SchedulingRound, rid))
-        return be.dispatch(store, rid, res, dt.datetime.now(dt.UTC))
+        window = dt.datetime(2030, 1, 1, tzinfo=dt.UTC) + dt.timedelta(minutes=minute)
+        return dispatch_actions(store, be, actions, window)
 
     try:
         assert run_round([{"action": "start", "job_id": a, "gpu_id": gpus[("mx-t4-1", 0)], "from_gpu_id": None,
@@ -314,7 +312,6 @@ def test_pytorch_job_migrated_three_times_ends_like_an_unmigrated_run(dev_cluste
     import json
     import sys
 
-    from executors.round_runner import stored_result
     from executors.runtime import CheckpointStore
 
     steps = "240"
@@ -338,12 +335,9 @@ def test_pytorch_job_migrated_three_times_ends_like_an_unmigrated_run(dev_cluste
 
     def run_round(k: int, action: str, prev):
         node, index, pct = route[k]
-        rid = make_round(store, [{"action": action, "job_id": job_id, "gpu_id": gpus[(node, index)],
-                                  "from_gpu_id": gpus[prev] if prev else None, "sm_pct": pct}],
-                         base + dt.timedelta(minutes=15 * k))
-        with store.session() as s:
-            res = stored_result(s, s.get(m.SchedulingRound, rid))
-        assert be.dispatch(store, rid, res, dt.datetime.now(dt.UTC)) == (1, 0)
+        assert dispatch_actions(store, be, [{"action": action, "job_id": job_id, "gpu_id": gpus[(node, index)],
+                                             "from_gpu_id": gpus[prev] if prev else None, "sm_pct": pct}],
+                                base + dt.timedelta(minutes=15 * k)) == (1, 0)
 
     try:
         with dev_cluster.client() as c:
@@ -370,53 +364,60 @@ def test_pytorch_job_migrated_three_times_ends_like_an_unmigrated_run(dev_cluste
         _cancel(dev_cluster, jobs.values())
 
 
+def _job_printing_each_run(dev_cluster, store, name: str, prefix: str) -> tuple[int, int, Path]:
+    """One held offline job whose every run prints its environment to ``env.<Slurm id>.<restart count>``:
+    (store id, Slurm id, its directory)."""
+    d = dev_cluster.job_dir(name)
+    run_env = f"{d}/env.$SLURM_JOB_ID.${{SLURM_RESTART_COUNT:-0}}"
+    jobs = _held_jobs(dev_cluster, store, d, 1, f"{prefix}{os.getpid()}",
+                      f"env > {run_env}.tmp && mv {run_env}.tmp {run_env}\nsleep 300\n")
+    (job_id, sid), = jobs.items()
+    return job_id, sid, d
+
+
+def _run_env(dev_cluster, d: Path, sid: int, restart: int, timeout_s: float) -> dict[str, str]:
+    """The environment run ``restart`` of Slurm job ``sid`` printed (:func:`_job_printing_each_run`)."""
+    f = d / f"env.{sid}.{restart}"
+    dev_cluster.wait_for(f"run {restart} of job {sid} to print its environment", f.exists, timeout_s=timeout_s,
+                         explain=lambda: dev_cluster.explain_job(sid))
+    return read_env(f)
+
+
+def _a10_prolog_watch(dev_cluster):
+    """The node agent's prolog watch of mx-a10-1, started (executors.node.prolog_watch)."""
+    from executors.node.prolog_watch import PrologWatch, PrologWatchThread
+
+    layout = dev_cluster.layout
+    return PrologWatchThread(PrologWatch(layout.node_script_dir / "prolog.sh", layout.plan_dir, "mx-a10-1",
+                                         env={**os.environ, **dev_cluster.cluster.slurm_env(layout)}),
+                             interval_s=0.2).start()
+
+
 def test_a_job_placed_again_on_its_node_runs_with_its_plan_though_slurmd_skips_the_prolog(dev_cluster,
                                                                                            private_tmp) -> None:
     """slurmd skips the Prolog of a requeued job released again on the node it ran on (reproduced by hand:
     one Prolog for two runs). The TaskProlog waits for its plan file and the node agent's prolog watch runs
     the Prolog for it, so the second run has its plan too (docs/SLURM.md "Node scripts")."""
-    from executors.node.prolog_watch import PrologWatch, PrologWatchThread
-    from executors.round_runner import stored_result
-
-    store, url = make_store(private_tmp)
+    store, _url = make_store(private_tmp)
     gpus = register(store, dev_cluster)
-    d = dev_cluster.job_dir("reprolog")
-    run_env = f"{d}/env.$SLURM_JOB_ID.${{SLURM_RESTART_COUNT:-0}}"
-    jobs = _held_jobs(dev_cluster, store, d, 1, f"mx-rp{os.getpid()}", f"env > {run_env}.tmp && mv {run_env}.tmp "
-                                                                       f"{run_env}\nsleep 300\n")
-    (job_id, sid), = jobs.items()
+    job_id, sid, d = _job_printing_each_run(dev_cluster, store, "reprolog", "mx-rp")
     be = backend(dev_cluster)
     gpu = gpus[("mx-a10-1", 1)]
     base = dt.datetime(2032, 1, 1, tzinfo=dt.UTC) + dt.timedelta(minutes=15 * (os.getpid() % 1000))
-
-    def run_round(action: dict, k: int) -> tuple[int, int]:
-        rid = make_round(store, [action], base + dt.timedelta(minutes=k))
-        with store.session() as s:
-            res = stored_result(s, s.get(m.SchedulingRound, rid))
-        return be.dispatch(store, rid, res, dt.datetime.now(dt.UTC))
-
-    def run_env_of(restart: int) -> dict[str, str]:
-        f = d / f"env.{sid}.{restart}"
-        dev_cluster.wait_for(f"run {restart} of job {sid} to print its environment", f.exists, timeout_s=90,
-                             explain=lambda: dev_cluster.explain_job(sid))
-        return read_env(f)
-
-    layout = dev_cluster.layout
-    watch = PrologWatchThread(PrologWatch(layout.node_script_dir / "prolog.sh", layout.plan_dir, "mx-a10-1",
-                                          env={**os.environ, **dev_cluster.cluster.slurm_env(layout)}),
-                              interval_s=0.2).start()
+    watch = _a10_prolog_watch(dev_cluster)
     start = {"action": "start", "job_id": job_id, "gpu_id": gpu, "from_gpu_id": None, "sm_pct": 30}
     try:
-        assert run_round(start, 0) == (1, 0)
-        first = run_env_of(0)
-        assert run_round({"action": "evict", "job_id": job_id, "gpu_id": None, "from_gpu_id": gpu,
-                          "sm_pct": None}, 1) == (1, 0)
+        assert dispatch_actions(store, be, [start], base) == (1, 0)
+        first = _run_env(dev_cluster, d, sid, 0, timeout_s=90)
+        assert dispatch_actions(store, be, [{"action": "evict", "job_id": job_id, "gpu_id": None,
+                                             "from_gpu_id": gpu, "sm_pct": None}],
+                                base + dt.timedelta(minutes=1)) == (1, 0)
         with dev_cluster.client() as c:
             dev_cluster.wait_job(c, sid, lambda j: j.state == "PENDING" and j.held, "requeue-hold", timeout_s=60)
         with store.session() as s:
             assert s.get(m.OfflineJob, job_id).state == "PENDING"  # evicted, requeued held: to be placed again
-        assert run_round(start, 2) == (1, 0)
-        second = run_env_of(1)
+        assert dispatch_actions(store, be, [start], base + dt.timedelta(minutes=2)) == (1, 0)
+        second = _run_env(dev_cluster, d, sid, 1, timeout_s=90)
     finally:
         watch.close()
     for env in (first, second):
@@ -426,45 +427,29 @@ def test_a_job_placed_again_on_its_node_runs_with_its_plan_though_slurmd_skips_t
 
 def test_a_job_migrated_on_its_node_within_the_second_of_its_requeue_runs_again(dev_cluster, private_tmp) -> None:
     """A migration to another GPU of the same node, dispatched at the start of a wall-clock second: the requeue,
-    the release and Slurm's allocation can all fall in that second, and slurmd refuses a launch credential no
+    the release and Slurm's allocation could all fall in that second, and slurmd refuses a launch credential no
     newer than the kill of the previous run ("Job N already killed, do not launch batch job"): the job would end
-    FAILED. The placement makes the job eligible from the next second (JobUpdate), so every run starts, on its
-    planned GPU."""
-    from executors.node.prolog_watch import PrologWatch, PrologWatchThread
-    from executors.round_runner import stored_result
-
+    FAILED. The dispatcher releases a requeued job no earlier than the second after its requeue
+    (SlurmCluster._past_requeue_second), so every run starts, on its planned GPU."""
     store, _url = make_store(private_tmp)
     gpus = register(store, dev_cluster)
-    d = dev_cluster.job_dir("samesecond")
-    run_env = f"{d}/env.$SLURM_JOB_ID.${{SLURM_RESTART_COUNT:-0}}"
-    jobs = _held_jobs(dev_cluster, store, d, 1, f"mx-ss{os.getpid()}", f"env > {run_env}.tmp && mv {run_env}.tmp "
-                                                                       f"{run_env}\nsleep 300\n")
-    (job_id, sid), = jobs.items()
+    job_id, sid, d = _job_printing_each_run(dev_cluster, store, "samesecond", "mx-ss")
     be = backend(dev_cluster)
     base = dt.datetime(2033, 1, 1, tzinfo=dt.UTC) + dt.timedelta(hours=os.getpid() % 1000)
-    layout = dev_cluster.layout
-    watch = PrologWatchThread(PrologWatch(layout.node_script_dir / "prolog.sh", layout.plan_dir, "mx-a10-1",
-                                          env={**os.environ, **dev_cluster.cluster.slurm_env(layout)}),
-                              interval_s=0.2).start()
+    watch = _a10_prolog_watch(dev_cluster)
     try:
         for run in range(4):
             if run:  # at the start of a second, as a round's dispatch may be
                 time.sleep(1.0 - time.time() % 1.0)
-            rid = make_round(store, [{"action": "migrate" if run else "start", "job_id": job_id,
-                                      "gpu_id": gpus[("mx-a10-1", run)],
-                                      "from_gpu_id": gpus[("mx-a10-1", run - 1)] if run else None, "sm_pct": 30}],
-                             base + dt.timedelta(minutes=15 * run))
-            with store.session() as s:
-                res = stored_result(s, s.get(m.SchedulingRound, rid))
-            assert be.dispatch(store, rid, res, dt.datetime.now(dt.UTC)) == (1, 0)
-            f = d / f"env.{sid}.{run}"
-            dev_cluster.wait_for(f"run {run} of job {sid} to print its environment", f.exists, timeout_s=60,
-                                 explain=lambda: dev_cluster.explain_job(sid))
-            env = read_env(f)
+            assert dispatch_actions(store, be, [{"action": "migrate" if run else "start", "job_id": job_id,
+                                                 "gpu_id": gpus[("mx-a10-1", run)],
+                                                 "from_gpu_id": gpus[("mx-a10-1", run - 1)] if run else None,
+                                                 "sm_pct": 30}], base + dt.timedelta(minutes=15 * run)) == (1, 0)
+            env = _run_env(dev_cluster, d, sid, run, timeout_s=60)
             assert env["SLURMD_NODENAME"] == "mx-a10-1" and env["CUDA_VISIBLE_DEVICES"] == str(run), env
     finally:
         watch.close()
-        _cancel(dev_cluster, jobs.values())
+        _cancel(dev_cluster, [sid])
 
 
 def test_a_task_prolog_waiting_for_its_plan_gets_it_from_the_prolog_the_node_agent_runs(dev_cluster,

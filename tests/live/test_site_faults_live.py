@@ -19,10 +19,10 @@ import signal
 import pytest
 from sqlalchemy import select
 
-from executors.round_runner import stored_result
 from executors.slurm.pickup import import_submissions
 from executors.store import models as m
-from tests.live.muxflow_helpers import GOOD_COMMENT, backend, make_pending, make_round, make_store, register, sbatch
+from tests.live.muxflow_helpers import (GOOD_COMMENT, backend, dispatch_actions, make_pending, make_store, register,
+                                        sbatch)
 from tests.live.site_helpers import release_of, run_as, site_cluster, write_artifact  # noqa: F401
 
 
@@ -61,12 +61,9 @@ def test_node_faults_hand_jobs_back_and_take_gpus_out(site_cluster, private_tmp)
 
     def start(job_id: int, node: str, index: int) -> None:
         minute[0] += 15
-        rid = make_round(store, [{"action": "start", "job_id": job_id, "gpu_id": gpus[(node, index)],
-                                  "from_gpu_id": None, "sm_pct": 20}],
-                         dt.datetime(2031, 1, 1, tzinfo=dt.UTC) + dt.timedelta(minutes=minute[0]))
-        with store.session() as s:
-            res = stored_result(s, s.get(m.SchedulingRound, rid))
-        assert be.dispatch(store, rid, res, dt.datetime.now(dt.UTC)) == (1, 0)
+        assert dispatch_actions(store, be, [{"action": "start", "job_id": job_id, "gpu_id": gpus[(node, index)],
+                                             "from_gpu_id": None, "sm_pct": 20}],
+                                dt.datetime(2031, 1, 1, tzinfo=dt.UTC) + dt.timedelta(minutes=minute[0])) == (1, 0)
 
     seen: dict[str, set[str]] = {"mx-t4-1": set(), "mx-a10-1": set()}
 

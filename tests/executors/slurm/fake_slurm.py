@@ -36,6 +36,21 @@ def make_job(job_id: int, *, comment: str = "", admin_comment: str = "", gres: s
                end_time_utc=None, admin_comment=admin_comment)
 
 
+class FakeClock:
+    """Time that passes only when something sleeps (a retry's clock and sleep; Slurm's wall clock)."""
+
+    def __init__(self, t: float = 0.0) -> None:
+        self.t = t
+        self.slept: list[float] = []
+
+    def __call__(self) -> float:
+        return self.t
+
+    def sleep(self, s: float) -> None:
+        self.slept.append(s)
+        self.t += s
+
+
 class FakeSlurm:
     def __init__(self, jobs: list[Job] = (), nodes: dict[str, tuple[str, int]] | None = None,
                  untyped: Collection[str] = (), clock: Callable[[], float] | None = None):

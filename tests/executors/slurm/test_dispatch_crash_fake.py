@@ -19,26 +19,11 @@ from executors.store import models as m
 from executors.store import repo
 from executors.store.jobs import transition
 from scheduler_core.domain import Action, JobState, PlanAction, PlannedPlacement, RoundResult
-from tests.executors.slurm.fake_slurm import FakeSlurm, make_job, store_with_fake_nodes
+from tests.executors.slurm.fake_slurm import FakeClock, FakeSlurm, make_job, store_with_fake_nodes
 
 SPEC = "muxflow: type=x mem=1GiB gpu-types=t4,a10 ckpt=/ckpt/{n} steps=100"
 NOW = dt.datetime(2026, 3, 1, 12, tzinfo=dt.UTC)
 READS = {"get_job", "list_jobs", "list_nodes"}
-
-
-class FakeClock:
-    """Time that passes only when something sleeps."""
-
-    def __init__(self) -> None:
-        self.t = 0.0
-        self.slept: list[float] = []
-
-    def __call__(self) -> float:
-        return self.t
-
-    def sleep(self, s: float) -> None:
-        self.slept.append(s)
-        self.t += s
 
 
 class Killed(BaseException):

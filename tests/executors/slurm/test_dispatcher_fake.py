@@ -23,7 +23,7 @@ from executors.store.db import Store
 from executors.store.jobs import transition
 from executors.submission import JobSpec, SubmissionError
 from scheduler_core.domain import Action, JobState, PlanAction, PlannedPlacement, RoundResult
-from tests.executors.slurm.fake_slurm import FakeSlurm, make_job, store_with_fake_nodes
+from tests.executors.slurm.fake_slurm import FakeClock, FakeSlurm, make_job, store_with_fake_nodes
 
 GOOD = "muxflow: type='ResNet-50 (batch size 64)' mem=2GiB gpu-types=t4,a10 ckpt=/ckpt/{n} steps=100"
 KNOWN = {"ResNet-50 (batch size 64)"}
@@ -166,21 +166,6 @@ def test_submit_held_refuses_bad_input_before_sending_anything(store: Store, ove
         assert s.scalars(select(m.OfflineJob)).all() == []
 
 
-class _Clock:
-    """One wall clock for Slurm and the dispatcher; sleeping moves it on."""
-
-    def __init__(self, t: float):
-        self.t = t
-        self.slept: list[float] = []
-
-    def __call__(self) -> float:
-        return self.t
-
-    def sleep(self, s: float) -> None:
-        self.slept.append(s)
-        self.t += s
-
-
 @pytest.mark.parametrize("requeued_at", [1000.02, 1000.97])
 def test_a_migrated_job_is_released_in_a_later_second_than_its_requeue(store: Store, requeued_at: float) -> None:
     """slurmd refuses a launch credential no newer, in whole seconds, than the kill of the previous run, and the
@@ -189,7 +174,7 @@ def test_a_migrated_job_is_released_in_a_later_second_than_its_requeue(store: St
     from executors.slurm.backend import SlurmCluster
     from executors.slurm.retry import Retry
 
-    clock = _Clock(requeued_at)
+    clock = FakeClock(requeued_at)
     fake = FakeSlurm([make_job(11, comment=GOOD.format(n="a"))], clock=clock)
     ids = _pending(store, fake, [11])
     fake.jobs[11] = replace(fake.jobs[11], state="RUNNING", priority=100, nodes=("mx-t4-1",))
@@ -209,7 +194,7 @@ def test_a_job_requeued_long_ago_is_released_without_waiting(store: Store) -> No
     from executors.slurm.backend import SlurmCluster
     from executors.slurm.retry import Retry
 
-    clock = _Clock(2000.5)
+    clock = FakeClock(2000.5)
     fake = FakeSlurm([make_job(11, comment=GOOD.format(n="a"))], clock=clock)
     ids = _pending(store, fake, [11])
     fake.jobs[11] = replace(fake.jobs[11], submit_time_utc=dt.datetime.fromtimestamp(1900, tz=dt.UTC))
