@@ -89,7 +89,16 @@ def decide(state: JobState, view: ClusterView) -> Decision:
     """
     seen = view.seen
     started = f"started in the cluster ({view.reason})" if view.reason else "started in the cluster"
-    if state in (JobState.DONE, JobState.FAILED, JobState.MIGRATING, JobState.SUBMITTED, JobState.PROFILING):
+    if state in (JobState.DONE, JobState.FAILED, JobState.MIGRATING):
+        return NOTHING
+    if state in (JobState.SUBMITTED, JobState.PROFILING):
+        # Not placed yet: only its end matters (the user cancelled it, or it is gone); its profiling stops.
+        # A held or waiting job is the profiler's and the pick-up's business, not the sync's.
+        if seen in ENDED or seen == Seen.ABSENT:
+            what = "no longer known to the cluster" if seen == Seen.ABSENT else (
+                "cancelled in the cluster" if seen == Seen.CANCELLED else "ended in the cluster")
+            return Decision((Step(JobState.FAILED, f"{what} before it was placed ({view.reason or seen.value})",
+                                  view.ended_utc),))
         return NOTHING
     if seen == Seen.ABSENT:
         return Decision((Step(JobState.FAILED, "the cluster no longer knows its job "

@@ -23,7 +23,8 @@ from executors.store.db import Store
 log = logging.getLogger(__name__)
 
 
-def _executor(backend, partition: str) -> SlurmProfileExecutor:
+def slurm_executor(backend, partition: str) -> SlurmProfileExecutor:
+    """The profile partition of a Slurm profiler (its client and retry deadline) as a profiling executor."""
     client = backend.client_factory()
     # the client's requeue fallback knows the slurm.conf the scontrol commands need
     conf = getattr(getattr(client, "requeue_fallback", None), "slurm_conf", None)
@@ -66,13 +67,13 @@ def sample_with(executor: ProfileExecutor, gpu_types: list[str], store: Store, p
 
 def profile_on_slurm(backend, store: Store, seed: int, settings: ProfilingSettings | None = None) -> ProfilingSummary:
     settings = settings or ProfilingSettings.from_env(os.environ)
-    return profile_with(_executor(backend, settings.partition), store, seed, settings)
+    return profile_with(slurm_executor(backend, settings.partition), store, seed, settings)
 
 
 def sample_on_slurm(backend, store: Store, per_type: int, seed: int,
                     settings: SamplingSettings | None = None) -> tuple[dict[str, int], SamplingSummary]:
     settings = settings or SamplingSettings.from_env(os.environ)
-    ex = _executor(backend, settings.partition)
+    ex = slurm_executor(backend, settings.partition)
     try:
         types = partition_gpu_types(ex.client, settings.partition)
     except Exception as exc:  # Slurm down: the bootstrap still runs

@@ -28,6 +28,7 @@ from executors.profiling.runs import (
     RunSpec,
     command_script,
 )
+from scheduler_core.job_sync import ClusterView
 
 
 @dataclass
@@ -119,6 +120,9 @@ class LocalProfileExecutor:
         if not command.strip():
             raise ExecutorError("the job has no command to profile")
         return JobScript(command_script(command), None)
+
+    def cluster_views(self, slurm_job_ids: list[int]) -> dict[int, ClusterView]:
+        return {}  # no Slurm here: a job with a Slurm id is refused by job_script
 
     def close(self) -> None:
         for handle, r in self._runs.items():

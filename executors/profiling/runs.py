@@ -19,6 +19,8 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Protocol
 
+from scheduler_core.job_sync import ClusterView
+
 PHASE_PENDING = "pending"
 PHASE_RUNNING = "running"
 PHASE_FINISHED = "finished"
@@ -79,6 +81,11 @@ class ProfileExecutor(Protocol):
 
     def job_script(self, slurm_job_id: int | None, command: str) -> JobScript:
         """The script a profiling copy of a job runs: its Slurm batch script, else its command."""
+        ...
+
+    def cluster_views(self, slurm_job_ids: list[int]) -> dict[int, ClusterView]:
+        """What the cluster says of these users' own jobs (the jobs being profiled, not the runs); jobs the
+        executor cannot know of are left out. ExecutorUnavailable."""
         ...
 
 

@@ -40,6 +40,8 @@ from executors.slurm.errors import SlurmError
 from executors.slurm.models import PENDING, Node
 from executors.slurm.scontrol import ScontrolError, run_scontrol
 from executors.slurm.spec import JobSpec
+from executors.slurm.sync import view_of
+from scheduler_core.job_sync import ClusterView
 
 log = logging.getLogger(__name__)
 _RUNNING_STATES = frozenset({"RUNNING", "CONFIGURING", "COMPLETING", "SUSPENDED", "STOPPED"})
@@ -144,6 +146,11 @@ class SlurmProfileExecutor:
             self._call(f"cancel Slurm job {handle}", lambda: self.client.cancel(handle))
         except SlurmNotFound:
             pass
+
+    def cluster_views(self, slurm_job_ids: list[int]) -> dict[int, ClusterView]:
+        """One job listing: each job as the job-state sync reads it (absent: purged, or never there)."""
+        by_id = {j.job_id: j for j in self._call("list Slurm jobs", self.client.list_jobs)}
+        return {sid: view_of(by_id.get(sid)) for sid in slurm_job_ids}
 
     def job_script(self, slurm_job_id: int | None, command: str) -> JobScript:
         if slurm_job_id is None:

@@ -50,8 +50,9 @@ from executors.store import models as m
 from executors.store import profiling as profstore
 from executors.store import repo
 from executors.store.db import Store
-from executors.store.jobs import transition
+from executors.store.jobs import ConcurrentTransition, IllegalTransition, transition
 from scheduler_core.domain import JobState, OfflineFeatures
+from scheduler_core.job_sync import decide
 
 log = logging.getLogger(__name__)
 
@@ -66,7 +67,13 @@ class ProfilingSummary:
     runs: list[dict] = field(default_factory=list)           # finished runs: job, gpu type, ok, reason, seconds
 
 
+# A job is profiled while it is in these states; a job that left them has no use for its runs.
+_PROFILED_STATES = frozenset({JobState.SUBMITTED.value, JobState.PROFILING.value})
+
+
 class SoloProfiler:
+    USER_JOB_CHECK_S = 10.0  # how often a poll asks the cluster whether the profiled jobs' own jobs still exist
+
     def __init__(self, store: Store, executor: ProfileExecutor, settings: ProfilingSettings = ProfilingSettings(),
                  seed: int = 0, now: Callable[[], dt.datetime] = lambda: dt.datetime.now(dt.UTC),
                  sleep: Callable[[float], None] = time.sleep, monotonic: Callable[[], float] = time.monotonic):
@@ -78,6 +85,7 @@ class SoloProfiler:
         self.sleep = sleep
         self.monotonic = monotonic
         self.handles = RunHandles(executor)
+        self._next_user_check = -math.inf
 
     # -- the whole step ---------------------------------------------------------------------------
     def run(self) -> ProfilingSummary:
@@ -98,11 +106,19 @@ class SoloProfiler:
         with self.store.session() as s:
             jobs = [(j.id, j.state, j.job_type, list(j.allowed_gpu_types), j.slurm_job_id, j.command, j.mem_bytes)
                     for j in repo.jobs_in_states(s, [JobState.SUBMITTED, JobState.PROFILING])]
+        ended = self._drop_ended([(job_id, state, slurm_id) for job_id, state, _, _, slurm_id, _, _ in jobs], summary)
         for job_id, state, job_type, gpu_types, slurm_id, command, mem_bytes in jobs:
+            if job_id in ended:
+                continue
             if state == JobState.SUBMITTED.value:
                 with self.store.session() as s:
-                    transition(s, job_id, JobState.PROFILING, f"solo profiling on the {self.settings.partition} "
-                                                              f"partition ({', '.join(gpu_types)})")
+                    try:
+                        transition(s, job_id, JobState.PROFILING, f"solo profiling on the {self.settings.partition} "
+                                                                  f"partition ({', '.join(gpu_types)})",
+                                   expected=JobState.SUBMITTED)
+                    except IllegalTransition as exc:  # the job-state sync ended it meanwhile (cancelled)
+                        log.info("job %s: not profiled: %s", job_id, exc)
+                        continue
             missing = self._missing(job_id, gpu_types)
             # an empty label says nothing about the job: no other job's profile stands for it
             reuse = self.settings.reuse_profiles and missing and job_type
@@ -123,6 +139,27 @@ class SoloProfiler:
                 continue
             for gtype in todo:
                 self._submit(job_id, job_type, gtype, script.text, script.working_dir, summary, mem_bytes)
+
+    def _drop_ended(self, jobs: list[tuple[int, str, int | None]], summary: ProfilingSummary) -> set[int]:
+        """Jobs (id, state, Slurm id) whose own Slurm job ended before they were placed (the user cancelled it,
+        Slurm lost it): FAILED with the job-state sync's reason, their open runs cancelled; their ids."""
+        ids = sorted({sid for _, _, sid in jobs if sid is not None})
+        if not ids:
+            return set()
+        self._next_user_check = self.monotonic() + self.USER_JOB_CHECK_S
+        try:
+            views = self.executor.cluster_views(ids)
+        except (ExecutorUnavailable, ExecutorError) as exc:  # the next call, or the job-state sync, sees it
+            log.warning("cannot read the profiled jobs' own Slurm jobs now: %s", exc)
+            return set()
+        ended = set()
+        for job_id, state, sid in jobs:
+            view = views.get(sid) if sid is not None else None
+            steps = decide(JobState(state), view).steps if view is not None else ()
+            if steps and steps[-1].target == JobState.FAILED:
+                self._fail_job(job_id, steps[-1].reason, summary, runs_reason=f"the job {steps[-1].reason}")
+                ended.add(job_id)
+        return ended
 
     def _missing(self, job_id: int, gpu_types: list[str]) -> list[str]:
         """Allowed GPU types with neither a profile nor an open run."""
@@ -190,7 +227,18 @@ class SoloProfiler:
 
     # -- following --------------------------------------------------------------------------------
     def poll_once(self, summary: ProfilingSummary) -> int:
-        """Check every open run once; the number still open."""
+        """Check every open run once; the number still open.
+
+        Runs of a job that ended meanwhile (the job-state sync failed it, or its own Slurm job ended,
+        checked every ``USER_JOB_CHECK_S``) are cancelled: nothing is profiled for a job nobody wants."""
+        with self.store.session() as s:
+            jobs = {j.id: (j.state, j.state_reason, j.slurm_job_id) for j in (
+                s.get(m.OfflineJob, i) for i in sorted({r.job_id for r in profstore.open_profiling_runs(s)}))}
+        gone = {j: reason for j, (state, reason, _) in jobs.items() if state not in _PROFILED_STATES}
+        for job_id, reason in gone.items():
+            self._fail_job(job_id, "", summary, runs_reason=f"the job ended before it was profiled: {reason}")
+        if jobs and self.monotonic() >= self._next_user_check:
+            self._drop_ended([(j, st, sid) for j, (st, _, sid) in jobs.items() if j not in gone], summary)
         with self.store.session() as s:
             runs = [(r.id, r.job_id, r.gpu_type, r.slurm_job_id, r.state, r.submitted_utc, r.started_utc,
                      r.bound_s, r.run_dir, r.node) for r in profstore.open_profiling_runs(s)]
@@ -301,21 +349,30 @@ class SoloProfiler:
             generic = {r.report["metrics_model"] for r in profstore.done_profiling_runs(s, job_id)
                        if isinstance(r.report, dict) and r.report.get("metrics_generic")}
             note = f" (GPU metrics SIMULATED as {sorted(generic)[0]})" if generic else ""
-            transition(s, job_id, JobState.PENDING,
-                       "profiled on " + ", ".join(sorted(job.allowed_gpu_types)) + note)
+            try:
+                transition(s, job_id, JobState.PENDING,
+                           "profiled on " + ", ".join(sorted(job.allowed_gpu_types)) + note)
+            except ConcurrentTransition as exc:  # the job-state sync ended it meanwhile (its owner cancelled it)
+                log.info("job %s: profiled, but %s", job_id, exc)
+                return
         summary.profiled.append(job_id)
 
-    def _fail_job(self, job_id: int, reason: str, summary: ProfilingSummary) -> None:
+    def _fail_job(self, job_id: int, reason: str, summary: ProfilingSummary,
+                  runs_reason: str = "another profiling run failed") -> None:
+        """The job FAILED with ``reason`` (unless it already left profiling), its open runs ended and cancelled."""
         with self.store.session() as s:
             runs = profstore.open_profiling_runs(s, [job_id])
             others = [(r.id, r.slurm_job_id) for r in runs]
             for run in runs:
-                run.state, run.reason = "failed", "cancelled: another profiling run failed"
+                run.state, run.reason = "failed", f"cancelled: {runs_reason}"[:4000]
                 run.finished_utc = self.now()
             job = s.get(m.OfflineJob, job_id)
-            if job.state == JobState.PROFILING.value:
-                transition(s, job_id, JobState.FAILED, reason[:2000])
-                summary.failed[job_id] = reason
+            if job.state in _PROFILED_STATES:
+                try:
+                    transition(s, job_id, JobState.FAILED, reason[:2000], expected=JobState(job.state))
+                    summary.failed[job_id] = reason
+                except ConcurrentTransition as exc:  # the job-state sync ended it meanwhile; the runs still end
+                    log.info("job %s: %s", job_id, exc)
         for rid, sid in others:
             handle = self.handles.lookup(rid, sid)
             if handle is not None:

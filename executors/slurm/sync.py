@@ -38,7 +38,8 @@ log = logging.getLogger(__name__)
 
 SOURCE = "measured"
 # States a store job can be in while Slurm holds its fate.
-WATCHED = (JobState.PENDING, JobState.PLACED, JobState.RUNNING, JobState.EVICTED)
+WATCHED = (JobState.SUBMITTED, JobState.PROFILING, JobState.PENDING, JobState.PLACED, JobState.RUNNING,
+           JobState.EVICTED)
 _RUNNING_LIKE = frozenset({"RUNNING", "COMPLETING", "CONFIGURING", "SUSPENDED", "STAGE_OUT", "SIGNALING",
                            "RESIZING"})
 
@@ -74,6 +75,7 @@ def sync_jobs(cluster, now: dt.datetime | None = None) -> JobSyncReport:
     report = JobSyncReport()
     if not watched:
         return report
+    known_before = {job_id for job_id, _, _, _ in watched}
     jobs = cluster.retry.call("list Slurm jobs", cluster.client.list_jobs)
     # Node faults first: jobs stranded on unusable nodes are held (read again), their GPUs leave the rounds.
     nodes = cluster.retry.call("list Slurm nodes", cluster.client.list_nodes)
@@ -90,6 +92,10 @@ def sync_jobs(cluster, now: dt.datetime | None = None) -> JobSyncReport:
             report.skipped_in_flight += 1
             continue
         sjob = by_id.get(sid)
+        if sjob is None and job_id not in known_before:
+            # Picked up after Slurm answered (submitted after the listing): absent from a listing older than the
+            # job says nothing. The next call sees it.
+            continue
         decision = decide(state, view_of(sjob))
         if not decision.changes:
             continue

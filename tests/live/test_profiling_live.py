@@ -22,7 +22,8 @@ import sys
 import pytest
 from sqlalchemy import select
 
-from executors.profiling.backend import SlurmProfiler
+from executors.profiling.backend import SlurmProfiler, slurm_executor
+from executors.profiling.solo import ProfilingSummary, SoloProfiler
 from executors.profiling.settings import ProfilingSettings, SamplingSettings
 from executors.slurm.client import SlurmRestClient
 from executors.slurm.pickup import import_submissions
@@ -125,6 +126,58 @@ def test_a_crashing_job_and_a_silent_job_fail_with_their_reasons(dev_cluster, ro
                          cwd=REPO, capture_output=True, text=True, timeout=120)
     assert out.returncode == 0, out.stderr
     assert "crashed (exit code 4)" in out.stdout and "reported no iterations" in out.stdout
+
+
+def test_a_job_its_owner_cancels_is_not_profiled_and_one_cancelled_while_profiled_stops(
+        dev_cluster, root_backend, private_tmp) -> None:
+    """``scancel`` by a real user: before the profiler starts (no run is submitted) and while its profiling run
+    is on the profile partition (the run is cancelled in Slurm); both jobs FAILED with Slurm's word."""
+    store, _ = make_store(private_tmp)
+    register(store, dev_cluster)
+    d = dev_cluster.job_dir("prof-cancel")
+    user = "mxuser1"
+    sids = [sbatch(dev_cluster, write_script(d, "sleep 600\n", f"{n}.sh"), "-p", "offline", "--gres=mps:10",
+                   "-J", f"mx-{n}{os.getpid()}", f"--output={d}/%j.out",
+                   f"--comment=muxflow: type='cancelled' mem=1GiB gpu-types=t4 ckpt=/ckpt/{n} steps=10", user=user)
+            for n in ("before", "during")]
+    _SUBMITTED.extend(sids)
+    before, during = sids
+    ids = _import(dev_cluster, store, sids)
+
+    def scancel(sid: int) -> None:
+        env = {**os.environ, **dev_cluster.cluster.slurm_env(dev_cluster.layout)}
+        out = subprocess.run(dev_cluster.cluster.command(dev_cluster.layout, ["runuser", "-u", user, "--",
+                                                                              "scancel", str(sid)]),
+                             env=env, capture_output=True, text=True, timeout=30)
+        assert out.returncode == 0, out.stderr
+
+    scancel(before)
+    mono = [0.0]
+    profiler = SoloProfiler(store, slurm_executor(root_backend, "profile"), root_backend.profiling,
+                            monotonic=lambda: mono[0])
+    summary = ProfilingSummary()
+    profiler.start_new(summary)
+    with store.session() as s:
+        runs = {j: [(r.slurm_job_id, r.state) for r in s.scalars(select(m.ProfilingRun)
+                                                                   .where(m.ProfilingRun.job_id == j))]
+                for j in ids.values()}
+        got = {sid: (s.get(m.OfflineJob, ids[sid]).state, s.get(m.OfflineJob, ids[sid]).state_reason)
+               for sid in sids}
+    cancelled = "cancelled in the cluster before it was placed (CANCELLED"  # then Slurm's reason, if any
+    assert got[before][0] == "FAILED" and got[before][1].startswith(cancelled)
+    assert runs[ids[before]] == [] and got[during][0] == "PROFILING"
+    ((run_sid, _),) = runs[ids[during]]
+
+    scancel(during)
+    mono[0] += profiler.USER_JOB_CHECK_S
+    assert profiler.poll_once(summary) == 0
+    with store.session() as s:
+        j = s.get(m.OfflineJob, ids[during])
+        assert j.state == "FAILED" and j.state_reason.startswith(cancelled)
+    with dev_cluster.client() as c:
+        dev_cluster.wait_for(f"profiling run {run_sid} cancelled in Slurm",
+                             lambda: c.get_job(run_sid).state == "CANCELLED",
+                             explain=lambda: dev_cluster.explain_job(run_sid))
 
 
 def test_collect_samples_measures_a_point_on_the_profile_partition(dev_cluster, root_backend, private_tmp) -> None:

@@ -43,6 +43,13 @@ CASES = [
     (S.PENDING, view(Seen.WAITING), [S.PLACED], False, False),
     (S.PENDING, view(Seen.RUNNING), [S.RUNNING], False, False),
     (S.PENDING, view(Seen.ABSENT), [S.FAILED], False, False),
+    (S.SUBMITTED, view(Seen.HELD), [], False, False),
+    (S.SUBMITTED, ClusterView(Seen.CANCELLED, "CANCELLED"), [S.FAILED], False, False),
+    (S.SUBMITTED, view(Seen.ABSENT), [S.FAILED], False, False),
+    (S.PROFILING, view(Seen.HELD), [], False, False),
+    (S.PROFILING, view(Seen.WAITING), [], False, False),
+    (S.PROFILING, ClusterView(Seen.CANCELLED, "CANCELLED"), [S.FAILED], False, False),
+    (S.PROFILING, view(Seen.FAILED, 1), [S.FAILED], False, False),
     (S.MIGRATING, view(Seen.HELD), [], False, False),
     (S.DONE, view(Seen.ABSENT), [], False, False),
 ]
@@ -60,6 +67,8 @@ def test_times_and_reasons_come_from_the_cluster() -> None:
     assert d.steps[0].at_utc == T0 and d.steps[1].at_utc == T1
     assert "exit code 2" in d.steps[1].reason and d.exit_code == 2
     assert decide(S.RUNNING, view(Seen.COMPLETED, 0)).steps[0].reason.startswith("finished in the cluster")
+    cancelled = decide(S.PROFILING, ClusterView(Seen.CANCELLED, "CANCELLED", ended_utc=T1)).steps[0]
+    assert cancelled.reason == "cancelled in the cluster before it was placed (CANCELLED)" and cancelled.at_utc == T1
 
 
 @given(st.sampled_from(list(JobState)), st.sampled_from(list(Seen)), st.sampled_from([None, 0, 1]))

@@ -24,6 +24,7 @@ from executors.store import repo
 from executors.store.db import Store
 from executors.submission import JobSpec, submit
 from scheduler_core.gpu_specs import get_spec
+from scheduler_core.job_sync import ClusterView, Seen
 
 GOOD_PROBE = {
     "exit_code": 0, "killed_at_deadline": False, "terminated": False, "elapsed_s": 9.5,
@@ -47,6 +48,12 @@ def add_job(store: Store, name: str, command: str, job_type: str = "ResNet-18 (b
         return submit(s, JobSpec(name=name, command=command, job_type=job_type, mem_bytes=10**9,
                                  allowed_gpu_types=gpu_types, checkpoint_dir=f"/ckpt/{name}", total_steps=1000),
                       None).id
+
+
+def set_slurm_id(store: Store, job_id: int, slurm_job_id: int) -> None:
+    """The job came from ``sbatch`` (picked up from Slurm)."""
+    with store.session() as s:
+        s.get(m.OfflineJob, job_id).slurm_job_id = slurm_job_id
 
 
 def job_state(store: Store, job_id: int) -> tuple[str, str | None]:
@@ -95,6 +102,7 @@ class FakeSlurm:
         self.jobs: dict[int, FakeJob] = {}
         self.unavailable = False
         self._ids = itertools.count(500)
+        self.user_jobs: dict[int, ClusterView] = {}  # the profiled jobs' own Slurm jobs (default: held, pending)
 
     def submit(self, spec: RunSpec) -> int:
         if self.unavailable:
@@ -120,6 +128,11 @@ class FakeSlurm:
 
     def job_script(self, slurm_job_id: int | None, command: str) -> JobScript:
         return JobScript("#!/bin/sh\n" + command + "\n", "/tmp")
+
+    def cluster_views(self, slurm_job_ids: list[int]) -> dict[int, ClusterView]:
+        if self.unavailable:
+            raise ExecutorUnavailable("slurmctld down (fake)")
+        return {sid: self.user_jobs.get(sid, ClusterView(Seen.HELD, "PENDING: JobHeldAdmin")) for sid in slurm_job_ids}
 
     # -- what the test does to a job --
     def start(self, handle: int) -> None:

@@ -17,7 +17,11 @@ from tests.executors.profiling.helpers import (
     add_job,
     job_state,
     runs_of,
+    set_slurm_id,
 )
+from executors.store.jobs import transition
+from scheduler_core.domain import JobState
+from scheduler_core.job_sync import ClusterView, Seen
 
 
 @pytest.fixture
@@ -157,3 +161,85 @@ def test_a_job_whose_script_cannot_be_read_fails_with_that_reason(env) -> None:
     profiler(env).run()
     assert job_state(store, job) == ("FAILED", "profiling failed: cannot read the batch script of Slurm job 77: "
                                                "Invalid job id specified")
+
+
+def test_a_job_cancelled_in_slurm_before_its_profiling_gets_no_run(env) -> None:
+    store, ex, clock, _ = env
+    kept, cancelled, purged = (add_job(store, n, "python t.py") for n in ("kept", "cancelled", "purged"))
+    for job, sid in ((kept, 41), (cancelled, 42), (purged, 43)):
+        set_slurm_id(store, job, sid)
+    ex.user_jobs[42] = ClusterView(Seen.CANCELLED, "CANCELLED")
+    ex.user_jobs[43] = ClusterView(Seen.ABSENT)
+    s = profiler(env).run()
+    assert s.submitted == 1 and [j.spec.name for j in ex.jobs.values()] == [f"mxprof-j{kept}-t4"]
+    assert job_state(store, cancelled) == ("FAILED", "cancelled in the cluster before it was placed (CANCELLED)")
+    assert job_state(store, purged) == ("FAILED", "no longer known to the cluster before it was placed (absent)")
+    assert set(s.failed) == {cancelled, purged} and runs_of(store, cancelled) == []
+    assert job_state(store, kept)[0] == "PROFILING"
+
+
+def test_a_job_cancelled_while_profiled_has_its_runs_cancelled(env) -> None:
+    store, ex, clock, _ = env
+    job = add_job(store, "two", "python t.py", gpu_types=("t4", "a10"))
+    set_slurm_id(store, job, 77)
+    mono = [0.0]
+    p = SoloProfiler(store, ex, env[3], now=clock, sleep=lambda s: None, monotonic=lambda: mono[0])
+    p.run()
+    ex.start(ex.handle_of(job, "t4"))
+    ex.user_jobs[77] = ClusterView(Seen.CANCELLED, "CANCELLED")
+    assert p.poll_once(ProfilingSummary()) == 2  # Slurm is asked at most every USER_JOB_CHECK_S
+    mono[0] += p.USER_JOB_CHECK_S
+    assert p.poll_once(ProfilingSummary()) == 0
+    assert job_state(store, job) == ("FAILED", "cancelled in the cluster before it was placed (CANCELLED)")
+    assert all(ex.jobs[ex.handle_of(job, g)].cancelled for g in ("t4", "a10"))
+    assert {r.state for r in runs_of(store, job)} == {"failed"}
+    assert all("cancelled: the job cancelled in the cluster" in r.reason for r in runs_of(store, job))
+
+
+def test_a_job_the_job_state_sync_failed_meanwhile_has_its_runs_cancelled(env) -> None:
+    store, ex, clock, _ = env
+    job = add_job(store, "synced", "python t.py")
+    p = profiler(env)
+    p.run()
+    with store.session() as ses:  # the job-state sync, in another process, saw the user's scancel
+        transition(ses, job, JobState.FAILED, "cancelled in the cluster before it was placed (CANCELLED)")
+    assert p.poll_once(ProfilingSummary()) == 0
+    assert ex.jobs[ex.handle_of(job, "t4")].cancelled
+    (run,) = runs_of(store, job)
+    assert run.state == "failed" and run.reason == ("cancelled: the job ended before it was profiled: cancelled in "
+                                                    "the cluster before it was placed (CANCELLED)")
+    assert job_state(store, job)[0] == "FAILED"
+
+
+def test_slurm_unreachable_when_checking_the_jobs_leaves_them_as_they_are(env) -> None:
+    store, ex, clock, _ = env
+    job = add_job(store, "waits", "python t.py")
+    set_slurm_id(store, job, 88)
+    ex.user_jobs[88] = ClusterView(Seen.CANCELLED, "CANCELLED")
+    ex.unavailable = True
+    s = profiler(env).run()
+    assert s.failed == {} and job_state(store, job)[0] == "PROFILING" and s.submitted == 0
+
+
+def test_the_job_state_sync_failing_a_job_as_its_profile_lands_wins_without_an_error(env, monkeypatch) -> None:
+    store, ex, clock, _ = env
+    job = add_job(store, "race", "python t.py")
+    p = profiler(env)
+    p.run()
+    from executors.profiling import solo
+
+    real = solo.transition
+
+    def sync_first(s, job_id, target, *args, **kwargs):
+        if target == JobState.PENDING:  # the sync, in another process, commits FAILED just before
+            with store.session() as other:
+                real(other, job_id, JobState.FAILED, "cancelled in the cluster before it was placed (CANCELLED)")
+        return real(s, job_id, target, *args, **kwargs)
+
+    monkeypatch.setattr(solo, "transition", sync_first)
+    ex.start(ex.handle_of(job, "t4"))
+    ex.finish(ex.handle_of(job, "t4"), GOOD_PROBE)
+    s = ProfilingSummary()
+    assert p.poll_once(s) == 0 and s.profiled == []
+    assert job_state(store, job) == ("FAILED", "cancelled in the cluster before it was placed (CANCELLED)")
+    assert [r.state for r in runs_of(store, job)] == ["done"]

@@ -237,3 +237,49 @@ def test_slurms_whole_second_start_never_reads_as_before_the_placement(env) -> N
         times = [t.at_utc.replace(tzinfo=dt.UTC) for t in s.scalars(
             select(m.JobTransition).where(m.JobTransition.job_id == ids[11]).order_by(m.JobTransition.id))]
     assert times[-2:] == [placed_at, placed_at]  # PLACED, then RUNNING no earlier
+
+
+def test_a_job_the_user_cancelled_before_it_was_placed_fails_and_a_held_one_is_left_alone(tmp_path: Path) -> None:
+    fake = FakeSlurm([make_job(sid, comment=SPEC.format(ckpt=tmp_path / f"c{sid}")) for sid in (21, 22, 23)])
+    store = store_with_fake_nodes(tmp_path, fake)
+    rep = import_submissions(store, fake, {"ResNet-50 (batch size 64)"}, only=[21, 22, 23])
+    ids = dict(zip((21, 22, 23), rep.imported))
+    with store.session() as s:
+        transition(s, ids[22], JobState.PROFILING, "being profiled")
+    fake.cancel(21)  # scancel by its owner while it waited for its profiling
+    fake.cancel(22)  # ... and while it was profiled
+    backend = SlurmBackend(lambda: fake, retry_deadline_s=1.0)
+    rep = backend.sync_jobs(store, W0)
+    with store.session() as s:
+        jobs = {sid: s.get(m.OfflineJob, ids[sid]) for sid in ids}
+        assert {sid: j.state for sid, j in jobs.items()} == {21: "FAILED", 22: "FAILED", 23: "SUBMITTED"}
+        assert jobs[21].state_reason.startswith("cancelled in the cluster before it was placed (CANCELLED")
+    assert _history(store, ids[22])[-1] == ("PROFILING", "FAILED") and rep.held == []
+    assert not backend.sync_jobs(store, W0).changed  # settled
+
+
+def test_a_job_submitted_and_picked_up_while_the_sync_lists_slurms_jobs_is_not_failed_as_absent(
+        tmp_path: Path, monkeypatch) -> None:
+    """The sync asks Slurm for its jobs, then reads the store again: a job sbatch'ed and picked up in between is
+    in the store but not in the older listing. It is new, not gone."""
+    fake = FakeSlurm([make_job(21, comment=SPEC.format(ckpt=tmp_path / "c21"))])
+    store = store_with_fake_nodes(tmp_path, fake)
+    import_submissions(store, fake, {"ResNet-50 (batch size 64)"}, only=[21])
+    listing = fake.list_jobs
+
+    def list_then_submit():
+        jobs = listing()
+        if 22 not in fake.jobs:  # sbatch and pick-up right after Slurm answered
+            fake.jobs[22] = make_job(22, comment=SPEC.format(ckpt=tmp_path / "c22"))
+            import_submissions(store, fake, {"ResNet-50 (batch size 64)"}, only=[22])
+        return jobs
+
+    monkeypatch.setattr(fake, "list_jobs", list_then_submit)
+    backend = SlurmBackend(lambda: fake, retry_deadline_s=1.0)
+    assert not backend.sync_jobs(store, W0).changed
+    with store.session() as s:
+        assert sorted(j.state for j in s.scalars(select(m.OfflineJob))) == ["SUBMITTED", "SUBMITTED"]
+    fake.cancel(22)  # gone for real, and seen so by the next call
+    backend.sync_jobs(store, W0)
+    with store.session() as s:
+        assert s.scalars(select(m.OfflineJob.state).where(m.OfflineJob.slurm_job_id == 22)).one() == "FAILED"
