@@ -298,10 +298,12 @@ class SlurmCluster:
         A job released within the second of its requeue can be started in that second (reproduced on Slurm
         22.05, the node free at once). A requeued job's submit time is its requeue (Slurm's clock, on or after
         the kill), so the release waits for the next second of it: never more than a second, and only for a
-        job requeued just now (a migration, or an eviction the round before). A begin time in the next second
-        would do the same but leaves the job to Slurm's next periodic scheduling pass (tens of seconds).
+        job requeued just now (a migration, or an eviction the round before). A job never requeued (Slurm's
+        restart count 0) was never killed, and is released at once, however recently it was submitted. A
+        begin time in the next second would do the same but leaves the job to Slurm's next periodic
+        scheduling pass (tens of seconds).
         """
-        if j.submit_time_utc is None:
+        if j.submit_time_utc is None or not j.restart_count:
             return
         wait = math.floor(j.submit_time_utc.timestamp()) + 1 + self.requeue_margin_s - self.wall_clock()
         if 0 < wait <= 1 + self.requeue_margin_s:  # beyond that the clocks disagree: nothing to wait for

@@ -143,8 +143,9 @@ class FakeSlurm:
         submitted = self._job(job_id).submit_time_utc
         if self.clock is not None:
             submitted = dt.datetime.fromtimestamp(self.clock(), tz=dt.UTC)
-        self.jobs[job_id] = replace(self._job(job_id), state="PENDING", priority=0 if hold else 100, nodes=(),
-                                    submit_time_utc=submitted)
+        job = self._job(job_id)
+        self.jobs[job_id] = replace(job, state="PENDING", priority=0 if hold else 100, nodes=(),
+                                    submit_time_utc=submitted, restart_count=job.restart_count + 1)
 
     def node_gres(self, name: str) -> str:
         model, k = self.nodes[name]

@@ -190,14 +190,20 @@ def test_a_migrated_job_is_released_in_a_later_second_than_its_requeue(store: St
     assert sum(clock.slept) <= 1001.1 - requeued_at + 1e-9
 
 
-def test_a_job_requeued_long_ago_is_released_without_waiting(store: Store) -> None:
+@pytest.mark.parametrize(("now", "submitted", "restarts"), [
+    (1000.2, 1000.0, 0),  # submitted a moment ago, never requeued: never killed
+    (2000.5, 1900.0, 1),  # requeued long ago
+], ids=["submitted-just-now", "requeued-long-ago"])
+def test_a_job_not_requeued_within_the_second_is_released_without_waiting(store: Store, now: float, submitted: float,
+                                                                          restarts: int) -> None:
     from executors.slurm.backend import SlurmCluster
     from executors.slurm.retry import Retry
 
-    clock = FakeClock(2000.5)
+    clock = FakeClock(now)
     fake = FakeSlurm([make_job(11, comment=GOOD.format(n="a"))], clock=clock)
     ids = _pending(store, fake, [11])
-    fake.jobs[11] = replace(fake.jobs[11], submit_time_utc=dt.datetime.fromtimestamp(1900, tz=dt.UTC))
+    fake.jobs[11] = replace(fake.jobs[11], submit_time_utc=dt.datetime.fromtimestamp(submitted, tz=dt.UTC),
+                            restart_count=restarts)
     cl = SlurmCluster(store, fake, Retry(5.0, sleep=clock.sleep, clock=clock), wall_clock=clock)
     (res,) = cl.dispatch([PlanAction(Action.START, ids[11], _gpu(store, "mx-a10-1", 1), None, 40)],
                          dt.datetime.now(dt.UTC))
