@@ -163,7 +163,12 @@ def refit(files, types_text, samples, epochs, no_predictors, as_json) -> None:
 @click.argument("path", type=click.Path(dir_okay=False))
 @_guarded
 def check(path) -> None:
-    """Validate a measurement file and summarise it."""
+    """Validate a measurement file and summarise it, then check it can be used.
+
+    Used means as ``calibrate refit`` and MUXFLOW_MEASUREMENTS use it: merged with the installed
+    measurements, every GPU type's speed known, the interference model fitted, and each of the
+    file's types given a profile for every job."""
+    from executors.simulated.calibration import Calibrator, installed_calibrator
     from executors.simulated.measurements import load_file
 
     m = load_file(path)
@@ -173,6 +178,12 @@ def check(path) -> None:
         click.echo(f"  {g}: {t.meta.gpu_model}, driver {t.meta.driver}, method {t.meta.method}, {t.meta.date}: "
                    f"{len(t.solo_steps_per_s)} solo runs, {len(t.pairs)} pair measurements ({probes} with the "
                    f"stressor), counters for {len(t.counters)} jobs")
+    merged = Calibrator(installed_calibrator().mset.merged(m))
+    model = merged.transfer_model()
+    for g in sorted(m.types):
+        merged.type_profiles(g)
+    click.echo(f"usable: with the installed measurements ({', '.join(merged.measured_types())}) the interference "
+               f"model fits on {model.submodels[-1].n_pairs} pairs")
 
 
 @calibrate.command("convert-gavel", context_settings=HELP)

@@ -76,6 +76,9 @@ def _config(gpus, types_text, hours, jobs, arrival_hours, mean_job_hours, seed, 
     types = tuple(parse_types(types_text).items()) if types_text else None
     if arrival_hours is None:
         arrival_hours = min(16.0, hours * 2.0 / 3.0)
+    elif arrival_hours > hours:
+        raise CliError(f"arrival-hours: {arrival_hours:g} is past the end of the run (--hours {hours:g}): the jobs "
+                       "arriving after it would never be simulated")
     try:
         return SimConfig(gpus=gpus, gpu_types=types, hours=hours, jobs=jobs, arrival_hours=arrival_hours,
                          mean_job_hours=mean_job_hours, max_job_hours=max(8.0, mean_job_hours), seed=seed,

@@ -48,6 +48,28 @@ def test_check_and_convert(tmp_path) -> None:
     assert "p100: NVIDIA Tesla P100, driver not recorded, method unknown, 2020: 26 solo runs, 656 pair" in res.stdout
 
 
+def test_check_says_whether_the_file_can_be_used_as_refit_would_use_it(v100, tmp_path) -> None:
+    res = run("calibrate", "check", str(v100))
+    assert res.exit_code == 0, res.stderr
+    assert res.stdout.splitlines()[-1].startswith("usable: with the installed measurements (k80, p100, v100) the "
+                                                  "interference model fits on ")
+    # Well-formed, but its GPU's speed cannot be known (no relative_speed, no solo run of the stressor):
+    # check refuses it as refit does, with the same one line.
+    small = tmp_path / "small.json"
+    small.write_text(json.dumps({
+        "format": "muxflow.colocation/1",
+        "gpus": {"v100": {"gpu_model": "V100", "driver": "535.104.05", "method": "mps", "date": "2025-03-14"}},
+        "solo": [{"gpu_type": "v100", "job_type": "A", "steps_per_s": 10.0},
+                 {"gpu_type": "v100", "job_type": "B", "steps_per_s": 4.0}],
+        "pairs": [{"gpu_type": "v100", "job_type": "A", "partner": "B", "norm_tput": 0.6,
+                   "partner_norm_tput": 0.7}]}))
+    checked = run("calibrate", "check", str(small))
+    refit = run("calibrate", "refit", "--data", str(small), "--no-predictors")
+    assert checked.exit_code == refit.exit_code == 2
+    assert checked.stderr == refit.stderr and checked.stderr.startswith("error: v100: no relative_speed")
+    assert "usable" not in checked.stdout
+
+
 def test_a_bad_file_is_a_one_line_error(tmp_path) -> None:
     bad = tmp_path / "bad.json"
     bad.write_text(json.dumps({"format": "muxflow.colocation/1", "gpus": {"v100": {"gpu_model": "x"}}}))

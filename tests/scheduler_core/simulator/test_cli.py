@@ -105,6 +105,7 @@ def test_a_malformed_trace_line_is_reported_with_its_number(in_tmp) -> None:
     (["--policy", "fifo"], "unknown policy 'fifo'"),
     (["--types", "t4:5"], "add up to 5, not 12"),
     (["--trace", "/no/such/file.trace"], "cannot read /no/such/file.trace"),
+    (["--hours", "2", "--arrival-hours", "3"], "arrival-hours: 3 is past the end of the run (--hours 2)"),
 ])
 def test_bad_options_are_one_line_errors(in_tmp, args, message) -> None:
     base = ["--trace", str(SAMPLE_TRACE)] if "--trace" not in args else []
