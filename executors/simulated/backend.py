@@ -18,7 +18,9 @@ from executors.cluster import IntervalReport, JobSyncReport
 from executors.simulated.calibration import default_catalog
 from executors.simulated.cluster import SOURCE, SimSettings, SimulatedCluster
 from executors.simulated.setup import cluster_from_store, observed_until, save_cluster_state
+from executors.store import models as m
 from executors.store.db import Store
+from executors.store.jobs import transition
 from scheduler_core.domain import JobState, RoundResult
 from scheduler_core.workloads import WorkloadCatalog
 
@@ -55,6 +57,27 @@ class SimulatedBackend:
         report = JobSyncReport()
         report.count(JobState.PENDING.value, len(round_runner.requeue_evicted(store)))
         return report
+
+    def cancel_jobs(self, store: Store, job_ids: list[int], reason: str) -> dict[int, str]:
+        """Cancel live jobs: FAILED with ``reason``; a running one stops at the cluster's time (its execution so
+        far is booked with the next interval). All or none (one transaction). Each job's state before."""
+        cluster = self.cluster(store)
+        with store.session() as s:
+            before = {}
+            for job_id in job_ids:
+                job = s.get(m.OfflineJob, job_id)
+                if job is None:
+                    raise ValueError(f"no offline job {job_id}")
+                if JobState(job.state) in (JobState.DONE, JobState.FAILED):
+                    raise ValueError(f"job {job_id} has already ended ({job.state})")
+                before[job_id] = job.state
+            at = observed_until(s)
+            stopped = [j for j in job_ids if at is not None and cluster.stop(j, at)]
+            for job_id in job_ids:
+                transition(s, job_id, JobState.FAILED, reason, expected=JobState(before[job_id]))
+            if stopped:
+                save_cluster_state(s, cluster)
+        return before
 
     def ensure_history(self, store: Store, window_start: dt.datetime) -> int:
         """Simulate up to ``window_start``: an hour of online-only load before the first round, else any gap."""

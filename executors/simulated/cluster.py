@@ -16,6 +16,7 @@ Its state between rounds is exported as JSON and kept in the store
 from __future__ import annotations
 
 import datetime as dt
+import logging
 from dataclasses import asdict, dataclass, field
 
 import numpy as np
@@ -44,6 +45,8 @@ from scheduler_core.sysmonitor import GpuSample, SysMonitor, SysMonitorConfig
 from scheduler_core.workloads import ONLINE_FAMILIES, WorkloadCatalog
 
 SOURCE = "simulated"
+
+log = logging.getLogger(__name__)
 
 
 STATE_VERSION = 1
@@ -212,6 +215,15 @@ class SimulatedCluster:
             return DispatchResult(act, True, "already migrated")
         return DispatchResult(act, False, "migrate of a job that is not running")
 
+    def stop(self, job_id: int, now: dt.datetime) -> bool:
+        """Stop a running job for good (cancelled): its execution up to ``now`` is booked with the next interval.
+        Whether it was running."""
+        job = self._jobs.get(job_id)
+        if job is None:
+            return False
+        self._stop(job, now, checkpoint=True)
+        return True
+
     def _stop(self, job: _Job, now: dt.datetime, checkpoint: bool) -> float:
         """Remove a running job; return the step it resumes from."""
         self._pending_execs.append(self._close_execution(job, now))
@@ -260,7 +272,8 @@ class SimulatedCluster:
         }
 
     def load_state(self, state: dict) -> None:
-        """Restore :meth:`export_state`'s output. Jobs must be registered first; unknown ones are an error."""
+        """Restore :meth:`export_state`'s output. Jobs must be registered first; a running job the store no
+        longer lists as live (cancelled while another process simulated the cluster) is dropped."""
         if state.get("version") != STATE_VERSION:
             raise ValueError(f"simulated cluster state version {state.get('version')!r}, expected {STATE_VERSION}")
         for gid, gs in state["gpus"].items():
@@ -275,7 +288,8 @@ class SimulatedCluster:
         for jid, js in state["jobs"].items():
             spec = self._known_jobs.get(int(jid))
             if spec is None:
-                raise ValueError(f"simulated state runs job {jid}, which the store does not list as live")
+                log.warning("simulated state runs job %s, which the store no longer lists as live: dropped", jid)
+                continue
             self._jobs[int(jid)] = _Job(
                 spec, int(js["gpu_id"]), int(js["sm_pct"]), float(js["steps_done"]), float(js["checkpoint_step"]),
                 float(js["warmup_left_s"]), dt.datetime.fromisoformat(js["exec_start"]), float(js["exec_steps"]),

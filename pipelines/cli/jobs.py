@@ -6,7 +6,8 @@ import click
 import pandas as pd
 
 from executors.store import inventory
-from pipelines.cli.common import CliError, cluster_backend, store_of
+from executors.store import jobs as jobstore
+from pipelines.cli.common import CliError, cluster_backend, guard, store_of
 
 
 @click.group()
@@ -42,6 +43,33 @@ def jobs_list(ctx, states: tuple[str, ...]) -> None:
     with pd.option_context("display.max_colwidth", None):
         click.echo(pd.DataFrame(rows, columns=["id", "name", "type", "state", "progress", "why"])
                    .to_string(index=False, justify="left"))
+
+
+@jobs.command("cancel")
+@click.argument("job_ids", nargs=-1, required=True, type=click.IntRange(min=1))
+@click.option("--reason", default="", help="Said in the job's reason (muxflow jobs list).")
+@click.pass_context
+@guard
+def jobs_cancel(ctx, job_ids: tuple[int, ...], reason: str) -> None:
+    """Cancel offline jobs of the simulated cluster (all or none): FAILED, and a running one stops.
+
+    A job that came through Slurm is cancelled with `scancel` (Slurm checks who may); the
+    job-state sync then ends it here.
+    """
+    from executors.simulated.backend import SimulatedBackend
+
+    store = store_of(ctx)
+    ids = list(dict.fromkeys(job_ids))
+    with store.session() as s:
+        slurm = {j: sid for j, (sid, _) in sorted(jobstore.slurm_ids_and_memory(s, ids).items()) if sid is not None}
+    if slurm:
+        job, sid = next(iter(slurm.items()))
+        raise CliError(f"job {job} is Slurm job {sid}: cancel it with `scancel {sid}` (Slurm checks that you may); "
+                       "the job-state sync then ends it here")
+    why = "cancelled by the user (muxflow jobs cancel)" + (f": {reason.strip()}" if reason.strip() else "")
+    before = SimulatedBackend().cancel_jobs(store, ids, why)
+    for job_id, state in before.items():
+        click.echo(f"cancelled job {job_id} ({state} -> FAILED)")
 
 
 def _held_for_pickup(known: set[int]) -> list[tuple[int, str, str]]:

@@ -61,13 +61,17 @@ def test_exported_state_continues_exactly_like_the_original() -> None:
     assert a.export_state() == b.export_state()
 
 
-def test_state_refuses_unknown_jobs_and_versions() -> None:
+def test_state_drops_a_job_no_longer_live_and_refuses_other_versions(caplog) -> None:
     a = new_cluster()
-    a.dispatch([PlanAction(Action.START, 1, 1, None, 60)], T0)
+    a.dispatch([PlanAction(Action.START, 1, 1, None, 60), PlanAction(Action.START, 2, 2, None, 60)], T0)
     state = a.export_state()
-    other = SimulatedCluster([SimGpuSpec(1, "t4", SimServiceSpec("s", "cnn", 30, 150, 20, 1))], default_catalog())
-    with pytest.raises(ValueError, match="job 1"):
-        other.load_state(state)
+    # Job 1 was cancelled (FAILED in the store) while another process simulated the cluster: not registered.
+    other = SimulatedCluster([SimGpuSpec(i, "t4", SimServiceSpec("s", "cnn", 30, 150, 20, 1)) for i in (1, 2)],
+                             default_catalog())
+    other.register_job(JOBS[1])
+    other.load_state(state)
+    assert set(other.running()) == {2}
+    assert "runs job 1, which the store no longer lists as live: dropped" in caplog.text
     with pytest.raises(ValueError, match="state version"):
         new_cluster().load_state({**state, "version": 99})
 
