@@ -60,7 +60,7 @@ EXTERNAL_RETRY = RetryPolicy(max_retries=3, delay=2, backoff=Backoff.EXPONENTIAL
 round_partitions = DynamicPartitionsDefinition(name=ROUND_PARTITIONS)
 
 
-def _failure(exc: RoundError) -> Failure:
+def round_failure(exc: RoundError) -> Failure:
     meta = {"details": MetadataValue.md("\n".join(f"- {d}" for d in exc.details[:50]))} if exc.details else None
     return Failure(description=str(exc), metadata=meta)
 
@@ -70,7 +70,7 @@ def build_round_assets(clock: RoundClock, round_cfg: RoundConfig, report_dir: st
         try:
             return RoundService(feature_store.store, cluster.backend(), round_cfg, clock)
         except RoundError as exc:
-            raise _failure(exc) from exc
+            raise round_failure(exc) from exc
 
     def window_of(context: AssetExecutionContext) -> dt.datetime:
         try:
@@ -94,7 +94,7 @@ def build_round_assets(clock: RoundClock, round_cfg: RoundConfig, report_dir: st
         try:
             planned = svc.plan(window)
         except RoundError as exc:
-            raise _failure(exc) from exc
+            raise round_failure(exc) from exc
         with feature_store.store.session() as s:
             rnd = s.get(m.SchedulingRound, planned.round_id)
             gpus, jobs = from_snapshot(rnd.snapshot)
@@ -124,7 +124,7 @@ def build_round_assets(clock: RoundClock, round_cfg: RoundConfig, report_dir: st
         try:
             out = svc.dispatch(window_of(context))
         except RoundError as exc:
-            raise _failure(exc) from exc
+            raise round_failure(exc) from exc
         return MaterializeResult(metadata={
             "round_id": out.round_id, "actions": out.actions, "sent_now_ok": out.sent_ok,
             "sent_now_failed": out.sent_failed, "done_total": out.log.get("done", 0),
@@ -140,7 +140,7 @@ def build_round_assets(clock: RoundClock, round_cfg: RoundConfig, report_dir: st
         try:
             out = svc.book(window_of(context))
         except RoundError as exc:
-            raise _failure(exc) from exc
+            raise round_failure(exc) from exc
         label = "simulated" if svc.backend.simulated else "measured"
         f = out.figures
         meta = {

@@ -4,9 +4,10 @@ A job that does not run is, in its life's order (DESIGN §3):
 
 - waiting for profiling (SUBMITTED), or profiling: which runs, on which GPU type, since when;
 - failed profiling, or rejected at submission (FAILED, with the reason);
-- waiting for the next round: it became PENDING after the latest round was planned;
-- not placed by the latest round, and why: no feasible GPU and which constraint, or lost in
-  the matching to other jobs (the round's ``stats["unplaced"]``, :mod:`scheduler_core.unplaced`);
+- waiting for the next round (on a real cluster: for a GPU to free up — a fill — or the next round):
+  it became PENDING after the latest plan (the latest round, or a fill after it) was made;
+- not placed by the latest plan, and why: no feasible GPU and which constraint, or lost in
+  the matching to other jobs (the plan's ``stats["unplaced"]``, :mod:`scheduler_core.unplaced`);
 - planned but not yet on the cluster (the dispatch's state), or placed and waiting for the
   cluster to start it (PLACED).
 
@@ -62,6 +63,8 @@ def whereabouts(s: Session, jobs: list[m.OfflineJob]) -> dict[int, str]:
     for r in profstore.open_profiling_runs(s, ids):
         runs[r.job_id].append(r)
     latest = rounds_db.latest_round(s)
+    if latest is not None:  # the newest plan: the latest round, or the latest fill after it
+        latest = ([latest] + rounds_db.fills_of_window(s, latest.window_start_utc))[-1]
     in_round, why_left, planned, dispatch = set(), {}, {}, {}
     if latest is not None:
         in_round = {d["job_id"] for d in (latest.snapshot or {}).get("jobs", [])}
@@ -89,7 +92,8 @@ def whereabouts(s: Session, jobs: list[m.OfflineJob]) -> dict[int, str]:
             out[j.id] = _waiting(j, since.get(j.id), latest, in_round, why_left, planned, dispatch, where)
         elif state == JobState.PLACED.value and j.id in placed_now:
             p = placed_now[j.id]
-            out[j.id] = (f"placed by round {p.round_id} on {where.get(p.gpu_id, f'GPU {p.gpu_id}')} at {p.sm_pct} %: "
+            out[j.id] = (f"placed by {plan_name(s.get(m.SchedulingRound, p.round_id))} on "
+                         f"{where.get(p.gpu_id, f'GPU {p.gpu_id}')} at {p.sm_pct} %: "
                          "waiting for the cluster to start it")
         elif state == JobState.RUNNING.value and j.id in placed_now:
             p = placed_now[j.id]
@@ -113,24 +117,34 @@ def _profiling(runs: list[m.ProfilingRun], since: dt.datetime | None) -> str:
     return "profiling: " + "; ".join(parts)
 
 
+def plan_name(rnd: m.SchedulingRound) -> str:
+    """``round 7``, or ``round 7's fill 2`` for a fill (placements between rounds)."""
+    if not rnd.seq:
+        return f"round {rnd.id}"
+    return f"round {(rnd.snapshot or {}).get('fill_of_round', '?')}'s fill {rnd.seq}"
+
+
 def _waiting(j: m.OfflineJob, since: dt.datetime | None, latest, in_round: set[int], why_left: dict,
              planned: dict, dispatch: dict, where: dict) -> str:
     waiting = f"since {_t(since)}" if since is not None else f"submitted {_t(j.submitted_utc)}"
     if latest is None:
         return f"waiting for the first round ({waiting})"
+    name = plan_name(latest)
+    # On a real cluster a fill starts waiting jobs as soon as a GPU frees up; the simulated one books whole windows.
+    nxt = "the next round" if latest.simulated else "a GPU to free up or the next round"
     if j.id not in in_round or (since is not None and since > latest.started_utc):
-        return (f"waiting for the next round ({j.state.lower()} {waiting}, after round {latest.id} was planned at "
+        return (f"waiting for {nxt} ({j.state.lower()} {waiting}, after {name} was planned at "
                 f"{_t(latest.started_utc)})")
     if j.id in why_left:
         reason, detail = why_left[j.id]
-        return f"round {latest.id}: {REASON_TEXT.get(reason, reason)} ({detail})"
+        return f"{name}: {REASON_TEXT.get(reason, reason)} ({detail})"
     if j.id in planned:
         p = planned[j.id]
         d = dispatch.get(j.id)
         state = "not sent yet" if d is None else d.status + (f": {d.error}" if d.error else "")
-        return (f"planned by round {latest.id} on {where.get(p.gpu_id, f'GPU {p.gpu_id}')} at {p.sm_pct} %; "
+        return (f"planned by {name} on {where.get(p.gpu_id, f'GPU {p.gpu_id}')} at {p.sm_pct} %; "
                 f"dispatch {state}")
-    return f"waiting for the next round (round {latest.id} left it out)"
+    return f"waiting for {nxt} ({name} left it out)"
 
 
 def held_for_pickup(client, known_slurm_ids: set[int]) -> list[tuple[int, str, str]]:

@@ -22,7 +22,13 @@ from executors.store import models as m
 from executors.store import repo
 from executors.store.db import Session, Store
 from executors.store.jobs import transition
-from executors.store.rounds import latest_round_window, round_for_window, stored_result
+from executors.store.rounds import (
+    fills_of_window,
+    latest_round,
+    latest_round_window,
+    round_for_window,
+    stored_result,
+)
 from scheduler_core.admission import remaining_solo_s
 from scheduler_core.domain import (
     SCHEDULABLE_JOB_STATES,
@@ -54,6 +60,16 @@ class RoundOrderError(ValueError):
 
 class NoPredictorError(RuntimeError):
     """No promoted speed predictor exists."""
+
+    MESSAGE = "no promoted speed predictor in the store: train one first (muxflow train)"
+
+
+def require_predictor(store: Store) -> None:
+    """Refuse a round before it changes anything (history recorded, jobs profiled, states synced) when it
+    could not plan: no promoted speed predictor. NoPredictorError."""
+    with store.session() as s:
+        if not repo.has_promoted_predictor(s):
+            raise NoPredictorError(NoPredictorError.MESSAGE)
 
 
 def _latency_curves(rows, series) -> dict[tuple[str, str], LatencyCurve | None]:
@@ -106,8 +122,8 @@ def _gpu_candidates(s, now: dt.datetime, running: dict, policy: ForecastPolicy) 
     return out
 
 
-def _job_candidates(s, running: dict) -> list[JobCandidate]:
-    jobs = repo.jobs_in_states(s, SCHEDULABLE_JOB_STATES)
+def _job_candidates(s, running: dict, states=SCHEDULABLE_JOB_STATES) -> list[JobCandidate]:
+    jobs = repo.jobs_in_states(s, states)
     profiles = repo.profiles_by_job(s, [j.id for j in jobs])
     out = []
     for j in jobs:
@@ -157,18 +173,76 @@ def plan_and_record(
             )
         gpus = _gpu_candidates(s, window_start, running, policy)
         jobs = _job_candidates(s, running)
-        models = repo.load_predictor_versions(s)
-        if not models:
-            raise NoPredictorError("no promoted speed predictor in the store: train one first (muxflow train)")
-        predictors = {t: model for t, (_, model) in models.items()}
-        result = plan_round(gpus, jobs, predictors, cfg)
-        action_of = {a.job_id: a.action.value for a in result.actions if a.action != Action.EVICT}
-        pending = sum(1 for j in jobs if j.current_gpu_id is None)
-        snap = snapshot(gpus, jobs)
-        snap["predictor_versions"] = {t: v for t, (v, _) in sorted(models.items())}
-        snap["config"] = round_config_to_json(cfg)
-        rnd = repo.record_round(s, window_start, result, snap, cluster.simulated, pending, action_of, period_s)
-        return rnd.id, result
+        return _plan_and_store(s, gpus, jobs, cfg, window_start, cluster.simulated, period_s)
+
+
+def _plan_and_store(s, gpus: list[GpuCandidate], jobs: list[JobCandidate], cfg: RoundConfig,
+                    window_start: dt.datetime, simulated: bool, period_s: int, seq: int = 0,
+                    extra: dict | None = None, started_utc: dt.datetime | None = None) -> tuple[int, RoundResult]:
+    """Plan with the promoted predictors and store the plan with its snapshot (a round, or a fill: ``seq`` > 0)."""
+    models = repo.load_predictor_versions(s)
+    if not models:
+        raise NoPredictorError(NoPredictorError.MESSAGE)
+    predictors = {t: model for t, (_, model) in models.items()}
+    result = plan_round(gpus, jobs, predictors, cfg)
+    action_of = {a.job_id: a.action.value for a in result.actions if a.action != Action.EVICT}
+    pending = sum(1 for j in jobs if j.current_gpu_id is None)
+    snap = snapshot(gpus, jobs)
+    snap["predictor_versions"] = {t: v for t, (v, _) in sorted(models.items())}
+    snap["config"] = round_config_to_json(cfg)
+    snap.update(extra or {})
+    rnd = repo.record_round(s, window_start, result, snap, simulated, pending, action_of, period_s, seq, started_utc)
+    return rnd.id, result
+
+
+class FillRefused(RuntimeError):
+    """A fill cannot be planned now (the window has no dispatched round, or a later round exists)."""
+
+
+@dataclass(frozen=True)
+class Fill:
+    """A fill of a window: the waiting jobs matched to the GPUs that hold no offline job (nothing else moves)."""
+
+    round_id: int | None      # the fill's row (None: nothing to match, nothing stored)
+    result: RoundResult | None
+    free_gpus: int
+    waiting_jobs: int
+    seq: int = 0
+
+
+def plan_fill(store: Store, cluster: Cluster, now: dt.datetime, policy: ForecastPolicy = ForecastPolicy()) -> Fill:
+    """Between rounds: start waiting jobs on the GPUs that freed up, as a round over those alone would.
+
+    Jobs finish between the 15-minute rounds, and jobs arrive; a GPU freed and a job waiting then idle
+    until the next round (on average half a period). A fill plans the window's free, Healthy GPUs (no
+    offline job running or placed on them) against the PENDING jobs only, with the window's round's
+    settings and today's forecast; nothing running is kept, moved or evicted, so its plan is STARTs only.
+    It follows the latest round (its window, its settings) and is stored as that window's next fill
+    (``seq`` 1, 2, …) with its snapshot, and dispatched like a round. Nothing is stored when there is no
+    free GPU or no waiting job.
+    """
+    with store.session() as s:
+        rnd = latest_round(s)
+        if rnd is None or rnd.status != "dispatched":
+            raise FillRefused("no dispatched round to follow: a fill starts jobs between rounds, after the first"
+                              if rnd is None else f"round {rnd.id} is not dispatched yet: a fill follows a "
+                                                  "dispatched round")
+        window_start = rnd.window_start_utc
+        cfg = round_config_from_json(rnd.snapshot.get("config", {}))
+        period_s = rnd.period_s
+        seq = 1 + len(fills_of_window(s, window_start))
+        fill_of = rnd.id
+    running = cluster.running()
+    with store.session() as s:
+        gpus = [g for g in _gpu_candidates(s, now, running, policy)
+                if g.current_job_id is None and g.health == GpuHealth.HEALTHY]
+        # PENDING in the store and not running in the cluster (one Slurm shows started is the sync's to adopt)
+        jobs = [j for j in _job_candidates(s, running, [JobState.PENDING]) if j.current_gpu_id is None]
+        if not gpus or not jobs:
+            return Fill(None, None, len(gpus), len(jobs))
+        fill_id, result = _plan_and_store(s, gpus, jobs, cfg, window_start, cluster.simulated, period_s, seq,
+                                          {"fill_of_round": fill_of}, started_utc=now)
+    return Fill(fill_id, result, len(gpus), len(jobs), seq)
 
 
 @dataclass(frozen=True)

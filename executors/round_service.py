@@ -77,6 +77,14 @@ class RoundOutcome:
     booked: Booked
 
 
+@dataclass(frozen=True)
+class Filled:
+    fill: round_runner.Fill
+    sync: JobSyncReport
+    sent_ok: int
+    sent_failed: int
+
+
 @dataclass
 class RoundService:
     store: Store
@@ -108,6 +116,13 @@ class RoundService:
             window = latest + self.clock.period
         return window
 
+    def require_predictor(self) -> None:
+        """RoundError unless a promoted speed predictor exists: checked before a round changes anything."""
+        try:
+            round_runner.require_predictor(self.store)
+        except round_runner.NoPredictorError as exc:
+            raise RoundError(str(exc)) from exc
+
     # -- phases -------------------------------------------------------------------------
     def plan(self, window: dt.datetime, now: dt.datetime | None = None) -> Planned:
         if not self.clock.is_window_start(window):
@@ -120,6 +135,7 @@ class RoundService:
                 raise RoundError(f"replaying round {rep.round_id} from its snapshot gave a different plan",
                                  rep.mismatches)
             return Planned(rep.round_id, rep.replayed, replayed=True)
+        self.require_predictor()
         sync = self.backend.sync_jobs(self.store, now or self._now(window))
         warm = self.backend.ensure_history(self.store, window)
         try:
@@ -152,6 +168,40 @@ class RoundService:
             figures = rounds_db.window_figures(s, round_id, window, end)
             pvr = repo.predicted_vs_realised(s, round_id)
         return Booked(round_id, report is not None, figures, report, pvr)
+
+    def fill(self, now: dt.datetime) -> Filled:
+        """A fill after the latest round (:func:`executors.round_runner.plan_fill`): job states follow the
+        cluster, then the waiting jobs are matched to the free GPUs, stored and dispatched at once. A fill
+        whose dispatch did not finish (Slurm unreachable) is dispatched again instead of planning another,
+        unless it was planned more than a round period ago: then it is marked failed and a new one planned.
+
+        Real clusters only: the simulated cluster books whole windows (its time is the window's, not the
+        wall clock's); the simulator measures placing between rounds itself (``simulate --between-rounds``)."""
+        if self.backend.simulated:
+            raise RoundError("fills run on a real cluster: the simulated cluster books whole round windows "
+                             "(`muxflow simulate --between-rounds` measures placing between rounds)")
+        self.require_predictor()
+        with self.store.session() as s:
+            unsent = rounds_db.undispatched_fill(s)
+            if unsent is not None and now - unsent.started_utc > self.clock.period:
+                # Planned more than a period ago (Slurm was unreachable since): its free GPUs are history.
+                unsent.status, unsent.finished_utc = "failed", now
+                unsent = None
+            if unsent is not None:
+                fill = round_runner.Fill(unsent.id, rounds_db.stored_result(s, unsent), unsent.gpus_considered,
+                                         unsent.jobs_pending, unsent.seq)
+        if unsent is not None:
+            sync = JobSyncReport()
+        else:
+            sync = self.backend.sync_jobs(self.store, now)
+            try:
+                fill = round_runner.plan_fill(self.store, self.backend.cluster(self.store), now, self.forecast)
+            except (round_runner.FillRefused, round_runner.NoPredictorError) as exc:
+                raise RoundError(str(exc)) from exc
+        if fill.round_id is None:
+            return Filled(fill, sync, 0, 0)
+        ok, failed = self.backend.dispatch(self.store, fill.round_id, fill.result, now)
+        return Filled(fill, sync, ok, failed)
 
     def run_once(self, window: dt.datetime, now: dt.datetime | None = None) -> RoundOutcome:
         planned = self.plan(window, now)

@@ -6,6 +6,7 @@ Jobs
   ``refresh_job``    offline_job_profiles → online_service_features → colocation_samples
   ``profile_job``    offline_job_profiles only (launched by the submission sensor)
   ``requeue_job``    evicted jobs back to the queue (launched by the eviction sensor)
+  ``fill_job``       (Slurm) waiting jobs onto GPUs freed since the latest round (launched by the fill sensor)
   ``report_job``     utilization_report
 Automation
   ``round_sensor``           the round of each window of the round period (15 minutes by default), as it starts:
@@ -13,6 +14,8 @@ Automation
   ``new_submission_sensor``  new SUBMITTED jobs → profile_job (on Slurm: after importing new sbatch jobs)
   ``eviction_sensor``        new evictions → requeue_job
   ``job_state_sensor``       (Slurm) job states follow Slurm between rounds: started, finished, requeued
+  ``fill_sensor``            (Slurm) a GPU freed or a job arrived while jobs wait → ``fill_job``: the waiting jobs
+                             start on the free GPUs now, not at the next round (never beside a round run)
 """
 
 
@@ -41,8 +44,10 @@ from dagster import (
 from assets.predictor import build_predictor_assets
 from assets.profiling import build_profiling_assets
 from assets.resources import ClusterResource, FeatureStoreResource, PredictorStoreResource
-from assets.rounds import EXTERNAL_RETRY, build_round_assets, round_partitions
+from assets.rounds import EXTERNAL_RETRY, build_round_assets, round_failure, round_partitions
+from executors.round_service import RoundError, RoundService
 from executors.store import inventory
+from executors.store import rounds as rounds_db
 from pipelines.settings import MuxflowSettings
 from scheduler_core.domain import JobState
 from scheduler_core.round import RoundConfig
@@ -135,6 +140,28 @@ def build_definitions(settings: MuxflowSettings, now: Callable[[], dt.datetime] 
     def requeue_job():
         requeue_evicted_jobs()
 
+    @op(retry_policy=EXTERNAL_RETRY,
+        description="Start waiting jobs on GPUs that freed up since the latest round (nothing running moves).")
+    def fill_between_rounds(context: OpExecutionContext, feature_store: FeatureStoreResource,
+                            cluster: ClusterResource) -> dict:
+        svc = RoundService(feature_store.store, cluster.backend(), round_cfg, clock)
+        try:
+            out = svc.fill(utcnow())
+        except RoundError as exc:
+            raise round_failure(exc) from exc
+        f = out.fill
+        starts = len(f.result.actions) if f.result is not None else 0
+        context.log.info("fill %s: %d free GPU(s), %d waiting job(s), %d start(s) (sent ok %d, failed %d)",
+                         f.round_id if f.round_id is not None else "not stored", f.free_gpus, f.waiting_jobs,
+                         starts, out.sent_ok, out.sent_failed)
+        return {"fill_id": f.round_id, "seq": f.seq, "free_gpus": f.free_gpus, "waiting_jobs": f.waiting_jobs,
+                "starts": starts, "sent_ok": out.sent_ok, "sent_failed": out.sent_failed}
+
+    @job(description="A fill: the waiting jobs matched to the GPUs that freed up since the latest round, "
+                     "dispatched at once (a real cluster only).", tags=ROUND_TAGS)
+    def fill_job():
+        fill_between_rounds()
+
     interval = settings.sensor_interval_s
     # Off until an operator turns them on (UI, `dagster sensor start`), unless the deployment says so.
     status = DefaultSensorStatus.RUNNING if settings.sensors_running else DefaultSensorStatus.STOPPED
@@ -208,9 +235,35 @@ def build_definitions(settings: MuxflowSettings, now: Callable[[], dt.datetime] 
                               + (f", {report.executions} execution(s) booked" if report.executions else ""))
         sensors.append(job_state_sensor)
 
+        @sensor(job=fill_job, minimum_interval_seconds=interval, default_status=status,
+                description="Between rounds, a fill when a GPU frees up or a job starts waiting while jobs "
+                            "wait: they start now instead of at the next round.")
+        def fill_sensor(context: SensorEvaluationContext, feature_store: FeatureStoreResource):
+            with feature_store.store.session() as s:
+                rnd = rounds_db.latest_round(s)
+                if rnd is None or rnd.status != "dispatched":
+                    return SkipReason("no dispatched round to follow yet")
+                seen_round, _, seen_tid = (context.cursor or "").partition(":")
+                after = int(seen_tid) if seen_round == str(rnd.id) and seen_tid else None
+                event = inventory.newest_fill_event(s, after, rnd.finished_utc)
+                newest = inventory.newest_transition_id(s)
+                waiting = inventory.jobs_in_state(s, JobState.PENDING)
+            if event is None:
+                context.update_cursor(f"{rnd.id}:{newest}")
+                return SkipReason(f"no GPU freed and no job arrived since round {rnd.id} or its last fill")
+            # Rounds and fills carry the same tag (one at a time, dagster.yaml).
+            if context.instance.get_runs_count(RunsFilter(tags=ROUND_TAGS, statuses=_IN_PROGRESS)):
+                return SkipReason("a round or a fill is running; the fill waits for it")  # cursor kept: not lost
+            context.update_cursor(f"{rnd.id}:{newest}")
+            if not waiting:
+                return SkipReason("GPUs freed, but no job waits")
+            return RunRequest(run_key=f"fill-r{rnd.id}-t{newest}", tags=ROUND_TAGS)
+        sensors.append(fill_sensor)
+
     return Definitions(
         assets=[*profiling, *predictor_assets, *round_assets],
-        jobs=[round_job, train_job, refresh_job, profile_job, report_job, requeue_job],
+        jobs=[round_job, train_job, refresh_job, profile_job, report_job, requeue_job,
+              *([fill_job] if cluster_resource.kind == "slurm" else [])],
         sensors=sensors,
         resources=resources,
     )

@@ -3,6 +3,7 @@ the Dagster sensors watch."""
 
 from __future__ import annotations
 
+import datetime as dt
 import re
 from dataclasses import dataclass
 
@@ -165,6 +166,25 @@ def newest_job_id(s: Session, state: JobState) -> int | None:
 def jobs_in_state(s: Session, state: JobState) -> int:
     return s.scalar(select(func.count()).select_from(m.OfflineJob)
                     .where(m.OfflineJob.state == JobState(state).value)) or 0
+
+
+def newest_transition_id(s: Session) -> int:
+    """The newest job transition's id (0 before any)."""
+    return s.scalar(select(func.max(m.JobTransition.id))) or 0
+
+
+def newest_fill_event(s: Session, after_id: int | None, since_utc: dt.datetime) -> int | None:
+    """The newest job transition that can make a fill worthwhile: a GPU freed (a placed or running job done,
+    failed or held again) or a job waiting (PENDING: profiled, requeued). After transition ``after_id``, or
+    when None, after ``since_utc`` (the round's dispatch: what its own dispatch moved, at that instant, the
+    round has planned already); None if there is none."""
+    t = m.JobTransition
+    freed = (t.to_state == JobState.DONE.value) | (
+        (t.to_state == JobState.FAILED.value) & t.from_state.in_([JobState.PLACED.value, JobState.RUNNING.value]))
+    waits = t.to_state == JobState.PENDING.value  # held again after its placement (a GPU freed) included
+    q = select(func.max(t.id)).where(freed | waits)
+    q = q.where(t.id > after_id) if after_id is not None else q.where(t.at_utc > since_utc)
+    return s.scalar(q)
 
 
 def newest_eviction_id(s: Session) -> int | None:

@@ -391,7 +391,10 @@ class PredictorModel(Base):
 class SchedulingRound(Base):
     __tablename__ = "scheduling_rounds"
     id: Mapped[int] = mapped_column(Integer, primary_key=True)
-    window_start_utc: Mapped[dt.datetime] = mapped_column(UtcDateTime, unique=True)
+    window_start_utc: Mapped[dt.datetime] = mapped_column(UtcDateTime)
+    # 0: the window's round; 1, 2, …: fills of the window (waiting jobs started on GPUs that freed up between
+    # rounds, nothing running moved; executors.round_runner.plan_fill).
+    seq: Mapped[int] = mapped_column(Integer, default=0, server_default="0")
     # Length of the round's window (the round period in force when it was planned).
     period_s: Mapped[int] = mapped_column(Integer, default=900, server_default="900")
     started_utc: Mapped[dt.datetime] = mapped_column(UtcDateTime, default=utcnow)
@@ -415,6 +418,8 @@ class SchedulingRound(Base):
     stats: Mapped[dict] = mapped_column(JSON, default=dict)  # solver and pair-building figures
     __table_args__ = (
         CheckConstraint("status IN ('planned', 'dispatched', 'failed')", name="status_valid"),
+        CheckConstraint("seq >= 0", name="seq_nonneg"),
+        UniqueConstraint("window_start_utc", "seq", name="uq_scheduling_rounds_window_seq"),
     )
 
 

@@ -166,6 +166,11 @@ def load_predictor_versions(s: Session) -> dict[str, tuple[int, SpeedPredictor]]
     return out
 
 
+def has_promoted_predictor(s: Session) -> bool:
+    """Whether any GPU type has a promoted speed predictor (what a round needs before it changes anything)."""
+    return s.scalar(select(m.PredictorModel.id).where(m.PredictorModel.promoted.is_(True)).limit(1)) is not None
+
+
 def load_predictor(s: Session, gpu_type: str, version: int) -> SpeedPredictor:
     return SpeedPredictor.from_bytes(model_row(s, gpu_type, version).blob)
 
@@ -228,14 +233,20 @@ def recent_online_series(s: Session, gpu_ids: list[int], since_utc: dt.datetime)
 
 def record_round(
     s: Session, window_start: dt.datetime, result: RoundResult, snapshot: dict, simulated: bool,
-    jobs_pending: int, action_of: dict[int, str], period_s: int = 900,
+    jobs_pending: int, action_of: dict[int, str], period_s: int = 900, seq: int = 0,
+    started_utc: dt.datetime | None = None,
 ) -> m.SchedulingRound:
-    rnd = s.scalars(select(m.SchedulingRound).where(m.SchedulingRound.window_start_utc == window_start)).first()
+    """Store a round (``seq`` 0) or a fill of its window (``seq`` 1, 2, …) with its placements."""
+    rnd = s.scalars(select(m.SchedulingRound).where(m.SchedulingRound.window_start_utc == window_start,
+                                                    m.SchedulingRound.seq == seq)).first()
     if rnd is not None:
-        raise ValueError(f"round for window {window_start.isoformat()} already exists (id {rnd.id})")
+        what = "round" if seq == 0 else f"fill {seq}"
+        raise ValueError(f"{what} for window {window_start.isoformat()} already exists (id {rnd.id})")
     n_pred = sum(p.predicted_norm_tput for p in result.placements)
     rnd = m.SchedulingRound(
-        window_start_utc=window_start, period_s=period_s, status="planned", gpus_considered=result.gpus_considered,
+        window_start_utc=window_start, seq=seq, period_s=period_s, status="planned",
+        **({"started_utc": started_utc} if started_utc is not None else {}),
+        gpus_considered=result.gpus_considered,
         jobs_pending=jobs_pending, feasible_pairs=result.feasible_pairs, placements=len(result.placements),
         objective=result.objective,
         predicted_oversold=(n_pred / len(result.placements)) if result.placements else None,

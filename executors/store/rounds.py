@@ -17,7 +17,22 @@ def latest_round_window(s: Session) -> dt.datetime | None:
 
 
 def round_for_window(s: Session, window_start: dt.datetime) -> m.SchedulingRound | None:
-    return s.scalars(select(m.SchedulingRound).where(m.SchedulingRound.window_start_utc == window_start)).first()
+    """The window's round (not its fills)."""
+    return s.scalars(select(m.SchedulingRound).where(m.SchedulingRound.window_start_utc == window_start,
+                                                     m.SchedulingRound.seq == 0)).first()
+
+
+def fills_of_window(s: Session, window_start: dt.datetime) -> list[m.SchedulingRound]:
+    """The window's fills (placements between its round and the next), in order."""
+    return list(s.scalars(select(m.SchedulingRound).where(m.SchedulingRound.window_start_utc == window_start,
+                                                          m.SchedulingRound.seq > 0)
+                          .order_by(m.SchedulingRound.seq)))
+
+
+def undispatched_fill(s: Session) -> m.SchedulingRound | None:
+    """The latest row, when it is a fill whose dispatch has not finished (to be sent again, not re-planned)."""
+    rnd = s.scalars(select(m.SchedulingRound).order_by(m.SchedulingRound.id.desc()).limit(1)).first()
+    return rnd if rnd is not None and rnd.seq > 0 and rnd.status == "planned" else None
 
 
 def later_rounds(s: Session, window_start: dt.datetime) -> int:
@@ -26,13 +41,15 @@ def later_rounds(s: Session, window_start: dt.datetime) -> int:
 
 
 def latest_round(s: Session) -> m.SchedulingRound | None:
-    """The round of the latest window."""
-    return s.scalars(select(m.SchedulingRound).order_by(m.SchedulingRound.window_start_utc.desc()).limit(1)).first()
+    """The round of the latest window (not its fills)."""
+    return s.scalars(select(m.SchedulingRound).where(m.SchedulingRound.seq == 0)
+                     .order_by(m.SchedulingRound.window_start_utc.desc()).limit(1)).first()
 
 
 def round_at(s: Session, at_utc: dt.datetime) -> int | None:
-    """The id of the round whose window ``at_utc`` falls in (the latest that started by then)."""
-    return s.scalar(select(m.SchedulingRound.id).where(m.SchedulingRound.window_start_utc <= at_utc)
+    """The id of the round whose window ``at_utc`` falls in (the latest that started by then; not a fill)."""
+    return s.scalar(select(m.SchedulingRound.id).where(m.SchedulingRound.window_start_utc <= at_utc,
+                                                       m.SchedulingRound.seq == 0)
                     .order_by(m.SchedulingRound.window_start_utc.desc()).limit(1))
 
 
@@ -41,12 +58,18 @@ def round_placements(s: Session, round_id: int) -> list[m.Placement]:
     return list(s.scalars(select(m.Placement).where(m.Placement.round_id == round_id).order_by(m.Placement.job_id)))
 
 
+def _last_placement_of_each_job(*where):
+    """(job, the newest round — or fill — that placed it, among the placements ``where`` selects), to join
+    ``placements`` on: each job's latest placement."""
+    last = (select(m.Placement.job_id, func.max(m.Placement.round_id).label("r"))
+            .where(*where).group_by(m.Placement.job_id).subquery())
+    return last, (m.Placement.job_id == last.c.job_id) & (m.Placement.round_id == last.c.r)
+
+
 def latest_placements(s: Session, job_ids: list[int]) -> dict[int, m.Placement]:
     """Each job's placement by the latest round that placed it (jobs never placed are left out)."""
-    last = (select(m.Placement.job_id, func.max(m.Placement.round_id).label("r"))
-            .where(m.Placement.job_id.in_(job_ids)).group_by(m.Placement.job_id).subquery())
-    return {p.job_id: p for p in s.scalars(select(m.Placement).join(
-        last, (m.Placement.job_id == last.c.job_id) & (m.Placement.round_id == last.c.r)))}
+    last, on = _last_placement_of_each_job(m.Placement.job_id.in_(job_ids))
+    return {p.job_id: p for p in s.scalars(select(m.Placement).join(last, on))}
 
 
 def planned_mem_quotas(s: Session, round_id: int, job_ids: list[int]) -> dict[int, int]:
@@ -67,16 +90,23 @@ class RunningPlacement:
 
 
 def running_in_latest_dispatch(s: Session, gpu_ids: list[int]) -> list[RunningPlacement]:
-    """The RUNNING jobs the latest dispatched round placed on these GPUs, by job id (none before a dispatch)."""
-    latest = s.scalar(select(func.max(m.SchedulingRound.id)).where(m.SchedulingRound.status == "dispatched"))
+    """The RUNNING jobs whose latest dispatched placement (by the latest round, or a fill after it) is on these
+    GPUs, by job id (none before a dispatch). A job the latest round placed is where that round put it; a job
+    a fill started since is where the fill put it."""
+    latest = s.scalar(select(func.max(m.SchedulingRound.id)).where(m.SchedulingRound.status == "dispatched",
+                                                                  m.SchedulingRound.seq == 0))
     if latest is None:
         return []
+    # The latest round and the fills dispatched after it; a job's latest placement among them.
+    since = (select(m.SchedulingRound.id).where(m.SchedulingRound.status == "dispatched",
+                                                m.SchedulingRound.id >= latest).scalar_subquery())
+    last, on = _last_placement_of_each_job(m.Placement.round_id.in_(since))
     rows = s.execute(
         select(m.Placement.job_id, m.OfflineJob.slurm_job_id, m.Placement.gpu_id, m.Placement.sm_pct,
                m.OfflineJob.started_utc)
+        .join(last, on)
         .join(m.OfflineJob, m.OfflineJob.id == m.Placement.job_id)
-        .where(m.Placement.round_id == latest, m.Placement.gpu_id.in_(gpu_ids),
-               m.OfflineJob.state == JobState.RUNNING.value)
+        .where(m.Placement.gpu_id.in_(gpu_ids), m.OfflineJob.state == JobState.RUNNING.value)
         .order_by(m.Placement.job_id))
     return [RunningPlacement(*r) for r in rows]
 

@@ -34,7 +34,10 @@ def _next_simulated_window(store, clock) -> dt.datetime:
 
 
 @click.command("round")
-@click.option("--once", is_flag=True, required=True, help="Plan, dispatch and book exactly one round.")
+@click.option("--once", is_flag=True, help="Plan, dispatch and book exactly one round.")
+@click.option("--fill", is_flag=True,
+              help="Slurm: a fill after the latest round instead — the waiting jobs start on the GPUs that hold "
+                   "no offline job now (nothing running moves); what the fill sensor runs between rounds.")
 @click.option("--migration-penalty", type=FiniteFloat(min=0), default=None,
               help="Weight a move must gain to be made. Default: 0 on the simulated cluster (the paper's "
                    "round), the settings' migration_penalty (MUXFLOW_MIGRATION_PENALTY) on Slurm.")
@@ -43,7 +46,8 @@ def _next_simulated_window(store, clock) -> dt.datetime:
                    "settings' max_jobs_per_gpu (MUXFLOW_MAX_JOBS_PER_GPU, 1: the paper).")
 @click.option("--seed", type=SEED, default=0, show_default=True, help="Simulated cluster only.")
 @click.pass_context
-def round_cmd(ctx, once: bool, migration_penalty: float | None, max_jobs_per_gpu: int | None, seed: int) -> None:
+def round_cmd(ctx, once: bool, fill: bool, migration_penalty: float | None, max_jobs_per_gpu: int | None,
+              seed: int) -> None:
     """Run one scheduling round against the store and print the plan.
 
     The cluster is the store's: a simulated one (its next 15 minutes are then simulated
@@ -58,6 +62,8 @@ def round_cmd(ctx, once: bool, migration_penalty: float | None, max_jobs_per_gpu
     from executors.slurm.retry import SlurmUnavailable
     from scheduler_core.round import RoundConfig
 
+    if once == fill:
+        raise CliError("round: give --once (a round) or --fill (a fill after the latest round)")
     store = store_of(ctx)
     with store.session() as s:
         kinds = inventory.node_kinds(s)
@@ -85,6 +91,13 @@ def round_cmd(ctx, once: bool, migration_penalty: float | None, max_jobs_per_gpu
     except RoundError as exc:
         raise CliError(f"round: {exc}") from exc
     now = dt.datetime.now(dt.timezone.utc)
+    if fill:
+        _fill(svc, now)
+        return
+    try:
+        svc.require_predictor()  # before the simulated cluster profiles jobs or records its warm-up hour
+    except RoundError as exc:
+        raise CliError(f"round: {exc}") from exc
     if simulated:
         backend.profile_new_jobs(store, seed)
         window = _next_simulated_window(store, svc.clock)
@@ -111,6 +124,30 @@ def round_cmd(ctx, once: bool, migration_penalty: float | None, max_jobs_per_gpu
     click.echo(f"placements {len(result.placements)}  objective {result.objective:.3f}  "
                f"actions {counts}  dispatched ok {out.dispatched.sent_ok} failed {out.dispatched.sent_failed}  "
                f"matching {1000 * result.timings_s.get('matching', 0.0):.1f} ms")
+
+def _fill(svc, now: dt.datetime) -> None:
+    from executors.round_service import RoundError
+    from executors.slurm.retry import SlurmUnavailable
+
+    try:
+        out = svc.fill(now)
+    except RoundError as exc:
+        raise CliError(f"round: {exc}") from exc
+    except SlurmUnavailable as exc:
+        raise CliFailure(f"slurm: {exc} (a stored fill is dispatched again by the next `muxflow round --fill`)") \
+            from exc
+    f = out.fill
+    if out.sync.changed:
+        click.echo(f"job states followed the cluster first: {out.sync.transitions}")
+    if f.round_id is None:
+        click.echo(f"no fill: {f.free_gpus} free GPU(s), {f.waiting_jobs} waiting job(s)")
+        return
+    click.echo(f"fill {f.seq} (round row {f.round_id}): {f.free_gpus} free GPU(s), {f.waiting_jobs} waiting job(s), "
+               f"{len(f.result.placements)} placed")
+    for a in f.result.actions:
+        click.echo(f"  start job {a.job_id} on GPU {a.gpu_id} at {a.sm_pct}% SM")
+    click.echo(f"dispatched ok {out.sent_ok} failed {out.sent_failed}")
+
 
 @click.command("report")
 @click.argument("name", required=False)

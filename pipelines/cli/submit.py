@@ -42,7 +42,8 @@ def submit(ctx, name, command_, script_path, job_type, mem_text, gpu_types, chec
     from executors.simulated.calibration import default_catalog
     from executors.submission import JobSpec, parse_size_bytes, spec_from_trace
     from executors.submission import submit as submit_job
-    from scheduler_core.trace import parse_trace
+    from executors.simulated.evaluation import load_trace
+    from scheduler_core.trace import TraceError
 
     conf = settings()
     on_slurm = conf.cluster == "slurm"
@@ -53,13 +54,25 @@ def submit(ctx, name, command_, script_path, job_type, mem_text, gpu_types, chec
     catalog = default_catalog()
     known = set(catalog.offline)
     store = store_of(ctx)
+    if trace_path is None and limit is not None:
+        raise CliError("limit: only with --trace")
     if trace_path is not None:
         if on_slurm:
             raise CliError("trace: trace jobs run on the simulated cluster; on Slurm submit each job's script")
-        if not trace_path.exists():
-            raise CliError(f"trace: no such file {trace_path}")
-        with open(trace_path) as fh:
-            trace = parse_trace(fh)
+        one_job = [("name", name), ("command", command_), ("job-type", job_type), ("mem", mem_text),
+                   ("gpu-types", gpu_types), ("checkpoint-dir", checkpoint_dir), ("steps", steps)]
+        given = [f for f, v in one_job if v is not None] + (["priority"] if priority else [])
+        if given:
+            raise CliError(f"{given[0]}: not with --trace (each trace line is one job, with its own type, steps "
+                           "and name; the GPU types are the cluster's)")
+        try:
+            trace = load_trace(trace_path)
+        except FileNotFoundError as exc:
+            raise CliError(f"trace: no such file {trace_path}") from exc
+        except OSError as exc:
+            raise CliError(f"trace: cannot read {trace_path}: {exc.strerror}") from exc
+        except TraceError as exc:
+            raise CliError(f"{trace_path}: {exc}") from exc
         with store.session() as s:
             types = tuple(sorted(repo.gpu_type_names(s)))
             chosen = [t for t in trace if t.scale_factor == 1][:limit]
@@ -67,7 +80,7 @@ def submit(ctx, name, command_, script_path, job_type, mem_text, gpu_types, chec
                 try:
                     submit_job(s, spec_from_trace(t, catalog.offline_workload(t.job_type).mem_bytes, types), known)
                 except Exception as exc:
-                    raise CliError(f"trace line {t.line_no}: {exc}") from exc
+                    raise CliError(f"{trace_path}: trace line {t.line_no}: {exc}") from exc
         click.echo(f"submitted {len(chosen)} jobs from {trace_path} "
                    f"({sum(1 for t in trace if t.scale_factor != 1)} multi-GPU lines skipped)")
         return

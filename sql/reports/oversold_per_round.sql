@@ -1,5 +1,5 @@
 -- title: Oversold GPU per scheduling round
--- description: Per scheduling round: its window, placements and predicted objective, and the realised oversold GPU = sum of solo-equivalent time / sum of wall time over the executions the round started (DESIGN §9; 1 = as fast as on a dedicated GPU, NULL without executions).
+-- description: Per scheduling round: its window, placements and predicted objective, and the realised oversold GPU = sum of solo-equivalent time / sum of wall time over the executions booked to its window, those of jobs its fills started included (DESIGN §9; 1 = as fast as on a dedicated GPU, NULL without executions).
 --
 -- Portable across PostgreSQL and SQLite; window_start_utc is rendered as
 -- 'YYYY-MM-DD HH:MM:SS' UTC text (see utilization_per_hour.sql for why the
@@ -18,6 +18,7 @@ SELECT
     CASE WHEN r.simulated THEN 'simulated' ELSE 'measured' END AS source
 FROM scheduling_rounds AS r
 LEFT JOIN job_executions AS e ON e.round_id = r.id
+WHERE r.seq = 0
 GROUP BY r.id, r.window_start_utc, r.status, r.placements, r.objective,
     r.predicted_oversold, r.simulated
 ORDER BY r.window_start_utc

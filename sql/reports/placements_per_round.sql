@@ -1,5 +1,5 @@
 -- title: Placements per scheduling round
--- description: Per scheduling round: GPUs considered, pending jobs, placements and how many of them start, keep or migrate a job, evictions dispatched, and the predicted objective (DESIGN §3, step 5).
+-- description: Per scheduling round and each fill after it (fill 0: the round; 1, 2, ...: waiting jobs started on GPUs that freed up between rounds): GPUs considered, pending jobs, placements and how many of them start, keep or migrate a job, evictions dispatched, and the predicted objective (DESIGN §3, step 5).
 --
 -- Portable across PostgreSQL and SQLite. Evictions come from dispatch_log
 -- because a plan's evictions have no placement row and action_counts is JSON,
@@ -7,6 +7,7 @@
 SELECT
     r.id AS round_id,
     substr(CAST(r.window_start_utc AS TEXT), 1, 19) AS window_start_utc,
+    r.seq AS fill,
     r.status AS status,
     r.gpus_considered AS gpus_considered,
     r.jobs_pending AS jobs_pending,
@@ -33,4 +34,4 @@ LEFT JOIN (
     WHERE action = 'evict'
     GROUP BY round_id
 ) AS d ON d.round_id = r.id
-ORDER BY r.window_start_utc
+ORDER BY r.window_start_utc, r.seq

@@ -3,7 +3,8 @@
 A plain ``sbatch -p offline --gres=mps:N`` job is picked up and profiled; node agents with simulated GPUs
 write the online metrics the round needs; ``round --once`` places the job through slurmrestd (PLACED in
 the store, released in Slurm on the planned node); once Slurm runs it, the next ``round --once`` first
-brings the store in line (PLACED → RUNNING at Slurm's start time) and keeps the job where it is.
+brings the store in line (PLACED → RUNNING at Slurm's start time) and keeps the job where it is. A job
+submitted after the round starts through ``round --fill`` on a GPU with no offline job, without a round.
 """
 
 from __future__ import annotations
@@ -36,6 +37,14 @@ def _cli(env: dict, *args: str) -> str:
     return out.stdout
 
 
+def _sbatch(env: dict, script: Path, output: Path, comment: str) -> int:
+    """A plain ``sbatch -p offline --gres=mps:30`` with MuxFlow's comment, as a user types it; its job id."""
+    out = subprocess.run(["sbatch", "-p", "offline", "--gres=mps:30", "-o", str(output), f"--comment={comment}",
+                          str(script)], env=env, capture_output=True, text=True, timeout=30)
+    assert out.returncode == 0, out.stderr
+    return int(out.stdout.split()[-1])
+
+
 def _wait(what: str, check, timeout_s: float = 60.0):
     end = time.monotonic() + timeout_s
     while time.monotonic() < end:
@@ -64,11 +73,7 @@ def test_round_once_places_a_plain_sbatch_job_on_slurm_and_follows_it(dev_cluste
         script = work / "job.sh"
         script.write_text("#!/bin/sh\nsleep 120\n")
         script.chmod(0o755)
-        out = subprocess.run(["sbatch", "-p", "offline", "--gres=mps:30", "-o", str(work / "out-%j"),
-                              f"--comment={SPEC.format(d=work)}", str(script)],
-                             env=env, capture_output=True, text=True, timeout=30)
-        assert out.returncode == 0, out.stderr
-        sid = int(out.stdout.split()[-1])
+        sid = _sbatch(env, script, work / "out-%j", SPEC.format(d=work))
         _cli(env, "slurm", "pickup", "--state-dir", str(lay.state_dir))
         _cli(env, "profile")
         _cli(env, "sample", "--per-type", "300")
@@ -105,4 +110,24 @@ def test_round_once_places_a_plain_sbatch_job_on_slurm_and_follows_it(dev_cluste
             moves = [(t.from_state, t.to_state) for t in s.scalars(
                 select(m.JobTransition).where(m.JobTransition.job_id == job.id).order_by(m.JobTransition.id))]
         assert moves[-2:] == [("PENDING", "PLACED"), ("PLACED", "RUNNING")], moves
+
+        # Between rounds: a job submitted now starts on a free GPU through a fill, not at the next round.
+        late_sid = _sbatch(env, script, work / "late-%j", SPEC.format(d=work / "late"))
+        _cli(env, "slurm", "pickup", "--state-dir", str(lay.state_dir))
+        _cli(env, "profile")
+        with store.session() as s:
+            late = s.scalars(select(m.OfflineJob).where(m.OfflineJob.slurm_job_id == late_sid)).one()
+            assert late.state == "PENDING", (late.state, late.state_reason)
+        fill = _cli(slurm, "round", "--fill")
+        assert "fill 1 " in fill and " 1 placed" in fill and f"start job {late.id} " in fill, fill
+        assert "dispatched ok 1 failed 0" in fill, fill
+        with store.session() as s:
+            row = s.scalars(select(m.SchedulingRound).where(m.SchedulingRound.seq == 1)).one()
+            late_placed = s.scalars(select(m.Placement).where(m.Placement.round_id == row.id)).one()
+            late_node = s.get(m.Gpu, late_placed.gpu_id).node.name
+            assert s.get(m.OfflineJob, late.id).state == "PLACED" and late_placed.gpu_id != placed.gpu_id
+        with live.client() as c:
+            ran = live.wait_job(c, late_sid, lambda j: j.state == "RUNNING", "Slurm to start the filled job", 60)
+        assert ran.nodes == (late_node,) and ran.mps_pct == late_placed.sm_pct
+        assert "no fill: " in _cli(slurm, "round", "--fill")  # nothing waits any more
         assert not procs.dead(), procs.dead()

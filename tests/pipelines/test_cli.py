@@ -270,8 +270,8 @@ def test_submit_trace_with_malformed_line_stores_nothing(cluster_url: str, tmp_p
     trace = tmp_path / "bad.trace"
     five_cols = "\t".join([RESNET, "cmd", "--num_steps", "1", "500"]) + "\n"
     trace.write_text(_trace_line() + _trace_line() + five_cols + _trace_line())
-    result = assert_usage_error(cluster_url, ["submit", "--trace", str(trace)], r"^error: trace line 3: ")
-    assert "line 3" in result.stderr
+    result = assert_usage_error(cluster_url, ["submit", "--trace", str(trace)], r"^error: .*bad.trace: trace line 3: ")
+    assert result.stderr.strip() == f"error: {trace}: trace line 3: expected 7 tab-separated columns, found 5"
     assert row_counts(cluster_url)["offline_jobs"] == 0
 
 
@@ -279,12 +279,25 @@ def test_submit_trace_rejected_job_rolls_back_earlier_lines(cluster_url: str, tm
     # Lines 1–2 are fine and would be inserted first; line 3 names an unknown job type: all or nothing.
     trace = tmp_path / "unknown.trace"
     trace.write_text(_trace_line() + _trace_line() + _trace_line(job_type="Quantum (batch size 1)"))
-    assert_usage_error(cluster_url, ["submit", "--trace", str(trace)], r"^error: trace line 3: ")
+    assert_usage_error(cluster_url, ["submit", "--trace", str(trace)], r"^error: .*unknown.trace: trace line 3: ")
     assert row_counts(cluster_url)["offline_jobs"] == 0
 
 
 def test_submit_missing_trace_file(cluster_url: str, tmp_path: Path) -> None:
-    assert_usage_error(cluster_url, ["submit", "--trace", str(tmp_path / "nope.trace")], r"^error: trace: ")
+    assert_usage_error(cluster_url, ["submit", "--trace", str(tmp_path / "nope.trace")], r"^error: trace: no such")
+
+
+@pytest.mark.parametrize("extra", [["--name", "mine"], ["--steps", "10"], ["--job-type", RESNET],
+                                   ["--priority", "3"]])
+def test_submit_trace_refuses_the_options_of_one_job(cluster_url: str, tmp_path: Path, extra: list[str]) -> None:
+    trace = tmp_path / "good.trace"
+    trace.write_text(_trace_line())
+    assert_usage_error(cluster_url, ["submit", "--trace", str(trace), *extra],
+                       rf"^error: {extra[0][2:]}: not with --trace \(each trace line is one job")
+
+
+def test_submit_limit_without_a_trace_is_refused(cluster_url: str) -> None:
+    assert_usage_error(cluster_url, [*JOB, "--limit", "3"], r"^error: limit: only with --trace$")
 
 
 # -- help everywhere ------------------------------------------------------------------------
@@ -388,10 +401,67 @@ def test_round_with_several_jobs_per_gpu_puts_jobs_together_within_the_gpu(clust
     assert running == placed  # every placement was dispatched and runs, two to a GPU where the plan said so
 
 
+def _job_rows(url: str) -> dict[int, tuple[str, str | None]]:
+    return {j.id: (j.state, j.state_reason) for j in rows(url, select(m.OfflineJob))}
+
+
+def test_jobs_cancel_all_or_none_and_a_slurm_job_is_scancelled(cluster_url: str) -> None:
+    for name in ("a", "b", "c"):
+        ok(cluster_url, *with_job(JOB, "--name", name))
+    assert_usage_error(cluster_url, ["jobs", "cancel", "1", "9"], r"^error: no offline job 9$")
+    out = ok(cluster_url, "jobs", "cancel", "1", "2", "--reason", "wrong data").output
+    assert out.splitlines() == ["cancelled job 1 (SUBMITTED -> FAILED)", "cancelled job 2 (SUBMITTED -> FAILED)"]
+    jobs = _job_rows(cluster_url)
+    assert jobs[1] == jobs[2] == ("FAILED", "cancelled by the user (muxflow jobs cancel): wrong data")
+    assert jobs[3][0] == "SUBMITTED"
+    assert_usage_error(cluster_url, ["jobs", "cancel", "3", "1"], r"^error: job 1 has already ended \(FAILED\)$")
+    assert _job_rows(cluster_url)[3][0] == "SUBMITTED"  # all or none
+    engine = create_engine(cluster_url)
+    with engine.begin() as conn:
+        conn.execute(m.OfflineJob.__table__.update().where(m.OfflineJob.id == 3).values(slurm_job_id=4242))
+    engine.dispose()
+    assert_usage_error(cluster_url, ["jobs", "cancel", "3"], r"^error: job 3 is Slurm job 4242: cancel it with "
+                                                             r"`scancel 4242`")
+
+
+def test_a_running_job_cancelled_stops_and_the_next_round_goes_on_without_it(cluster_url: str) -> None:
+    long_job = with_job(JOB, "--steps", "5000000")
+    ok(cluster_url, *long_job)
+    ok(cluster_url, *with_job(long_job, "--name", "j2"))
+    ok(cluster_url, "sample", "--per-type", "200")
+    ok(cluster_url, "train", "--epochs", "20")
+    ok(cluster_url, "round", "--once")
+    running = [j for j, (state, _) in _job_rows(cluster_url).items() if state == "RUNNING"]
+    assert running, _job_rows(cluster_url)
+    gone = running[0]
+    ran_before = len(rows(cluster_url, select(m.JobExecution).where(m.JobExecution.job_id == gone)))
+    assert ok(cluster_url, "jobs", "cancel", str(gone)).output.strip() == f"cancelled job {gone} (RUNNING -> FAILED)"
+    out = ok(cluster_url, "round", "--once").output
+    assert re.search(r"^round 2 window .* 16 GPUs, 1 jobs", out, re.M), out
+    assert _job_rows(cluster_url)[gone][0] == "FAILED"
+    # It ran until the cancel, at the simulated cluster's time (the end of the booked window), and no more.
+    assert ran_before >= 1
+    assert len(rows(cluster_url, select(m.JobExecution).where(m.JobExecution.job_id == gone))) == ran_before
+    assert not rows(cluster_url, select(m.Placement).where(m.Placement.job_id == gone, m.Placement.round_id == 2))
+
+
+def test_round_is_once_or_fill_and_a_fill_needs_a_real_cluster(cluster_url: str) -> None:
+    assert_usage_error(cluster_url, ["round"], r"^error: round: give --once \(a round\) or --fill")
+    assert_usage_error(cluster_url, ["round", "--once", "--fill"], r"^error: round: give --once")
+    ok(cluster_url, *JOB)
+    ok(cluster_url, "sample", "--per-type", "200")
+    ok(cluster_url, "train", "--epochs", "3")
+    assert_usage_error(cluster_url, ["round", "--fill"], r"^error: round: fills run on a real cluster: the "
+                                                          r"simulated cluster books whole round windows")
+
+
 def test_round_without_predictor_or_cluster(store_url: str) -> None:
     assert_usage_error(store_url, ["round", "--once"], r"^error: cluster: ")
     ok(store_url, *CLUSTER)
     assert_usage_error(store_url, ["train", "--epochs", "1"], r"^error: samples: ")
+    ok(store_url, *JOB)
+    # No predictor: refused before the simulated cluster profiles the job or records its online warm-up hour.
+    assert_usage_error(store_url, ["round", "--once"], r"^error: round: no promoted speed predictor")
 
 
 @pytest.mark.parametrize("command", [["slurm", "pickup"], ["slurm", "register-nodes"]])

@@ -91,8 +91,34 @@ def test_whereabouts_of_every_kind_of_job(store: Store, jobs: dict[str, int]) ->
         "; dispatch not sent yet")
     assert why[jobs["placed"]] == (f"placed by round {r} on {where[jobs['placed_gpu']]} at 70 %: waiting for the "
                                    "cluster to start it")
-    assert why[jobs["late"]].startswith("waiting for the next round (pending since ")
+    # a real cluster (the round is not simulated): a fill starts it when a GPU frees up
+    assert why[jobs["late"]].startswith("waiting for a GPU to free up or the next round (pending since ")
     assert f"after round {r} was planned at " in why[jobs["late"]]
+
+
+def test_a_fill_after_the_round_is_the_plan_a_job_is_explained_by(store: Store, jobs: dict[str, int]) -> None:
+    r = jobs["round"]
+    with store.session() as s:
+        gpu = s.get(m.Gpu, jobs["placed_gpu"])
+        free = next(g.id for g in s.scalars(select(m.Gpu)) if g.gpu_type == "t4" and g.id != gpu.id)
+    gpus = [GpuCandidate(gpu_id=free, gpu_type="t4", memory_bytes=15 * GIB, max_sm_clock_mhz=1590,
+                         health=GpuHealth.HEALTHY, service_name="svc", online=ONLINE, forecast_sm_pct=20.0,
+                         forecast_mem_bytes=2 * GIB, slowdown_allowance=0.5)]
+    cands = [JobCandidate(job_id=j, mem_bytes=int(mem * GIB), allowed_gpu_types=frozenset({"t4"}),
+                          profiles={"t4": PROFILE}) for j, mem in ((jobs["late"], 2), (jobs["big"], 9))]
+    result = plan_round(gpus, cands, {"t4": StubPredictor()})
+    snap = {**snapshot(gpus, cands), "fill_of_round": r}
+    with store.session() as s:
+        repo.record_round(s, dt.datetime(2026, 3, 1, 10, 0, tzinfo=dt.UTC), result, snap, False, 2,
+                          {p.job_id: "start" for p in result.placements}, seq=1)
+        rows = [s.get(m.OfflineJob, jobs[k]) for k in ("late", "big")]
+        why = whereabouts(s, rows)
+    assert why[jobs["late"]].startswith(f"planned by round {r}'s fill 1 on ")
+    assert why[jobs["big"]].startswith(f"round {r}'s fill 1: no feasible GPU: memory above every candidate GPU's")
+    with store.session() as s:
+        transition(s, jobs["late"], JobState.PLACED, "placed")
+        why = whereabouts(s, [s.get(m.OfflineJob, jobs["late"])])
+    assert why[jobs["late"]].startswith(f"placed by round {r}'s fill 1 on ")
 
 
 def test_a_job_the_matching_left_out_and_one_before_any_round(store: Store) -> None:

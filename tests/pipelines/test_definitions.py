@@ -244,6 +244,56 @@ def test_eviction_sensor_requeues_evicted_jobs(cluster_store: Store, tmp_path: P
         assert not again.run_requests
 
 
+def test_fill_sensor_asks_for_a_fill_when_a_gpu_frees_or_a_job_arrives_while_jobs_wait(cluster_store: Store,
+                                                                                        tmp_path: Path) -> None:
+    s_ = settings(cluster_store.url, tmp_path, cluster="slurm", slurm_url="unix:/nonexistent.sock")
+    defs = build_definitions(s_)
+    assert defs.resolve_sensor_def("fill_sensor").job_name == "fill_job"
+    assert defs.resolve_job_def("fill_job").tags["muxflow/kind"] == "round"  # never beside a round
+    assert "fill_sensor" not in {x.name for x in build_definitions(settings(cluster_store.url, tmp_path)).sensors}
+    t0 = START + dt.timedelta(hours=3)
+    with cluster_store.session() as s:
+        ids = [j.id for j in s.scalars(select(m.OfflineJob).order_by(m.OfflineJob.id))]
+        for jid in ids[:2]:  # the round placed these two; they run
+            for k, st in enumerate((JobState.PROFILING, JobState.PENDING, JobState.PLACED, JobState.RUNNING)):
+                transition(s, jid, st, "setup", at_utc=t0 - dt.timedelta(minutes=10 - k))
+        rnd = m.SchedulingRound(window_start_utc=t0 - dt.timedelta(minutes=5), status="planned")
+        s.add(rnd)
+        s.flush()
+        rid = rnd.id
+
+    def move(jid: int, *states: JobState, minutes: float = 1) -> None:
+        with cluster_store.session() as s:
+            for st in states:
+                transition(s, jid, st, "test", at_utc=t0 + dt.timedelta(minutes=minutes))
+
+    with instance_for_test() as inst:
+        assert "no dispatched round" in _tick(defs, "fill_sensor", inst, None).skip_message
+        with cluster_store.session() as s:
+            s.get(m.SchedulingRound, rid).status, s.get(m.SchedulingRound, rid).finished_utc = "dispatched", t0
+        move(ids[3], JobState.PROFILING, JobState.PENDING, minutes=0)  # moved by the round's own dispatch
+        quiet = _tick(defs, "fill_sensor", inst, None)
+        assert not quiet.run_requests and "no GPU freed and no job arrived" in quiet.skip_message
+        move(ids[3], JobState.PLACED)
+        move(ids[0], JobState.DONE)  # a GPU frees up, but nothing waits
+        idle = _tick(defs, "fill_sensor", inst, quiet.cursor)
+        assert not idle.run_requests and "no job waits" in idle.skip_message
+        move(ids[2], JobState.PROFILING, JobState.PENDING, minutes=2)  # a job arrives
+        tick = _tick(defs, "fill_sensor", inst, idle.cursor)
+        (req,) = tick.run_requests
+        assert req.tags["muxflow/kind"] == "round" and req.run_key.startswith(f"fill-r{rid}-t")
+        assert not _tick(defs, "fill_sensor", inst, tick.cursor).run_requests  # asked once
+        # A round (or fill) is running when the next job finishes: the fill waits for it, and is not lost.
+        inst.create_run_for_job(defs.resolve_job_def("round_job"), run_id="b" * 32,
+                                status=DagsterRunStatus.STARTED, tags={"muxflow/kind": "round"})
+        move(ids[1], JobState.DONE, minutes=3)
+        busy = _tick(defs, "fill_sensor", inst, tick.cursor)
+        assert not busy.run_requests and "is running" in busy.skip_message
+        inst.report_run_failed(inst.get_run_by_id("b" * 32))
+        after = _tick(defs, "fill_sensor", inst, busy.cursor or tick.cursor)
+        assert len(after.run_requests) == 1 and after.run_requests[0].run_key != req.run_key
+
+
 # -- a backfill of past round partitions ----------------------------------------------------------
 
 

@@ -9,6 +9,7 @@ from alembic import command
 from alembic.autogenerate import compare_metadata
 from alembic.runtime.migration import MigrationContext
 from sqlalchemy import CheckConstraint, inspect, text
+from sqlalchemy.exc import IntegrityError
 
 from executors.store.db import make_engine
 from executors.store.migrate import (
@@ -119,3 +120,37 @@ def test_upgrade_works_from_any_cwd(tmp_path: Path, monkeypatch: pytest.MonkeyPa
     url = f"sqlite:///{tmp_path / 'state' / 'muxflow.db'}"
     assert upgrade(url) == head_revision()
     assert (tmp_path / "state" / "muxflow.db").exists()
+
+
+
+_ROUND_COLUMNS = ("window_start_utc, period_s, started_utc, status, gpus_considered, jobs_pending, feasible_pairs, "
+                  "placements, objective, action_counts, timings_s, snapshot, simulated, plan_actions, "
+                  "certified_optimal, stats")
+
+
+def _copy_as_fill(conn, seq: int) -> None:
+    """Another row of the stored round's window, numbered ``seq``."""
+    conn.execute(text(f"INSERT INTO scheduling_rounds (seq, {_ROUND_COLUMNS}) SELECT {seq}, {_ROUND_COLUMNS} "
+                      "FROM scheduling_rounds WHERE seq = 0"))
+
+
+def test_rounds_stored_before_fills_existed_become_their_windows_rounds_and_fills_go_on_downgrade(
+        empty_db_url: str) -> None:
+    upgrade(empty_db_url, "0008")
+    engine = make_engine(empty_db_url)
+    try:
+        with engine.begin() as conn:
+            conn.execute(text(f"INSERT INTO scheduling_rounds ({_ROUND_COLUMNS}) VALUES ('2026-03-02 12:00:00', 900, "
+                              "'2026-03-02 12:00:00', 'dispatched', 0, 0, 0, 0, 0.0, '{}', '{}', '{}', false, '[]', "
+                              "false, '{}')"))
+        upgrade(empty_db_url)
+        with engine.begin() as conn:
+            assert conn.execute(text("SELECT seq FROM scheduling_rounds")).scalars().all() == [0]
+            _copy_as_fill(conn, 1)
+            with pytest.raises(IntegrityError), conn.begin_nested():  # one fill 1 per window
+                _copy_as_fill(conn, 1)
+        downgrade(empty_db_url, "0008")
+        with engine.connect() as conn:
+            assert conn.execute(text("SELECT count(*) FROM scheduling_rounds")).scalar() == 1
+    finally:
+        engine.dispose()

@@ -71,6 +71,10 @@ def _seed(store: Store) -> dict[str, Any]:
             SchedulingRound(window_start_utc=_at(1, 10, 15), status="dispatched", gpus_considered=2,
                             jobs_pending=1, placements=1, objective=0.9, simulated=True),
             SchedulingRound(window_start_utc=_at(1, 10, 30)),
+            # a fill of the first window: one waiting job started on a freed GPU (its executions are booked
+            # to the window's round)
+            SchedulingRound(window_start_utc=_at(1, 10, 0), seq=1, status="dispatched", gpus_considered=1,
+                            jobs_pending=1, placements=1, objective=0.6, predicted_oversold=0.6),
         ]
         s.add_all(rounds)
         s.flush()
@@ -85,7 +89,7 @@ def _seed(store: Store) -> dict[str, Any]:
 
         s.add_all([
             place(r[0], j[0], g[0], "start"), place(r[0], j[1], g[1], "keep"),
-            place(r[0], j[2], g[2], "migrate"), place(r[1], j[0], g[0], "start"),
+            place(r[0], j[2], g[2], "migrate"), place(r[1], j[0], g[0], "start"), place(r[3], j[1], g[2], "start"),
             dispatch(r[0], j[0], "start"), dispatch(r[0], j[1], "evict"), dispatch(r[0], j[2], "evict"),
         ])
 
@@ -191,12 +195,13 @@ def test_placements_per_round(store: Store) -> None:
     r = _seed(store)["rounds"]
     _check(
         run_report(store.engine, "placements_per_round"),
-        ["round_id", "window_start_utc", "status", "gpus_considered", "jobs_pending", "placements",
+        ["round_id", "window_start_utc", "fill", "status", "gpus_considered", "jobs_pending", "placements",
          "starts", "keeps", "migrates", "evictions", "objective", "source"],
         [
-            (r[0], "2024-03-01 10:00:00", "dispatched", 4, 5, 3, 1, 1, 1, 2, 2.5, "measured"),
-            (r[1], "2024-03-01 10:15:00", "dispatched", 2, 1, 1, 1, 0, 0, 0, 0.9, "simulated"),
-            (r[2], "2024-03-01 10:30:00", "planned", 0, 0, 0, 0, 0, 0, 0, 0.0, "measured"),
+            (r[0], "2024-03-01 10:00:00", 0, "dispatched", 4, 5, 3, 1, 1, 1, 2, 2.5, "measured"),
+            (r[3], "2024-03-01 10:00:00", 1, "dispatched", 1, 1, 1, 1, 0, 0, 0, 0.6, "measured"),
+            (r[1], "2024-03-01 10:15:00", 0, "dispatched", 2, 1, 1, 1, 0, 0, 0, 0.9, "simulated"),
+            (r[2], "2024-03-01 10:30:00", 0, "planned", 0, 0, 0, 0, 0, 0, 0, 0.0, "measured"),
         ],
     )
 
