@@ -13,9 +13,13 @@ Documented choices (docs/EVALUATION.md):
   ``trace-repeat`` stream), then cut to exactly ``jobs`` in arrival order.
 - **Time compression.** Arrivals are scaled linearly into ``arrival_hours``;
   solo durations (steps over measured solo steps/s on the reference GPU) are
-  scaled by one factor so their mean is ``mean_job_hours`` and clipped at
-  ``max_job_hours`` (the paper fits its traces into 24 hours the same way;
-  relative sizes are kept below the clip).
+  scaled by one factor and clipped to [``MIN_JOB_S``, ``max_job_hours``], the
+  factor chosen so that the mean *after* the clip is ``mean_job_hours``
+  (:func:`scale_durations`; the paper fits its traces into 24 hours the same
+  way; relative sizes are kept between the clips). Scaling the mean first and
+  clipping after would shrink a heavy-tailed trace: its many short jobs land on
+  the floor and its long ones on the cap, and the mean falls well below the
+  one asked for.
 """
 
 from __future__ import annotations
@@ -45,6 +49,37 @@ class JobTable:
     @property
     def size(self) -> int:
         return int(self.arrival_s.shape[0])
+
+
+MIN_JOB_S = 60.0  # shortest solo duration after scaling
+
+
+def scale_durations(solo_s: np.ndarray, mean_s: float, floor_s: float, cap_s: float) -> np.ndarray:
+    """``clip(f · solo_s, floor_s, cap_s)`` with the one factor ``f`` that makes its mean ``mean_s``.
+
+    The clipped mean is continuous and non-decreasing in ``f`` (``floor_s`` when every job is at the
+    floor, ``cap_s`` when every job is at the cap), so bisection on ``log f`` finds it. A mean at or
+    beyond either clip puts every job there.
+    """
+    x = np.asarray(solo_s, dtype=float)
+    if not (x.size and np.all(np.isfinite(x)) and np.all(x >= 0) and x.max() > 0):
+        raise ValueError("solo durations must be finite, non-negative and not all 0")
+    if not 0 < floor_s <= cap_s:
+        raise ValueError(f"need 0 < floor ({floor_s}) <= cap ({cap_s})")
+    if mean_s <= floor_s:
+        return np.full(x.shape, floor_s)
+    if mean_s >= cap_s:
+        return np.full(x.shape, cap_s)
+    lo, hi = np.log(floor_s / x.max()), np.log(cap_s / x[x > 0].min())  # mean floor_s at lo, cap_s at hi
+    for _ in range(200):
+        mid = 0.5 * (lo + hi)
+        if np.clip(x * np.exp(mid), floor_s, cap_s).mean() < mean_s:
+            lo = mid
+        else:
+            hi = mid
+        if hi - lo < 1e-12:
+            break
+    return np.clip(x * np.exp(0.5 * (lo + hi)), floor_s, cap_s)
 
 
 def build_jobs(trace: list[TraceJob], catalog: WorkloadCatalog, cfg: SimConfig,
@@ -85,7 +120,6 @@ def build_jobs(trace: list[TraceJob], catalog: WorkloadCatalog, cfg: SimConfig,
     # Duration scaling on the reference GPU's measured solo speed.
     sps = np.array([catalog.offline[t].solo_steps_per_s_p100 for t in types])[job_type]
     solo_s = steps / sps
-    scaled = solo_s * (cfg.mean_job_hours * 3600.0 / float(solo_s.mean()))
-    scaled = np.clip(scaled, 60.0, cfg.max_job_hours * 3600.0)
+    scaled = scale_durations(solo_s, cfg.mean_job_hours * 3600.0, MIN_JOB_S, cfg.max_job_hours * 3600.0)
     mem = np.array([catalog.offline[t].mem_bytes for t in types], dtype=np.int64)[job_type]
     return JobTable(job_type, types, arrival, scaled * sps, mem, line, worker, reps)

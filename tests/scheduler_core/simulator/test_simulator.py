@@ -14,7 +14,7 @@ from executors.simulated.calibration import default_catalog
 from scheduler_core.rng import rng_stream
 from scheduler_core.simulator import POLICIES, SimConfig, get_policy, run_simulation
 from scheduler_core.simulator.metrics import compare_table, mixture_p99, mixture_p99_rows, slo_metrics
-from scheduler_core.simulator.workload import build_jobs
+from scheduler_core.simulator.workload import build_jobs, scale_durations
 from scheduler_core.trace import TraceError
 from tests.scheduler_core.simulator.conftest import trace_job
 
@@ -145,6 +145,28 @@ def test_scale_factor_split_repetition_and_compression() -> None:
     assert np.all(np.diff(jobs.arrival_s) >= 0)
     solo = jobs.total_steps / np.array([catalog.offline[jobs.types[t]].solo_steps_per_s_p100 for t in jobs.job_type])
     assert solo.max() <= 8 * 3600.0 + 1e-6
+
+
+def test_durations_are_scaled_so_that_their_mean_after_the_clips_is_the_one_asked_for() -> None:
+    """A heavy-tailed trace (most jobs short, a few very long): scaling the mean first and clipping after puts
+    the short ones on the floor and the long ones on the cap, and the mean falls short of the target."""
+    solo = np.random.default_rng(5).lognormal(mean=0.0, sigma=2.5, size=5000)
+    naive = np.clip(solo * (3600.0 / solo.mean()), 60.0, 8 * 3600.0)
+    assert naive.mean() < 0.8 * 3600.0  # what the one-factor-then-clip scaling gave
+    out = scale_durations(solo, 3600.0, 60.0, 8 * 3600.0)
+    assert out.mean() == pytest.approx(3600.0, rel=1e-9)
+    assert out.min() >= 60.0 and out.max() <= 8 * 3600.0
+    inside = (out > 60.0) & (out < 8 * 3600.0)
+    ratio = out[inside] / solo[inside]
+    assert inside.sum() > 3000 and np.allclose(ratio, ratio[0])  # one factor between the clips
+    assert np.all(np.diff(out[np.argsort(solo, kind="stable")]) >= 0)  # order kept
+    # A mean at or beyond a clip puts every job there; a uniform trace is plain scaling.
+    assert np.all(scale_durations(solo, 30.0, 60.0, 600.0) == 60.0)
+    assert np.all(scale_durations(solo, 600.0, 60.0, 600.0) == 600.0)
+    assert np.allclose(scale_durations(np.array([1.0, 2.0, 3.0]), 200.0, 60.0, 1000.0), [100.0, 200.0, 300.0])
+    for bad in (np.array([]), np.array([1.0, np.nan]), np.array([-1.0, 2.0]), np.zeros(3)):
+        with pytest.raises(ValueError):
+            scale_durations(bad, 100.0, 60.0, 600.0)
 
 
 def test_an_unknown_job_type_names_its_trace_line() -> None:
