@@ -94,6 +94,7 @@ class JobSyncReport:
     held: list[int] = field(default_factory=list)              # cluster job ids held by the sync
     executions: int = 0
     skipped_in_flight: int = 0
+    moved_meanwhile: int = 0  # jobs whose store state changed while Slurm was asked: left to the next call
     errors: list[str] = field(default_factory=list)
 
     @property

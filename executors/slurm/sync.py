@@ -14,7 +14,9 @@ when the scheduler host can read its checkpoint directory).
 Idempotent and crash-safe: every call starts from what Slurm and the store say now;
 a change already made is not made again, and a hold is sent before the store moves,
 so a crash between the two is finished by the next call. Jobs with dispatch actions
-in flight (the latest round, still being dispatched) are left to the dispatcher.
+in flight (the latest round, still being dispatched) are left to the dispatcher, and
+jobs whose store state moved while Slurm was asked (a dispatch booked, a job picked
+up) to the next call: a listing older than the state says nothing about it.
 """
 
 from __future__ import annotations
@@ -71,11 +73,11 @@ def sync_jobs(cluster, now: dt.datetime | None = None) -> JobSyncReport:
             return ([(j.id, int(j.slurm_job_id), JobState(j.state), j.checkpoint_dir)
                      for j in jobstore.live_cluster_jobs(s, WATCHED)], jobstore.in_flight_job_ids(s))
 
-    watched, _ = read_store()
+    watched, busy_before = read_store()
     report = JobSyncReport()
     if not watched:
         return report
-    known_before = {job_id for job_id, _, _, _ in watched}
+    state_before = {job_id: state for job_id, _, state, _ in watched}
     jobs = cluster.retry.call("list Slurm jobs", cluster.client.list_jobs)
     # Node faults first: jobs stranded on unusable nodes are held (read again), their GPUs leave the rounds.
     nodes = cluster.retry.call("list Slurm nodes", cluster.client.list_nodes)
@@ -86,16 +88,18 @@ def sync_jobs(cluster, now: dt.datetime | None = None) -> JobSyncReport:
     # The store again, after Slurm's answer: a dispatcher logs its intent before it asks Slurm, so a job Slurm
     # shows released is booked (PLACED) or in flight (skipped) here — never adopted as if nobody had placed it.
     # Read before the listing, a release between the two reads looked like an administrator's.
+    # Only jobs whose state is the same in both reads are decided: the listing is then no older than the state.
+    # A job that moved between them (a dispatch booked after Slurm answered: PLACED while the listing still shows
+    # it held), or that is new (picked up after the listing: absent from it), is the next call's.
     watched, busy = read_store()
     for job_id, sid, state, ckpt_dir in watched:
-        if job_id in busy:
+        if job_id in busy or job_id in busy_before:
             report.skipped_in_flight += 1
             continue
-        sjob = by_id.get(sid)
-        if sjob is None and job_id not in known_before:
-            # Picked up after Slurm answered (submitted after the listing): absent from a listing older than the
-            # job says nothing. The next call sees it.
+        if state_before.get(job_id) != state:
+            report.moved_meanwhile += 1
             continue
+        sjob = by_id.get(sid)
         decision = decide(state, view_of(sjob))
         if not decision.changes:
             continue

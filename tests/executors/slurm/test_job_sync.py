@@ -283,3 +283,27 @@ def test_a_job_submitted_and_picked_up_while_the_sync_lists_slurms_jobs_is_not_f
     backend.sync_jobs(store, W0)
     with store.session() as s:
         assert s.scalars(select(m.OfflineJob.state).where(m.OfflineJob.slurm_job_id == 22)).one() == "FAILED"
+
+
+def test_a_placement_booked_while_the_sync_lists_slurms_jobs_is_not_taken_back(env, monkeypatch) -> None:
+    """Slurm answers with the job still held; the dispatcher then releases it and books PLACED; the sync's second
+    store read sees PLACED. Decided against the older listing it would read as "held again": it is left alone."""
+    store, fake, backend, ids, gpus, _ = env
+    listing = fake.list_jobs
+    placed = []
+
+    def list_then_place():
+        jobs = listing()
+        if not placed:
+            placed.append(True)
+            _place(store, backend, [(ids[12], gpus[1], 30)], minute=15)
+        return jobs
+
+    monkeypatch.setattr(fake, "list_jobs", list_then_place)
+    rep = backend.sync_jobs(store, W0)
+    assert rep.moved_meanwhile == 1 and not rep.changed and _state(store, ids[12]) == "PLACED"
+    assert ("PLACED", "PENDING") not in _history(store, ids[12])
+    monkeypatch.setattr(fake, "list_jobs", listing)
+    _start(fake, 12)
+    backend.sync_jobs(store, W0)
+    assert _state(store, ids[12]) == "RUNNING"
