@@ -3,9 +3,11 @@ handed back to the queue (docs/SLURM.md "Node faults").
 
 Run by the job-state sync (:func:`executors.slurm.sync.sync_jobs`) with one node listing per call:
 
-- each GPU of an unusable node is marked ``Unhealthy`` in the store, so the next round plans nothing there
-  (the round plans on Healthy GPUs only); when Slurm says the node is usable again, the GPUs it marked go back
-  to ``Healthy`` (a node agent's own later state wins again at its next change);
+- each GPU of an unusable node is marked ``Unhealthy`` in the store (source ``slurm``), so the next round plans
+  nothing there (the round plans on Healthy GPUs only); when Slurm says the node is usable again, the GPUs it
+  marked — and only those: never an Unhealthy that a node agent's SysMonitor set — go back to ``Healthy``. A
+  node agent's own later state wins (it writes its state when it starts, and at every change); every write
+  here is a compare-and-set against what was read, so an agent's write in between is never overwritten;
 - a MuxFlow job released onto such a node that has not started (slurmd died between the placement and the
   start: Slurm would start it there once the node returns) is held again, so the sync moves it to PENDING;
 - a job still running on a draining node is checkpointed and requeued held (Slurm lets it run to its end,
@@ -25,6 +27,7 @@ from scheduler_core.domain import GpuHealth
 log = logging.getLogger(__name__)
 
 _DRAIN = frozenset({"DRAIN", "DRAINING", "DRAINED"})
+SOURCE = "slurm"  # gpus.health_source of what this module marks
 
 
 def _draining(node: Node) -> bool:
@@ -32,20 +35,24 @@ def _draining(node: Node) -> bool:
 
 
 def mark_gpus(store, nodes: list[Node], now: dt.datetime) -> dict[int, str]:
-    """Store health of the GPUs of Slurm's nodes: Unhealthy on an unusable node; Healthy again once it is usable."""
+    """Store health of the GPUs of Slurm's nodes: Unhealthy on an unusable node; Healthy again once it is usable
+    (the GPUs this marked only). The changes made, by GPU id."""
     state = {n.name: n for n in nodes}
+    unhealthy = GpuHealth.UNHEALTHY.value
     changes: dict[int, str] = {}
     with store.session() as s:
-        for gpu_id, node, health in inventory.gpu_health_by_node(s):
+        for gpu_id, node, health, source in inventory.gpu_health_by_node(s):
             n = state.get(node)
             if n is None:
                 continue
-            if not n.usable and health != GpuHealth.UNHEALTHY.value:
-                changes[gpu_id] = GpuHealth.UNHEALTHY.value
-            elif n.usable and health == GpuHealth.UNHEALTHY.value:
-                changes[gpu_id] = GpuHealth.HEALTHY.value
-        if changes:
-            repo.set_gpu_health(s, changes, now)
+            if not n.usable and health != unhealthy:
+                new = (unhealthy, SOURCE)
+            elif n.usable and (health, source) == (unhealthy, SOURCE):
+                new = (GpuHealth.HEALTHY.value, "node")
+            else:
+                continue
+            if repo.swap_gpu_health(s, gpu_id, (health, source), new, now):
+                changes[gpu_id] = new[0]
     if changes:
         log.info("Slurm node states: GPU health %s", changes)
     return changes

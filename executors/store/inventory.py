@@ -66,9 +66,9 @@ def gpu_locations(s: Session, gpu_ids: list[int] | None = None) -> dict[int, tup
     return {g: (node, index) for g, node, index in s.execute(q)}
 
 
-def gpu_health_by_node(s: Session) -> list[tuple[int, str, str]]:
-    """(GPU id, node name, health) of every GPU."""
-    return [tuple(r) for r in s.execute(select(m.Gpu.id, m.Node.name, m.Gpu.health)
+def gpu_health_by_node(s: Session) -> list[tuple[int, str, str, str]]:
+    """(GPU id, node name, health, who set it) of every GPU."""
+    return [tuple(r) for r in s.execute(select(m.Gpu.id, m.Node.name, m.Gpu.health, m.Gpu.health_source)
                                         .join(m.Node, m.Gpu.node_id == m.Node.id))]
 
 

@@ -121,11 +121,15 @@ class Gpu(Base):
     uuid: Mapped[str] = mapped_column(String(64), unique=True)
     health: Mapped[str] = mapped_column(String(16), default=GpuHealth.INIT.value)
     health_since_utc: Mapped[dt.datetime] = mapped_column(UtcDateTime, default=utcnow)
+    # Who set ``health``: the GPU's node agent (SysMonitor, device errors) or ``slurm`` (the job-state sync,
+    # for a node Slurm calls unusable). The sync turns back only what it set (executors.slurm.node_faults).
+    health_source: Mapped[str] = mapped_column(String(16), default="node", server_default="node")
     overlimit_entries: Mapped[list] = mapped_column(JSON, default=list)  # UTC ISO times, last 2 h
     node: Mapped[Node] = relationship(back_populates="gpus")
     __table_args__ = (
         UniqueConstraint("node_id", "gpu_index", name="uq_gpus_node_index"),
         CheckConstraint(f"health IN ({GPU_HEALTH_SQL})", name="health_valid"),
+        CheckConstraint("health_source IN ('node', 'slurm')", name="health_source_valid"),
         CheckConstraint("gpu_index >= 0", name="index_nonneg"),
     )
 

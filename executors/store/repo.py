@@ -11,7 +11,7 @@ from collections.abc import Iterable
 from dataclasses import asdict
 
 import numpy as np
-from sqlalchemy import delete, func, select
+from sqlalchemy import delete, func, select, update
 from sqlalchemy.orm import Session
 
 from executors.cluster import EvictionRecord, ExecutionRecord, MetricRow
@@ -287,10 +287,22 @@ def write_evictions(s: Session, recs: list[EvictionRecord], source: str) -> None
 
 
 def set_gpu_health(s: Session, health: dict[int, str], now: dt.datetime) -> None:
+    """The node agents' (or the simulated cluster's) GPU states: theirs from now on, whoever set the last."""
     for gpu in s.scalars(select(m.Gpu).where(m.Gpu.id.in_(list(health)))):
         new = GpuHealth(health[gpu.id]).value
         if gpu.health != new:
             gpu.health, gpu.health_since_utc = new, now
+        gpu.health_source = "node"
+
+
+def swap_gpu_health(s: Session, gpu_id: int, expected: tuple[str, str], new: tuple[str, str],
+                    now: dt.datetime) -> bool:
+    """Compare-and-set of a GPU's (health, source): written only if it is still ``expected`` (a node agent
+    that wrote meanwhile wins). Whether it was written."""
+    done = s.execute(update(m.Gpu).where(m.Gpu.id == gpu_id, m.Gpu.health == expected[0],
+                                         m.Gpu.health_source == expected[1])
+                     .values(health=new[0], health_source=new[1], health_since_utc=now))
+    return bool(done.rowcount)
 
 
 def latest_metric_minute(s: Session) -> dt.datetime | None:
