@@ -57,7 +57,7 @@ def _sim_options(fn):
         click.option("--between-rounds", is_flag=True,
                      help="Every policy also places waiting jobs between rounds, in the minute a job arrives or a "
                           "GPU frees (MuxFlow: waiting jobs onto free GPUs only, nothing moves) [default: at "
-                          "rounds only, the paper]. The pipeline plans at rounds only."),
+                          "rounds only, the paper]. On Slurm the pipeline's fills do this (docs/SLURM.md)."),
         click.option("--calibration", default="transfer", show_default=True,
                      help="Interference calibration: transfer, pessimistic, or a measured GPU type's own fit "
                           "(k80, p100, ...; docs/CALIBRATION.md)."),
