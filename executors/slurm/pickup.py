@@ -29,6 +29,8 @@ import shlex
 from collections.abc import Collection
 from dataclasses import dataclass
 
+from sqlalchemy.exc import IntegrityError
+
 from executors.slurm.errors import SlurmError
 from executors.slurm.hostlist import gres_count, parse_gres
 from executors.slurm.models import Job
@@ -173,30 +175,28 @@ def import_submissions(store, client, known_job_types: set[str] | None = None, *
             validate(spec, gpu_types, known_job_types)
         except SubmissionError as exc:
             reason = f"{REJECTED_PREFIX}{exc}"
-            with store.session() as s:
-                s.add(m.OfflineJob(
+            if _insert_once(store, job.job_id, lambda: m.OfflineJob(
                     name=(job.name or f"slurm-{job.job_id}")[:128], job_type="(rejected)",
                     command=f"sbatch job {job.job_id}", mem_bytes=1, allowed_gpu_types=[], checkpoint_dir="",
                     total_steps=1, state=JobState.FAILED.value, state_reason=reason, slurm_job_id=job.job_id,
-                    run_as_user=job.user_name or None,
-                ))
+                    run_as_user=job.user_name or None)) is None:
+                continue
             _cancel_rejected(client, job, reason, cancelled)
             rejected.append((job.job_id, reason))
             log.warning("slurm job %s rejected: %s", job.job_id, exc)
             continue
-        with store.session() as s:
-            row = m.OfflineJob(
-                name=spec.name, job_type=spec.job_type, command=spec.command, mem_bytes=spec.mem_bytes,
-                allowed_gpu_types=sorted(set(spec.allowed_gpu_types)), checkpoint_dir=spec.checkpoint_dir,
-                priority=spec.priority, total_steps=spec.total_steps, slurm_job_id=job.job_id,
-                # Slurm runs the job as its submitter: MPS lets it share only a GPU of that user (scheduler_core.run_as).
-                run_as_user=job.user_name or None,
-                state_reason=f"imported from Slurm job {job.job_id}",
-            )
-            s.add(row)
-            s.flush()
-            imported.append(row.id)
-        log.info("imported slurm job %s as store job %s", job.job_id, imported[-1])
+        row_id = _insert_once(store, job.job_id, lambda: m.OfflineJob(
+            name=spec.name, job_type=spec.job_type, command=spec.command, mem_bytes=spec.mem_bytes,
+            allowed_gpu_types=sorted(set(spec.allowed_gpu_types)), checkpoint_dir=spec.checkpoint_dir,
+            priority=spec.priority, total_steps=spec.total_steps, slurm_job_id=job.job_id,
+            # Slurm runs the job as its submitter: MPS lets it share only a GPU of that user (scheduler_core.run_as).
+            run_as_user=job.user_name or None,
+            state_reason=f"imported from Slurm job {job.job_id}",
+        ))
+        if row_id is None:
+            continue
+        imported.append(row_id)
+        log.info("imported slurm job %s as store job %s", job.job_id, row_id)
     # A crash between the store insert and the cancel leaves a rejected job pending in Slurm: finish it.
     with store.session() as s:
         stale = {j.job_id for j in jobs} & jobstore.rejected_slurm_ids(s, REJECTED_PREFIX)
@@ -205,6 +205,22 @@ def import_submissions(store, client, known_job_types: set[str] | None = None, *
     for sid in sorted(stale - {r[0] for r in rejected}):
         _cancel_rejected(client, by_id[sid], reasons.get(sid) or "rejected", cancelled)
     return PickupReport(imported, rejected)
+
+
+def _insert_once(store, slurm_job_id: int, make_row) -> int | None:
+    """Store the job's row; None when another pick-up (the sensor, ``muxflow submit``) stored it meanwhile."""
+    try:
+        with store.session() as s:
+            row = make_row()
+            s.add(row)
+            s.flush()
+            return row.id
+    except IntegrityError:
+        with store.session() as s:
+            if slurm_job_id not in inventory.imported_slurm_ids(s, [slurm_job_id]):
+                raise
+        log.info("slurm job %s: imported meanwhile by another pick-up", slurm_job_id)
+        return None
 
 
 def submit_held(store, client, spec: JobSpec, script: str, *, mps_pct: int, working_dir: str,

@@ -46,3 +46,31 @@ def test_a_heterogeneous_job_is_cancelled_through_its_leader_and_a_refused_cance
     rep = import_submissions(store, fake2, only=[50, 51])
     assert [sid for sid, _ in rep.rejected] == [50] and len(rep.imported) == 1
     assert fake2.jobs[50].held  # nothing cancelled it yet
+
+
+def test_two_pickups_of_the_same_jobs_at_once_import_each_once_and_neither_fails(tmp_path, monkeypatch) -> None:
+    """``muxflow submit`` and the pick-up sensor both find the new jobs not imported yet, then both insert them: the
+    second insert of a job meets the first's row (unique Slurm id) and counts it as imported by the other, not as
+    an error that fails the sensor tick or the user's submit."""
+    from executors.slurm import pickup
+
+    store: Store = store_with_fake_nodes(tmp_path)
+    fake = FakeSlurm([make_job(41, comment=GOOD.format("a")), make_job(42, comment="muxflow: mem=2GiB")])
+    read = pickup.inventory.imported_slurm_ids
+    other = []
+
+    def read_then_the_other_imports(s, *args):
+        seen = read(s, *args)
+        if not other:  # the other pick-up runs between this one's read of the store and its inserts
+            other.append(None)
+            other[0] = import_submissions(store, fake, only=[41, 42])
+        return seen
+
+    monkeypatch.setattr(pickup.inventory, "imported_slurm_ids", read_then_the_other_imports)
+    rep = import_submissions(store, fake, only=[41, 42])
+    assert rep.imported == [] and rep.rejected == []
+    assert len(other[0].imported) == 1 and [sid for sid, _ in other[0].rejected] == [42]
+    with store.session() as s:
+        assert sorted((j.slurm_job_id, j.state) for j in s.scalars(select(m.OfflineJob))) == [
+            (41, "SUBMITTED"), (42, "FAILED")]
+    assert fake.jobs[42].state == "CANCELLED"
