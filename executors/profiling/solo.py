@@ -50,7 +50,7 @@ from executors.store import models as m
 from executors.store import profiling as profstore
 from executors.store import repo
 from executors.store.db import Store
-from executors.store.jobs import ConcurrentTransition, IllegalTransition, transition
+from executors.store.jobs import ConcurrentTransition, IllegalTransition, entered_at, transition
 from scheduler_core.domain import JobState, OfflineFeatures
 from scheduler_core.job_sync import decide
 
@@ -73,6 +73,11 @@ _PROFILED_STATES = frozenset({JobState.SUBMITTED.value, JobState.PROFILING.value
 
 class SoloProfiler:
     USER_JOB_CHECK_S = 10.0  # how often a poll asks the cluster whether the profiled jobs' own jobs still exist
+    # Profiler runs may overlap (the submission sensor starts one per batch of new jobs). Work another profiler
+    # may still be doing — a PROFILING job without its runs yet, a run's row before its sbatch came back — is
+    # taken over only this long after it began (a profiler that stopped in between); until then a run of its
+    # is only looked for (by its key), never sent again.
+    TAKEOVER_GRACE_S = 120.0
 
     def __init__(self, store: Store, executor: ProfileExecutor, settings: ProfilingSettings = ProfilingSettings(),
                  seed: int = 0, now: Callable[[], dt.datetime] = lambda: dt.datetime.now(dt.UTC),
@@ -86,6 +91,7 @@ class SoloProfiler:
         self.monotonic = monotonic
         self.handles = RunHandles(executor)
         self._next_user_check = -math.inf
+        self._own_runs: set[int] = set()  # runs this profiler created: sent again at once when Slurm was down
 
     # -- the whole step ---------------------------------------------------------------------------
     def run(self) -> ProfilingSummary:
@@ -110,6 +116,8 @@ class SoloProfiler:
         for job_id, state, job_type, gpu_types, slurm_id, command, mem_bytes in jobs:
             if job_id in ended:
                 continue
+            if state == JobState.PROFILING.value and not self._left_behind(job_id):
+                continue  # another profiler may be starting its runs right now
             if state == JobState.SUBMITTED.value:
                 with self.store.session() as s:
                     try:
@@ -139,6 +147,12 @@ class SoloProfiler:
                 continue
             for gtype in todo:
                 self._submit(job_id, job_type, gtype, script.text, script.working_dir, summary, mem_bytes)
+
+    def _left_behind(self, job_id: int) -> bool:
+        """Whether a PROFILING job became so long enough ago that no live profiler is still starting its runs."""
+        with self.store.session() as s:
+            since = entered_at(s, job_id, JobState.PROFILING)
+        return since is None or (self.now() - since).total_seconds() >= self.TAKEOVER_GRACE_S
 
     def _drop_ended(self, jobs: list[tuple[int, str, int | None]], summary: ProfilingSummary) -> set[int]:
         """Jobs (id, state, Slurm id) whose own Slurm job ended before they were placed (the user cancelled it,
@@ -208,13 +222,17 @@ class SoloProfiler:
             run.run_dir = str(prepare_run_dir(self.settings.profile_dir, f"solo-run{run.id}-job{job_id}-{gtype}"))
             spec = self._spec(run, job_type, script_text, working_dir, mem_bytes)
             run_id = run.id
+        self._own_runs.add(run_id)
         # the intent (the row) is committed before anything is sent
         self._send(run_id, spec, summary)
 
-    def _send(self, run_id: int, spec: RunSpec, summary: ProfilingSummary) -> None:
+    def _send(self, run_id: int, spec: RunSpec, summary: ProfilingSummary, may_submit: bool = True) -> None:
+        """Find the run's job by its key (a persistent executor) or submit it; ``may_submit`` False: find only."""
         try:
             handle = self.executor.find(spec) if self.executor.persistent else None
             if handle is None:
+                if not may_submit:
+                    return
                 handle = self.executor.submit(spec)
                 summary.submitted += 1
         except ExecutorUnavailable as exc:
@@ -288,11 +306,16 @@ class SoloProfiler:
         return left
 
     def _resubmit(self, run_id: int, summary: ProfilingSummary) -> bool:
-        """A run whose submission did not get through (executor down): find it or send it again."""
+        """A run whose submission did not get through (executor down): find it or send it again.
+
+        Another profiler's run, younger than :attr:`TAKEOVER_GRACE_S`, may be in its sbatch right now: it
+        is only looked for."""
         with self.store.session() as s:
             run = s.get(m.ProfilingRun, run_id)
             job = s.get(m.OfflineJob, run.job_id)
             job_type, slurm_id, command, mem_bytes = job.job_type, job.slurm_job_id, job.command, job.mem_bytes
+            age_s = (self.now() - run.submitted_utc).total_seconds()
+        may_submit = run_id in self._own_runs or age_s >= self.TAKEOVER_GRACE_S
         try:
             script = self.executor.job_script(slurm_id, command)
         except ExecutorUnavailable:
@@ -302,7 +325,7 @@ class SoloProfiler:
             return True
         with self.store.session() as s:
             spec = self._spec(s.get(m.ProfilingRun, run_id), job_type, script.text, script.working_dir, mem_bytes)
-        self._send(run_id, spec, summary)
+        self._send(run_id, spec, summary, may_submit)
         return False
 
     def _cancel(self, handle: int) -> None:

@@ -127,7 +127,7 @@ def test_slurm_down_at_submission_then_back_submits_each_run_exactly_once(env) -
     ex.unavailable = False
     # a profiler that crashed right after Slurm took the job, before recording the id: the key finds it
     ex.submit(profiler(env)._spec(run, "ResNet-18 (batch size 16)", "#!/bin/sh\ntrue\n", None))
-    s = profiler(env).run()  # a fresh process
+    s = profiler(env).run()  # a fresh process (looks for the run at once; would send it only after the grace)
     assert s.submitted == 0 and len(ex.jobs) == 1
     assert runs_of(store, job)[0].slurm_job_id == next(iter(ex.jobs))
     ex.finish(next(iter(ex.jobs)), GOOD_PROBE)
@@ -141,12 +141,46 @@ def test_a_job_left_profiling_without_runs_gets_them(env) -> None:
     from scheduler_core.domain import JobState
 
     with store.session() as s:  # a profiler that stopped between the transition and its runs
-        transition(s, job, JobState.PROFILING, "test")
+        transition(s, job, JobState.PROFILING, "test", at_utc=clock())
     summary = ProfilingSummary()
+    clock.advance(SoloProfiler.TAKEOVER_GRACE_S - 1)  # it may still be starting them: not taken over yet
+    profiler(env).start_new(summary)
+    assert summary.submitted == 0 and runs_of(store, job) == []
+    clock.advance(1)
     profiler(env).start_new(summary)
     assert summary.submitted == 2 and sorted(r.gpu_type for r in runs_of(store, job)) == ["a10", "t4"]
     profiler(env).start_new(summary)  # open runs are not duplicated
     assert len(runs_of(store, job)) == 2
+
+
+def test_overlapping_profilers_never_send_one_run_twice(env) -> None:
+    """Profiler A has stored a run and is in its sbatch; profiler B, polling every open run, sees the row without a
+    Slurm id. B only looks for it (by its key) until the grace is over; A's own retry after Slurm was down is
+    immediate."""
+    store, ex, clock, _ = env
+    job = add_job(store, "busy", "python b.py")
+    a, b = profiler(env), profiler(env)
+    ex.unavailable = True  # A's sbatch does not come back yet: its row has no Slurm id
+    a.start_new(ProfilingSummary())
+    (run,) = runs_of(store, job)
+    ex.unavailable = False
+    summary = ProfilingSummary()
+    assert b.poll_once(summary) == 1 and summary.submitted == 0 and ex.jobs == {}  # B: not its run, too young
+    a.poll_once(summary)  # A sends its own run again at once
+    assert summary.submitted == 1 and len(ex.jobs) == 1
+    b.poll_once(summary)  # B now finds A's job by its key and records it; nothing sent
+    assert summary.submitted == 1 and runs_of(store, job)[0].slurm_job_id == next(iter(ex.jobs))
+    # A run left behind by a profiler that stopped before its sbatch: taken over after the grace
+    job2 = add_job(store, "orphan-run", "python o.py")
+    ex.unavailable = True
+    profiler(env).start_new(ProfilingSummary())
+    ex.unavailable = False
+    (run2,) = runs_of(store, job2)
+    b.poll_once(summary)
+    assert runs_of(store, job2)[0].slurm_job_id is None
+    clock.advance(SoloProfiler.TAKEOVER_GRACE_S)
+    b.poll_once(summary)
+    assert summary.submitted == 2 and runs_of(store, job2)[0].slurm_job_id is not None
 
 
 def test_a_job_whose_script_cannot_be_read_fails_with_that_reason(env) -> None:
