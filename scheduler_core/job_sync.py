@@ -29,6 +29,9 @@ class Seen(str, enum.Enum):
     COMPLETED = "completed"  # ended with exit code 0
     FAILED = "failed"        # ended otherwise (non-zero exit, timeout, out of memory, node failure …)
     CANCELLED = "cancelled"
+    # between two states (being requeued, or a state this code does not know): nothing is decided until it
+    # settles — a job is never failed for a state that is not an end
+    CHANGING = "changing"
 
 
 ENDED = frozenset({Seen.COMPLETED, Seen.FAILED, Seen.CANCELLED})
@@ -89,7 +92,7 @@ def decide(state: JobState, view: ClusterView) -> Decision:
     """
     seen = view.seen
     started = f"started in the cluster ({view.reason})" if view.reason else "started in the cluster"
-    if state in (JobState.DONE, JobState.FAILED, JobState.MIGRATING):
+    if state in (JobState.DONE, JobState.FAILED, JobState.MIGRATING) or seen == Seen.CHANGING:
         return NOTHING
     if state in (JobState.SUBMITTED, JobState.PROFILING):
         # Not placed yet: only its end matters (the user cancelled it, or it is gone); its profiling stops.

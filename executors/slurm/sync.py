@@ -27,7 +27,7 @@ import logging
 from executors.cluster import ExecutionRecord, JobSyncReport
 from executors.runtime.checkpoint import CheckpointStore
 from executors.slurm import node_faults
-from executors.slurm.models import PENDING, Job
+from executors.slurm.models import FINISHED_STATES, PENDING, Job
 from executors.store import jobs as jobstore
 from executors.store import models as m
 from executors.store import profiling as profstore
@@ -43,7 +43,7 @@ SOURCE = "measured"
 WATCHED = (JobState.SUBMITTED, JobState.PROFILING, JobState.PENDING, JobState.PLACED, JobState.RUNNING,
            JobState.EVICTED)
 _RUNNING_LIKE = frozenset({"RUNNING", "COMPLETING", "CONFIGURING", "SUSPENDED", "STAGE_OUT", "SIGNALING",
-                           "RESIZING"})
+                           "RESIZING", "STOPPED"})
 
 
 def view_of(job: Job | None) -> ClusterView:
@@ -59,8 +59,10 @@ def view_of(job: Job | None) -> ClusterView:
         seen = Seen.COMPLETED if not job.exit_code else Seen.FAILED
     elif job.state == "CANCELLED":
         seen = Seen.CANCELLED
-    else:
+    elif job.state in FINISHED_STATES:
         seen = Seen.FAILED
+    else:  # REQUEUED, REQUEUE_HOLD, REQUEUE_FED, SPECIAL_EXIT, … or a state newer than this code: not an end
+        seen = Seen.CHANGING
     return ClusterView(seen, reason, job.exit_code, job.start_time_utc, job.end_time_utc)
 
 

@@ -51,6 +51,11 @@ CASES = [
     (S.PROFILING, ClusterView(Seen.CANCELLED, "CANCELLED"), [S.FAILED], False, False),
     (S.PROFILING, view(Seen.FAILED, 1), [S.FAILED], False, False),
     (S.MIGRATING, view(Seen.HELD), [], False, False),
+    # being requeued (Slurm's REQUEUED, REQUEUE_HOLD …), or a state the code does not know: never an end
+    (S.RUNNING, view(Seen.CHANGING), [], False, False),
+    (S.PLACED, view(Seen.CHANGING), [], False, False),
+    (S.EVICTED, view(Seen.CHANGING), [], False, False),
+    (S.PROFILING, view(Seen.CHANGING), [], False, False),
     (S.DONE, view(Seen.ABSENT), [], False, False),
 ]
 

@@ -307,3 +307,18 @@ def test_a_placement_booked_while_the_sync_lists_slurms_jobs_is_not_taken_back(e
     _start(fake, 12)
     backend.sync_jobs(store, W0)
     assert _state(store, ids[12]) == "RUNNING"
+
+
+@pytest.mark.parametrize("slurm_state", ["REQUEUED", "REQUEUE_HOLD", "REQUEUE_FED", "SPECIAL_EXIT", "SOMETHING_NEW"])
+def test_a_job_seen_while_slurm_requeues_it_is_left_until_it_settles(env, slurm_state) -> None:
+    """A listing taken in the middle of a requeue (an eviction's requeue-hold, a migration) shows a state that is
+    not an end: the running job is not failed; once Slurm shows it held, it goes back to the queue."""
+    store, fake, backend, ids, gpus, _ = env
+    _place(store, backend, [(ids[11], gpus[0], 40)])
+    _start(fake, 11)
+    backend.sync_jobs(store, W0)
+    fake.jobs[11] = replace(fake.jobs[11], state=slurm_state)
+    assert not backend.sync_jobs(store, W0).changed and _state(store, ids[11]) == "RUNNING"
+    fake.jobs[11] = replace(fake.jobs[11], state="PENDING", priority=0, nodes=())
+    backend.sync_jobs(store, W0)
+    assert _state(store, ids[11]) == "PENDING"
