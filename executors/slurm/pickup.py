@@ -29,8 +29,6 @@ import shlex
 from collections.abc import Collection
 from dataclasses import dataclass
 
-from sqlalchemy.exc import IntegrityError
-
 from executors.slurm.errors import SlurmError
 from executors.slurm.hostlist import gres_count, parse_gres
 from executors.slurm.models import Job
@@ -209,18 +207,10 @@ def import_submissions(store, client, known_job_types: set[str] | None = None, *
 
 def _insert_once(store, slurm_job_id: int, make_row) -> int | None:
     """Store the job's row; None when another pick-up (the sensor, ``muxflow submit``) stored it meanwhile."""
-    try:
-        with store.session() as s:
-            row = make_row()
-            s.add(row)
-            s.flush()
-            return row.id
-    except IntegrityError:
-        with store.session() as s:
-            if slurm_job_id not in inventory.imported_slurm_ids(s, [slurm_job_id]):
-                raise
+    row_id = jobstore.add_imported(store, make_row())
+    if row_id is None:
         log.info("slurm job %s: imported meanwhile by another pick-up", slurm_job_id)
-        return None
+    return row_id
 
 
 def submit_held(store, client, spec: JobSpec, script: str, *, mps_pct: int, working_dir: str,

@@ -5,7 +5,6 @@ from __future__ import annotations
 
 import datetime as dt
 import re
-from collections.abc import Collection
 from dataclasses import dataclass
 
 from sqlalchemy import func, select
@@ -201,9 +200,6 @@ def listed_jobs(s: Session, states: list[str] | None = None) -> list[m.OfflineJo
     return list(s.scalars(q))
 
 
-def imported_slurm_ids(s: Session, among: Collection[int] | None = None) -> set[int]:
-    """The Slurm job ids the store has imported (to tell held submissions not picked up yet), ``among`` these."""
-    q = select(m.OfflineJob.slurm_job_id).where(m.OfflineJob.slurm_job_id.is_not(None))
-    if among is not None:
-        q = q.where(m.OfflineJob.slurm_job_id.in_(list(among)))
-    return set(s.scalars(q))
+def imported_slurm_ids(s: Session) -> set[int]:
+    """The Slurm job ids the store has imported (to tell held submissions not picked up yet)."""
+    return set(s.scalars(select(m.OfflineJob.slurm_job_id).where(m.OfflineJob.slurm_job_id.is_not(None))))

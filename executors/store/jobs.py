@@ -12,6 +12,7 @@ import datetime as dt
 import logging
 
 from sqlalchemy import func, select, update
+from sqlalchemy.exc import IntegrityError
 from sqlalchemy.orm import Session
 
 from executors.store.models import DispatchLog, JobTransition, OfflineJob, SchedulingRound, utcnow
@@ -154,3 +155,18 @@ def rejected_slurm_ids(session: Session, reason_prefix: str) -> set[int]:
     """Slurm ids of the FAILED jobs whose reason starts with ``reason_prefix`` (submissions the pick-up refused)."""
     return set(session.scalars(select(OfflineJob.slurm_job_id).where(
         OfflineJob.state == JobState.FAILED.value, OfflineJob.state_reason.like(f"{reason_prefix}%"))))
+
+
+def add_imported(store, row: OfflineJob) -> int | None:
+    """Store a job picked up from the cluster; its id, or None when a job with its cluster id is stored already
+    (another pick-up — the sensor, ``muxflow submit`` — stored it meanwhile: the cluster id is unique)."""
+    try:
+        with store.session() as s:
+            s.add(row)
+            s.flush()
+            return row.id
+    except IntegrityError:
+        with store.session() as s:
+            if s.scalar(select(OfflineJob.id).where(OfflineJob.slurm_job_id == row.slurm_job_id)) is None:
+                raise
+        return None
