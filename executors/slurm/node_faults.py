@@ -22,12 +22,12 @@ import logging
 
 from executors.slurm.models import PENDING, RUNNING, Job, Node
 from executors.store import inventory, repo
+from executors.store.models import HEALTH_BY_AGENT, HEALTH_BY_SLURM
 from scheduler_core.domain import GpuHealth
 
 log = logging.getLogger(__name__)
 
 _DRAIN = frozenset({"DRAIN", "DRAINING", "DRAINED"})
-SOURCE = "slurm"  # gpus.health_source of what this module marks
 
 
 def _draining(node: Node) -> bool:
@@ -46,9 +46,9 @@ def mark_gpus(store, nodes: list[Node], now: dt.datetime) -> dict[int, str]:
             if n is None:
                 continue
             if not n.usable and health != unhealthy:
-                new = (unhealthy, SOURCE)
-            elif n.usable and (health, source) == (unhealthy, SOURCE):
-                new = (GpuHealth.HEALTHY.value, "node")
+                new = (unhealthy, HEALTH_BY_SLURM)
+            elif n.usable and (health, source) == (unhealthy, HEALTH_BY_SLURM):
+                new = (GpuHealth.HEALTHY.value, HEALTH_BY_AGENT)
             else:
                 continue
             if repo.swap_gpu_health(s, gpu_id, (health, source), new, now):

@@ -173,7 +173,7 @@ def import_submissions(store, client, known_job_types: set[str] | None = None, *
             validate(spec, gpu_types, known_job_types)
         except SubmissionError as exc:
             reason = f"{REJECTED_PREFIX}{exc}"
-            if _insert_once(store, job.job_id, lambda: m.OfflineJob(
+            if _insert_once(store, m.OfflineJob(
                     name=(job.name or f"slurm-{job.job_id}")[:128], job_type="(rejected)",
                     command=f"sbatch job {job.job_id}", mem_bytes=1, allowed_gpu_types=[], checkpoint_dir="",
                     total_steps=1, state=JobState.FAILED.value, state_reason=reason, slurm_job_id=job.job_id,
@@ -183,7 +183,7 @@ def import_submissions(store, client, known_job_types: set[str] | None = None, *
             rejected.append((job.job_id, reason))
             log.warning("slurm job %s rejected: %s", job.job_id, exc)
             continue
-        row_id = _insert_once(store, job.job_id, lambda: m.OfflineJob(
+        row_id = _insert_once(store, m.OfflineJob(
             name=spec.name, job_type=spec.job_type, command=spec.command, mem_bytes=spec.mem_bytes,
             allowed_gpu_types=sorted(set(spec.allowed_gpu_types)), checkpoint_dir=spec.checkpoint_dir,
             priority=spec.priority, total_steps=spec.total_steps, slurm_job_id=job.job_id,
@@ -205,11 +205,11 @@ def import_submissions(store, client, known_job_types: set[str] | None = None, *
     return PickupReport(imported, rejected)
 
 
-def _insert_once(store, slurm_job_id: int, make_row) -> int | None:
+def _insert_once(store, row: m.OfflineJob) -> int | None:
     """Store the job's row; None when another pick-up (the sensor, ``muxflow submit``) stored it meanwhile."""
-    row_id = jobstore.add_imported(store, make_row())
+    row_id = jobstore.add_imported(store, row)
     if row_id is None:
-        log.info("slurm job %s: imported meanwhile by another pick-up", slurm_job_id)
+        log.info("slurm job %s: imported meanwhile by another pick-up", row.slurm_job_id)
     return row_id
 
 

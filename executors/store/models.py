@@ -112,6 +112,10 @@ class Node(Base):
     gpus: Mapped[list[Gpu]] = relationship(back_populates="node", order_by="Gpu.gpu_index")
 
 
+# gpus.health_source: who set a GPU's health — its node agent, or the job-state sync for a node Slurm calls unusable
+HEALTH_BY_AGENT, HEALTH_BY_SLURM = "node", "slurm"
+
+
 class Gpu(Base):
     __tablename__ = "gpus"
     id: Mapped[int] = mapped_column(Integer, primary_key=True)
@@ -123,13 +127,13 @@ class Gpu(Base):
     health_since_utc: Mapped[dt.datetime] = mapped_column(UtcDateTime, default=utcnow)
     # Who set ``health``: the GPU's node agent (SysMonitor, device errors) or ``slurm`` (the job-state sync,
     # for a node Slurm calls unusable). The sync turns back only what it set (executors.slurm.node_faults).
-    health_source: Mapped[str] = mapped_column(String(16), default="node", server_default="node")
+    health_source: Mapped[str] = mapped_column(String(16), default=HEALTH_BY_AGENT, server_default=HEALTH_BY_AGENT)
     overlimit_entries: Mapped[list] = mapped_column(JSON, default=list)  # UTC ISO times, last 2 h
     node: Mapped[Node] = relationship(back_populates="gpus")
     __table_args__ = (
         UniqueConstraint("node_id", "gpu_index", name="uq_gpus_node_index"),
         CheckConstraint(f"health IN ({GPU_HEALTH_SQL})", name="health_valid"),
-        CheckConstraint("health_source IN ('node', 'slurm')", name="health_source_valid"),
+        CheckConstraint(f"health_source IN ('{HEALTH_BY_AGENT}', '{HEALTH_BY_SLURM}')", name="health_source_valid"),
         CheckConstraint("gpu_index >= 0", name="index_nonneg"),
     )
 

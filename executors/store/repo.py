@@ -292,7 +292,7 @@ def set_gpu_health(s: Session, health: dict[int, str], now: dt.datetime) -> None
         new = GpuHealth(health[gpu.id]).value
         if gpu.health != new:
             gpu.health, gpu.health_since_utc = new, now
-        gpu.health_source = "node"
+        gpu.health_source = m.HEALTH_BY_AGENT
 
 
 def swap_gpu_health(s: Session, gpu_id: int, expected: tuple[str, str], new: tuple[str, str],
