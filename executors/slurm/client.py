@@ -158,7 +158,13 @@ class SlurmRestClient:
                             [SlurmErrorEntry(message=f"job {job_id} not in the response")])
 
     def list_jobs(self) -> list[Job]:
-        return self.api.parse_jobs(self.request("GET", self.api.jobs_path()))
+        """Every job slurmctld knows. An answer without a job list is an error, never "no jobs": the job-state
+        sync and the profiler would read every job of the store as gone from the cluster."""
+        data = self.request("GET", self.api.jobs_path())
+        if not isinstance(data.get("jobs"), list):
+            raise SlurmRestError("GET", self.api.jobs_path(), 200, self.api.parse_errors(data),
+                                 body_excerpt="job listing answered without a job list")
+        return self.api.parse_jobs(data)
 
     def update_job(self, job_id: int, update: JobUpdate) -> None:
         """One update; where the API version cannot set the admin comment, the fallback's ``scontrol`` sets it

@@ -89,6 +89,21 @@ def _poll(what: str, check, timeout_s: float, procs: Processes, interval_s: floa
     pytest.fail(f"timed out after {timeout_s:.0f}s waiting for {what} (last: {last!r}){state}\n{logs}", pytrace=False)
 
 
+def _no_job_failed(store: Store, rows: dict, procs: Processes) -> None:
+    """Fail, with each failed job's reason, its profiling runs and the daemon's log, if any job is FAILED."""
+    failed = {sid: j for sid, j in rows.items() if j.state == "FAILED"}
+    if not failed:
+        return
+    with store.session() as s:
+        runs = {sid: [(r.gpu_type, r.state, r.slurm_job_id, r.reason) for r in s.scalars(
+            select(m.ProfilingRun).where(m.ProfilingRun.job_id == j.id).order_by(m.ProfilingRun.id))]
+            for sid, j in failed.items()}
+    lines = [f"Slurm job {sid}: {j.state_reason!r}; profiling runs (type, state, Slurm id, reason): {runs[sid]}"
+             for sid, j in failed.items()]
+    logs = "\n".join(f"--- {p.name}\n{p.log_tail(2500)}" for p in procs.procs if p.name.startswith("dagster-daemon"))
+    pytest.fail("jobs FAILED before they were placed:\n" + "\n".join(lines) + "\n" + logs, pytrace=False)
+
+
 def _job_script(d: Path, k: int, family: str, steps: int) -> Path:
     """What a user writes: print where it runs, then train (checkpointing on SIGTERM/SIGUSR1, resuming)."""
     script = d / f"train-{k}.sh"
@@ -223,8 +238,7 @@ def test_real_loop_end_to_end_from_sbatch_to_done(dev_cluster, make_postgres_dat
 
         _poll("every job picked up and profiled", lambda: len(rows := job_rows()) == len(sids) and all(
             j.state not in ("SUBMITTED", "PROFILING") for j in rows.values()) and rows, 180, procs)
-        rows = job_rows()
-        assert all(j.state != "FAILED" for j in rows.values()), {s: (j.state, j.state_reason) for s, j in rows.items()}
+        _no_job_failed(store, job_rows(), procs)
         timeline["profiled_s"] = time.monotonic() - t_submit
 
         # -- a burst on one replica: Overlimit, eviction on that sample, requeue ------------------------

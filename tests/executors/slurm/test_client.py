@@ -115,6 +115,14 @@ def test_reads() -> None:
     assert client(Replay("ping")).version().release.startswith("22.05")
 
 
+def test_a_job_listing_without_a_job_list_is_an_error_not_an_empty_cluster() -> None:
+    """Read as "no jobs", it would make every job of the store look gone from the cluster."""
+    for text in ('{"meta": {}, "errors": []}', '{"jobs": null, "errors": []}'):
+        with pytest.raises(SlurmRestError, match="without a job list"):
+            client(Replay(text=text)).list_jobs()
+    assert client(Replay(text='{"jobs": [], "errors": []}')).list_jobs() == []
+
+
 def test_requeue_needs_a_fallback() -> None:
     with pytest.raises(SlurmUnsupported, match="no requeue"):
         client(Replay("ping")).requeue(5)
