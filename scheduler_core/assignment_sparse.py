@@ -31,6 +31,7 @@ from __future__ import annotations
 
 import math
 import time
+from dataclasses import replace
 
 import numpy as np
 import scipy.sparse as sp
@@ -127,6 +128,12 @@ def sparse_duals(m: int, n: int, arc_j: np.ndarray, arc_i: np.ndarray, arc_w: np
     return u, v, rounds
 
 
+# Arc weights as integers for the min-cost-flow solver: w × 2^40, exact for float32 weights ≥ 2^-16 and within
+# 2^-41 of any other weight; the solver's cost scaling multiplies costs by about its node count (< 2^22 nodes here).
+FLOW_COST_SCALE = float(1 << 40)
+FLOW_MAX_NODES = 1 << 22
+
+
 def _assign(problem: GroupedWeights, keys: np.ndarray) -> tuple[np.ndarray, np.ndarray, np.ndarray, np.ndarray]:
     """Optimal matching on the arcs ``keys`` (job * n + gpu): (job → GPU or −1, arc jobs, arc GPUs, arc weights)."""
     n, m = problem.n_gpus, problem.n_jobs
@@ -135,10 +142,45 @@ def _assign(problem: GroupedWeights, keys: np.ndarray) -> tuple[np.ndarray, np.n
     keep = w > 0
     arc_j, arc_i, w = arc_j[keep], arc_i[keep], w[keep]
     job_gpu = np.full(m, -1, dtype=np.int64)
-    if m == 0:
+    if m == 0 or not w.size:
         return job_gpu, arc_j, arc_i, w
+    matched = _assign_flow(n, m, arc_j, arc_i, w)
+    if matched is None:
+        matched = _assign_lapjvsp(n, m, arc_j, arc_i, w)
+    return matched, arc_j, arc_i, w
+
+
+def _assign_flow(n: int, m: int, arc_j: np.ndarray, arc_i: np.ndarray, w: np.ndarray) -> np.ndarray | None:
+    """Maximum-weight matching on the arcs as a min-cost flow (OR-Tools' cost-scaling push-relabel): source → each
+    job → its GPUs (cost −w) or its way out (cost 0) → sink. None if the solver is missing or does not solve it."""
+    try:
+        from ortools.graph.python import min_cost_flow
+    except ImportError:  # pragma: no cover - a dependency of the project; LAPJVsp below still solves it
+        return None
+    if n + m + 2 > FLOW_MAX_NODES or float(np.max(np.abs(w))) > 4.0:
+        return None
+    src, snk = n + m, n + m + 1
+    gpu0 = m  # GPU i is node m + i
+    flow = min_cost_flow.SimpleMinCostFlow()
+    tails = np.concatenate([np.full(m, src), arc_j, np.arange(m), gpu0 + np.arange(n)]).astype(np.int32)
+    heads = np.concatenate([np.arange(m), gpu0 + arc_i, np.full(m, snk), np.full(n, snk)]).astype(np.int32)
+    costs = np.concatenate([np.zeros(m), -np.rint(w * FLOW_COST_SCALE), np.zeros(m + n)]).astype(np.int64)
+    arcs = flow.add_arcs_with_capacity_and_unit_cost(tails, heads, np.ones(tails.size, dtype=np.int64), costs)
+    flow.set_node_supply(src, m)
+    flow.set_node_supply(snk, -m)
+    if flow.solve() != flow.OPTIMAL:
+        return None
+    used = np.flatnonzero(flow.flows(arcs[m : m + arc_j.size]) > 0)
+    job_gpu = np.full(m, -1, dtype=np.int64)
+    job_gpu[arc_j[used]] = arc_i[used]
+    return job_gpu
+
+
+def _assign_lapjvsp(n: int, m: int, arc_j: np.ndarray, arc_i: np.ndarray, w: np.ndarray) -> np.ndarray:
+    """The same matching with SciPy's LAPJVsp (slower by an order of magnitude on a round's arcs)."""
+    job_gpu = np.full(m, -1, dtype=np.int64)
     # Minimise Σ (c − w) over a full matching of the jobs, each with a way out (its own column) at c.
-    c = 1.0 + (float(w.max()) if w.size else 0.0)
+    c = 1.0 + float(w.max())
     rows = np.concatenate([arc_j, np.arange(m)])
     cols = np.concatenate([arc_i, n + np.arange(m)])
     cost = np.concatenate([c - w, np.full(m, c)])
@@ -146,7 +188,7 @@ def _assign(problem: GroupedWeights, keys: np.ndarray) -> tuple[np.ndarray, np.n
     r_ind, c_ind = min_weight_full_bipartite_matching(mat)
     real = c_ind < n
     job_gpu[r_ind[real]] = c_ind[real]
-    return job_gpu, arc_j, arc_i, w
+    return job_gpu
 
 
 def _arcs_of(problem: GroupedWeights, jobs: np.ndarray, u: np.ndarray, count: int) -> tuple[np.ndarray, np.ndarray]:
@@ -205,6 +247,9 @@ def _start_from_parts(problem: GroupedWeights, cfg, group_solver) -> tuple[np.nd
     job_part[homed] = gpu_part[problem.home[homed]]
     u = np.zeros(n)
     got = np.full(m, -1, dtype=np.int64)
+    # A part is solved from its groups, never split again: parts are uneven (running jobs go with their GPUs),
+    # and a part holding every job would otherwise be split the same way for ever.
+    part_cfg = replace(cfg, sparse_part_jobs=max(m, cfg.sparse_part_jobs))
     for q in range(parts):
         gq, jq = np.flatnonzero(gpu_part == q), np.flatnonzero(job_part == q)
         if not gq.size or not jq.size:
@@ -215,7 +260,7 @@ def _start_from_parts(problem: GroupedWeights, cfg, group_solver) -> tuple[np.nd
         home = np.where(homed[jq], pos[np.maximum(problem.home[jq], 0)], -1)
         sub = GroupedWeights(problem.base[np.ix_(cls, gq)], inv.reshape(-1), home,
                              np.where(home >= 0, problem.home_weight[jq], -np.inf), problem.penalty[jq])
-        pairs, u_q, _v, _stats = solve_sparse(sub, cfg, group_solver)
+        pairs, u_q, _v, _stats = solve_sparse(sub, part_cfg, group_solver)
         u[gq] = u_q
         for i, j in pairs:
             got[jq[j]] = gq[i]

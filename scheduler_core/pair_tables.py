@@ -12,10 +12,17 @@ job's profile on that type. So each type gets one table over (distinct rows) ×
   so the round evaluates every pair without a per-pair network pass even when
   every job has its own profile.
 
-Both answer the same two questions: :meth:`block` (a rows × profiles block)
-and :meth:`at` (aligned pairs, bit-equal to the predictor's ``predict`` on them);
-NaN marks a pair the predictor does not accept (a feature outside its range).
-De-duplication is exact: no feature is rounded.
+- :class:`MlpTable` (the paper's MLP, when rows × profiles is too many to
+  predict up front: a profile per job at production scale): the first layer's
+  part of every row and every profile (:class:`~scheduler_core.predictor_nets.MlpPairs`);
+  a pair is predicted only when the round asks for it — only pairs that are
+  feasible by memory and health, and at a lower share level only if no higher
+  level was feasible — and nothing is stored per pair.
+
+All answer the same two questions: :meth:`fill` (a rows × profiles block, or
+the pairs of a mask in it) and :meth:`at` (aligned pairs), bit-equal to the
+predictor's ``predict`` on them; NaN marks a pair the predictor does not accept
+(a feature outside its range). De-duplication is exact: no feature is rounded.
 """
 
 from __future__ import annotations
@@ -30,6 +37,9 @@ from scheduler_core.features import N_FEATURES, OFFLINE_SLICE, ONLINE_SLICE, SM_
 
 # Largest pair matrix handed to one predict call (rows); above it, chunks.
 PREDICT_BATCH_ROWS = 500_000
+# An MLP's type table is predicted up front (DenseTable) up to this many (row, profile) pairs; above it the
+# round predicts only the pairs it needs (MlpTable): a profile per job at 20,000 GPUs is ~220 M pairs a type.
+DENSE_TABLE_MAX_PAIRS = 1 << 24
 
 
 @dataclass(frozen=True, eq=False)
@@ -52,8 +62,9 @@ class DenseTable:
         """What :meth:`fill` needs of the profile columns ``cols`` (computed once per type)."""
         return np.asarray(cols, dtype=np.int64)
 
-    def fill(self, rows: np.ndarray, cols, t32: np.ndarray, s32: np.ndarray) -> None:
-        """(tput, slowdown) of rows × prepared columns into blocks of shape (len(rows), len(cols))."""
+    def fill(self, rows: np.ndarray, cols, t32: np.ndarray, s32: np.ndarray, mask: np.ndarray | None = None) -> None:
+        """(tput, slowdown) of rows × prepared columns into blocks of shape (len(rows), len(cols)) (every pair;
+        ``mask`` names the pairs the caller needs, as for :meth:`MlpTable.fill`)."""
         t32[...] = self.tput[np.ix_(rows, cols)]
         s32[...] = self.slowdown[np.ix_(rows, cols)]
 
@@ -101,8 +112,9 @@ class EmbeddedTable:
                  for sp, (bt, bs) in self.prof.items()}
         return sides, ~self.prof_ok[cols]
 
-    def fill(self, rows: np.ndarray, prepared, t32: np.ndarray, s32: np.ndarray) -> None:
-        """Two matrix products per spec, finished to float32 in place (:func:`~scheduler_core.predictor_nets.finish_into`).
+    def fill(self, rows: np.ndarray, prepared, t32: np.ndarray, s32: np.ndarray,
+             mask: np.ndarray | None = None) -> None:
+        """Two matrix products per spec (every pair of the block: they cost less than picking out ``mask``'s), finished to float32 in place (:func:`~scheduler_core.predictor_nets.finish_into`).
 
         The products run in torch on the caller's thread count: the round keeps it at one (``one_torch_thread``)
         (with shapes this thin, a second BLAS thread costs more than it brings on a busy host).
@@ -132,6 +144,67 @@ class EmbeddedTable:
             t32[bad_r], s32[bad_r] = np.nan, np.nan
         if bad_c.any():
             t32[:, bad_c], s32[:, bad_c] = np.nan, np.nan
+
+
+@dataclass(frozen=True, eq=False)
+class MlpTable:
+    """An MLP's (row, profile) pairs, predicted only when asked for (:meth:`fill` with a mask, :meth:`at`).
+
+    Holds the first layer's part of each distinct row and of each profile (per
+    GPU spec: a profile's features are normalised by the GPU's memory and clock);
+    :meth:`MlpPairs.pairs <scheduler_core.predictor_nets.MlpPairs.pairs>` runs the
+    rest of the network on exactly the pairs asked for. ``evaluated[0]`` counts them.
+    """
+
+    kernel: object  # MlpPairs
+    row_part: np.ndarray  # (rows, hidden) float32
+    row_spec: np.ndarray  # (rows,)
+    prof_part: dict  # spec → (profiles, hidden) float32
+    row_ok: np.ndarray
+    prof_ok: np.ndarray
+    evaluated: np.ndarray  # (1,) int64: pairs predicted so far
+    float32_exact = True
+
+    def _pairs(self, rows: np.ndarray, cols: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
+        """float32 (tput, slowdown) of aligned pairs; NaN where the predictor does not accept one.
+
+        The outputs' ranges are applied in float32, which gives :func:`~scheduler_core.predictor_nets.finish`'s
+        numbers exactly (a clip is exact, and ``s + 1`` of a float32 ``s ≥ 0`` rounds once either way).
+        """
+        good = self.row_ok[rows] & self.prof_ok[cols]
+        if len(self.prof_part) == 1 and good.all():
+            (part,) = self.prof_part.values()
+            t, s = self.kernel.pairs(self.row_part, part, rows, cols)
+        else:
+            t = np.full(rows.shape, np.nan, dtype=np.float32)
+            s = np.full(rows.shape, np.nan, dtype=np.float32)
+            spec = self.row_spec[rows]
+            for sp, part in self.prof_part.items():
+                sel = np.flatnonzero(good & (spec == sp))
+                if sel.size:
+                    t[sel], s[sel] = self.kernel.pairs(self.row_part, part, rows[sel], cols[sel])
+        self.evaluated[0] += int(np.count_nonzero(good))
+        np.clip(t, 0.0, 1.0, out=t)
+        np.maximum(s, 0.0, out=s)
+        s += 1.0
+        return t, s
+
+    def at(self, rows: np.ndarray, cols: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
+        t, s = self._pairs(np.asarray(rows, dtype=np.int64), np.asarray(cols, dtype=np.int64))
+        return t.astype(np.float64), s.astype(np.float64)
+
+    def prepare(self, cols: np.ndarray):
+        return np.asarray(cols, dtype=np.int64)
+
+    def fill(self, rows: np.ndarray, cols, t32: np.ndarray, s32: np.ndarray, mask: np.ndarray | None = None) -> None:
+        """The pairs of ``mask`` (rows × cols, None: all) into ``t32``/``s32``; the others are left as they are."""
+        rows = np.asarray(rows, dtype=np.int64)
+        if mask is None:
+            ri, ci = np.repeat(np.arange(rows.size), cols.size), np.tile(np.arange(cols.size), rows.size)
+        else:
+            ri, ci = np.nonzero(mask)
+        if ri.size:
+            t32[ri, ci], s32[ri, ci] = self._pairs(rows[ri], cols[ci])
 
 
 def accept_bounds(model) -> tuple[np.ndarray, np.ndarray]:
@@ -190,10 +263,17 @@ def type_tables(types, gpu_type_idx, gpu_spec, specs, on, shares, profiles, pred
             prof_ok &= in_bounds(off[s], lo[OFFLINE_SLICE], hi[OFFLINE_SLICE])
         stats["profiles_out_of_range"] += int((~prof_ok).sum())
         t_start = time.perf_counter()
+        kernel = _mlp_kernel(model)
         if getattr(model, "factorized", False) and n_rows and n_prof:
             tables.append(_embedded(model, row_on, row_sm, row_spec, off, on_ok, prof_ok))
             stats["predicted_pairs"] += int(on_ok.sum()) * int(prof_ok.sum())
             stats["embedded_rows"] = stats.get("embedded_rows", 0) + n_rows + n_prof * len(off)
+        elif kernel is not None and n_rows * n_prof > DENSE_TABLE_MAX_PAIRS:
+            # the pairs are counted in stats["predicted_pairs"] as the round predicts them (pair_weights)
+            tables.append(MlpTable(kernel, kernel.gpu_part(np.column_stack([row_on, row_sm])), row_spec,
+                                   {int(sp): kernel.job_part(off[int(sp)]) for sp in np.unique(row_spec)},
+                                   on_ok, prof_ok, np.zeros(1, dtype=np.int64)))
+            stats["lazy_tables"] = stats.get("lazy_tables", 0) + 1
         else:
             tput = np.full((n_rows, n_prof), np.nan)
             slow = np.full((n_rows, n_prof), np.nan)
@@ -203,6 +283,16 @@ def type_tables(types, gpu_type_idx, gpu_spec, specs, on, shares, profiles, pred
             tables.append(DenseTable(tput, slow))
         t_predict += time.perf_counter() - t_start
     return tables, gpu_rows, t_predict
+
+
+def _mlp_kernel(model):
+    """The predictor's MLP pair kernel, or None (a factorized predictor, a test stub)."""
+    if getattr(model, "factorized", True):
+        return None
+    try:
+        return model.pair_kernel
+    except (AttributeError, TypeError):
+        return None
 
 
 def _embedded(model, row_on, row_sm, row_spec, off, on_ok, prof_ok) -> EmbeddedTable:
@@ -215,13 +305,26 @@ def _embedded(model, row_on, row_sm, row_spec, off, on_ok, prof_ok) -> EmbeddedT
 
 
 def _predict_table(model, row_on, row_sm, row_spec, off, good_rows, good_prof, tput, slow) -> None:
-    """Fill ``tput``/``slow`` at (good_rows × good_prof) with one predict call per batch of pairs."""
+    """Fill ``tput``/``slow`` at (good_rows × good_prof): through the MLP's pair kernel where the model has one
+    (each row's and each profile's first-layer part once), else one predict call per batch of pairs."""
     if not good_rows.size or not good_prof.size:
         return
+    kernel = _mlp_kernel(model)
+    if kernel is not None:
+        from scheduler_core.predictor_nets import finish
+
+        a = kernel.gpu_part(np.column_stack([row_on, row_sm]))
+        parts = {int(s): kernel.job_part(off[int(s)]) for s in np.unique(row_spec[good_rows])}
     per_batch = max(1, PREDICT_BATCH_ROWS // good_prof.size)
     for start in range(0, good_rows.size, per_batch):
         rows = good_rows[start : start + per_batch]
         r, p = np.repeat(rows, good_prof.size), np.tile(good_prof, rows.size)
+        if kernel is not None:
+            for s in np.unique(row_spec[rows]):
+                sel = row_spec[r] == s
+                raw_t, raw_s = kernel.pairs(a, parts[int(s)], r[sel], p[sel])
+                tput[r[sel], p[sel]], slow[r[sel], p[sel]] = finish(raw_t.astype(np.float64), raw_s.astype(np.float64))
+            continue
         x = np.empty((r.size, N_FEATURES))
         x[:, ONLINE_SLICE] = row_on[r]
         x[:, SM_COLUMN] = row_sm[r]

@@ -32,7 +32,7 @@ from scheduler_core.domain import GpuCandidate, GpuHealth, JobCandidate
 from scheduler_core.dynamic_sm import offline_sm_pct
 from scheduler_core.features import online_vector
 from scheduler_core.grouped_weights import GroupedWeights
-from scheduler_core.pair_tables import EmbeddedTable, profile_index, type_tables
+from scheduler_core.pair_tables import EmbeddedTable, MlpTable, profile_index, type_tables
 from scheduler_core.run_as import class_user, gpu_users, mask_classes
 from scheduler_core.slots import (
     SlotLayout,
@@ -99,7 +99,7 @@ class RoundGraph:
     derate: np.ndarray  # (c,) throughput factor for the slot's co-runners
     class_profile: np.ndarray  # (classes, types) column in the type's table, −1 = none
     types: list[str]
-    tables: list  # per type: DenseTable or EmbeddedTable
+    tables: list  # per type: DenseTable, MlpTable or EmbeddedTable
     stats: dict = field(default_factory=dict)
 
     @property
@@ -254,7 +254,7 @@ class _Weighed:
 
 def _weigh(layout, levels, cfg, types, gpu_type_idx, gpu_spec, specs, on, quota, allowance, healthy, profiles,
            class_profile, class_mem, class_users, elig, predictors, stats) -> _Weighed:
-    """Predict every (slot, class) pair of one slot layout and keep each pair's best feasible weight."""
+    """Predict the (slot, class) pairs of one slot layout and keep each pair's weight at its largest feasible share."""
     n, n_levels, n_cls = levels.shape[1], levels.shape[0], class_profile.shape[0]
     slot_pct, slow_pct = slot_shares(levels, layout, cfg.sm.min_pct)
     multi = layout.count > 1
@@ -284,6 +284,7 @@ def _weigh(layout, levels, cfg, types, gpu_type_idx, gpu_spec, specs, on, quota,
             tables, types, gpu_type_idx[g_of], class_profile, class_mem, tput_rows, slow_rows, derate, slot_quota,
             slot_allowance, slot_healthy, n_cls)
     user_mask = mask_classes(base, class_users, g_of, elig)
+    stats["predicted_pairs"] += int(sum(t.evaluated[0] for t in tables if isinstance(t, MlpTable)))
     return _Weighed(layout, slot_pct, gpu_rows, tput_rows, slow_rows, derate, slot_quota, slot_allowance,
                     slot_healthy, base, class_level, user_mask, tables, t_predict + t_blocks)
 
@@ -308,10 +309,13 @@ def slowdown_limit32(budget: np.ndarray) -> np.ndarray:
 
 def _class_weights(tables, types, slot_type, class_profile, class_mem, tput_rows, slow_rows, derate, slot_quota,
                    slot_allowance, slot_healthy, n_cls):
-    """(classes × slots) best feasible weight over the share levels, its level, and the seconds spent predicting.
+    """(classes × slots) feasible weight at the largest feasible share level, the level, and the seconds predicting.
 
-    A slot's weight for a class is its best predicted throughput (× co-runner factor) over
-    the levels at which the pair is feasible. Blocks of slots × classes small enough to stay
+    A slot's weight for a class is its predicted throughput (× co-runner factor) at the
+    first share level — the largest share — at which the pair is feasible: the fallback
+    levels exist for pairs the dynamic share cannot take (paper §4.3), and a pair is only
+    predicted at a level if no higher one was feasible (nor at all if the job does not fit
+    the slot's memory or the GPU is not Healthy). Blocks of slots × classes small enough to stay
     in cache, with buffers reused across blocks: at 20,000 GPUs × 10,000 profiles this is
     a few hundred million pairs per share level.
     """
@@ -335,6 +339,11 @@ def _class_weights(tables, types, slot_type, class_profile, class_mem, tput_rows
         t_blocks += time.perf_counter() - t
         mem_k = class_mem[ks]
         step = int(max(8, min(slots.size, BLOCK_PAIRS // ks.size)))
+        if isinstance(tables[ti], MlpTable):
+            t_blocks += _on_demand_blocks(tables[ti], prepared, ks, slots, step, mem_k, tput_rows, slow_rows, derate,
+                                          slot_quota, slot_healthy, limit if f32 else None, slot_allowance, base,
+                                          level)
+            continue
         shape = (step, ks.size)
         t32, s32, t2, s2 = (np.empty(shape, dt) for _ in range(4))
         ok, tmp = np.empty(shape, bool), np.empty(shape, bool)
@@ -349,13 +358,17 @@ def _class_weights(tables, types, slot_type, class_profile, class_mem, tput_rows
             for li in range(n_levels):
                 tr, sr = tput_rows[li, sl_idx], slow_rows[li, sl_idx]
                 have = (tr >= 0) & (sr >= 0)
-                if not have.any():
+                # Only pairs that fit and have no feasible higher level are predicted at this one.
+                need = fits & have[:, None]
+                if li:
+                    need &= np.isneginf(bt)
+                if not need.any():
                     continue
                 t = time.perf_counter()
-                tables[ti].fill(np.where(have, tr, 0), prepared, bt32, bs32)
+                tables[ti].fill(np.where(have, tr, 0), prepared, bt32, bs32, need)
                 other = np.flatnonzero(have & (tr != sr))  # slots of split GPUs: slowdown at the whole share
                 if other.size:
-                    tables[ti].fill(sr[other], prepared, t2[: other.size], s2[: other.size])
+                    tables[ti].fill(sr[other], prepared, t2[: other.size], s2[: other.size], need[other])
                     bs32[other] = s2[: other.size]
                 t_blocks += time.perf_counter() - t
                 d = derate[sl_idx]
@@ -367,15 +380,67 @@ def _class_weights(tables, types, slot_type, class_profile, class_mem, tput_rows
                     np.less_equal(bs32 - 1.0, slot_allowance[sl_idx, None], out=bok)
                 np.greater(bt32, 0.0, out=btmp)
                 bok &= btmp
-                bok &= fits
-                bok &= have[:, None]
-                np.greater(bt32, bt, out=btmp)
-                btmp &= bok
-                np.copyto(bt, bt32, where=btmp)
-                blv[btmp] = li
+                bok &= need
+                np.copyto(bt, bt32, where=bok)
+                blv[bok] = li
             base[np.ix_(ks, sl_idx)] = bt.T
             level[np.ix_(ks, sl_idx)] = blv.T
     return base, level, t_blocks
+
+
+def _on_demand_blocks(table: MlpTable, cols: np.ndarray, ks: np.ndarray, slots: np.ndarray, step: int,
+                      mem_k: np.ndarray, tput_rows, slow_rows, derate, slot_quota, slot_healthy, limit,
+                      slot_allowance, base: np.ndarray, level: np.ndarray) -> float:
+    """:func:`_class_weights` for a table that predicts pairs when asked: the same weights and levels.
+
+    Per block of slots, the pairs that fit (memory, health) are a flat list; each level predicts
+    the pairs still without a feasible level and keeps those it finds feasible, so the work is
+    in proportion to the pairs predicted. Returns the seconds spent predicting.
+    """
+    t_pred = 0.0
+    n_levels = tput_rows.shape[0]
+    n_k = ks.size
+    for start in range(0, slots.size, step):
+        sl_idx = slots[start : start + step]
+        fits = (mem_k[None, :] <= slot_quota[sl_idx, None]) & slot_healthy[sl_idx, None]
+        flat = np.flatnonzero(fits)  # open pairs, slot-major: local slot * n_k + local class
+        w = np.full(fits.size, -np.inf, dtype=base.dtype)
+        lv = np.zeros(fits.size, dtype=np.int8)
+        d_blk = derate[sl_idx]
+        split_blk = d_blk != 1.0
+        lim_blk = limit[sl_idx] if limit is not None else None
+        for li in range(n_levels):
+            if not flat.size:
+                break
+            tr_blk, sr_blk = tput_rows[li, sl_idx], slow_rows[li, sl_idx]
+            qi = flat // n_k
+            if (tr_blk >= 0).all() and (sr_blk >= 0).all():
+                q = flat
+            else:  # slots without a row at this level: their pairs wait for the next level
+                has = ((tr_blk >= 0) & (sr_blk >= 0))[qi]
+                q, qi = flat[has], qi[has]
+            qk = q - qi * n_k
+            tr = tr_blk[qi]
+            t = time.perf_counter()
+            tput, slow = table._pairs(tr, cols[qk])
+            if (tr_blk != sr_blk).any():  # slots of split GPUs: slowdown at the whole share
+                split = np.flatnonzero(tr != sr_blk[qi])
+                slow[split] = table._pairs(sr_blk[qi[split]], cols[qk[split]])[1]
+            t_pred += time.perf_counter() - t
+            if split_blk.any():
+                tput = derated(tput, d_blk[qi]).astype(base.dtype)
+            if lim_blk is not None:
+                ok = slow <= lim_blk[qi]
+            else:  # float64 weights (another type's predictor is not float32): the dense reference's arithmetic
+                ok = slow.astype(np.float64) - 1.0 <= slot_allowance[sl_idx][qi]
+            ok &= tput > 0
+            w[q[ok]] = tput[ok]
+            lv[q[ok]] = li
+            # the rest try the next level: pairs infeasible here, and pairs without a row at this level
+            flat = np.setdiff1d(flat, q[ok], assume_unique=True) if q is not flat else q[~ok]
+        base[np.ix_(ks, sl_idx)] = w.reshape(fits.shape).T
+        level[np.ix_(ks, sl_idx)] = lv.reshape(fits.shape).T
+    return t_pred
 
 
 def _homes(elig, jobs, layout, base, class_level, job_class, class_mem, slot_pct, tput_rows, slow_rows, derate,
@@ -432,7 +497,7 @@ def _homes(elig, jobs, layout, base, class_level, job_class, class_mem, slot_pct
                 ok = (sw - 1.0 <= slot_allowance[hc]) & (tp > 0) & (class_mem[kc] <= slot_quota[hc]) & keep
             ok &= slot_pct[li, hc] >= 0
             cand = np.where(ok, tp, -np.inf)
-            better = cand > home_w[rest]
+            better = np.isfinite(cand) & np.isneginf(home_w[rest])  # the largest share that keeps it feasible
             home_w[rest] = np.where(better, cand, home_w[rest])
             home_level[rest] = np.where(better, li, home_level[rest])
     return home, home_w, home_level, penalty

@@ -36,6 +36,7 @@ from scheduler_core.predictor_nets import (
     GPU_COLUMNS,
     JOB_COLUMNS,
     FactorizedNet,
+    MlpPairs,
     combine_rows,
     combine_tables,
     finish,
@@ -223,9 +224,21 @@ class SpeedPredictor:
             a = self.embed_gpu(x[:, GPU_COLUMNS])
             b = self.embed_job(x[:, JOB_COLUMNS])
             return finish(*combine_rows(a, b, self.cfg.embed_dim))
-        z = ((x - self.mean) / self.std).astype(np.float32)
-        out64 = _fixed_shape(self.net, z, 2).astype(np.float64)
-        return finish(out64[:, 0].copy(), out64[:, 1].copy())
+        kernel = self.pair_kernel
+        idx = np.arange(x.shape[0])
+        raw_t, raw_s = kernel.pairs(kernel.gpu_part(x[:, GPU_COLUMNS]), kernel.job_part(x[:, JOB_COLUMNS]), idx, idx)
+        return finish(raw_t.astype(np.float64), raw_s.astype(np.float64))
+
+    @property
+    def pair_kernel(self) -> MlpPairs:
+        """The MLP as a pair kernel (first layer split into a GPU part and a job part): what :meth:`predict` runs,
+        and what a round runs on (GPU row, profile) pairs without building each pair's feature row."""
+        if self.factorized:
+            raise TypeError("a factorized predictor has per-side embeddings, not an MLP pair kernel")
+        kernel = self.__dict__.get("_pair_kernel")
+        if kernel is None or kernel.chunk != PREDICT_CHUNK_ROWS:
+            kernel = self.__dict__["_pair_kernel"] = MlpPairs(self.net, self.mean, self.std, PREDICT_CHUNK_ROWS)
+        return kernel
 
     def embed_gpu(self, x_gpu: np.ndarray) -> np.ndarray:
         """GPU-side embeddings (float64) of rows of the GPU columns (8 online features, then the SM share)."""

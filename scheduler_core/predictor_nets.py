@@ -122,3 +122,95 @@ def finish_into(raw_t: np.ndarray, raw_s: np.ndarray, t32: np.ndarray, s32: np.n
     raw_s += 1.0
     np.copyto(t32, raw_t, casting="same_kind")
     np.copyto(s32, raw_s, casting="same_kind")
+
+
+class MlpPairs:
+    """The paper's MLP as a kernel over (GPU row, job row) pairs, its first layer split by owner.
+
+    The first layer is linear, so its pre-activation for a pair is the sum of a GPU
+    part (the 9 GPU columns, plus the bias) and a job part (the 7 job columns),
+    each computed once per distinct row (:meth:`gpu_part`, :meth:`job_part`); a
+    pair then costs its ReLU and the hidden layers (:meth:`pairs`). Every matrix
+    product has a fixed shape (``chunk`` rows, the last pass padded), so a pair's
+    result depends only on its own two rows: :meth:`SpeedPredictor.predict
+    <scheduler_core.predictor.SpeedPredictor.predict>` goes through this same
+    kernel, and a round's pairs and the predictor's answer for them are equal to
+    the last bit.
+    """
+
+    def __init__(self, net: nn.Sequential, mean: np.ndarray, std: np.ndarray, chunk: int):
+        linears = [m for m in net if isinstance(m, nn.Linear)]
+        first = linears[0]
+        w1 = first.weight.detach().to(torch.float32)
+        self.w1_gpu = w1[:, torch.from_numpy(GPU_COLUMNS)].t().contiguous()
+        self.w1_job = w1[:, torch.from_numpy(JOB_COLUMNS)].t().contiguous()
+        self.b1 = first.bias.detach().to(torch.float32).clone()
+        # (weight as in × out, bias) of each layer after the first; ReLU between them, none after the last.
+        self.rest = [(lin.weight.detach().to(torch.float32).t().contiguous(), lin.bias.detach().to(torch.float32).clone())
+                     for lin in linears[1:]]
+        self.hidden = int(w1.shape[0])
+        self.mean = np.asarray(mean, dtype=np.float32)
+        self.std = np.asarray(std, dtype=np.float32)
+        self.chunk = int(chunk)
+
+    def _part(self, x: np.ndarray, cols: np.ndarray, w: torch.Tensor, bias: torch.Tensor | None) -> np.ndarray:
+        x = np.asarray(x, dtype=np.float64).reshape(-1, cols.size)
+        z = ((x - self.mean[cols]) / self.std[cols]).astype(np.float32)
+        out = np.empty((z.shape[0], self.hidden), dtype=np.float32)
+        buf = torch.zeros((self.chunk, cols.size), dtype=torch.float32)
+        res = torch.empty((self.chunk, self.hidden), dtype=torch.float32)
+        with torch.no_grad():
+            for start in range(0, z.shape[0], self.chunk):
+                k = min(self.chunk, z.shape[0] - start)
+                buf[:k] = torch.from_numpy(z[start : start + k])
+                buf[k:] = 0.0
+                if bias is None:
+                    torch.mm(buf, w, out=res)
+                else:
+                    torch.addmm(bias, buf, w, out=res)
+                out[start : start + k] = res[:k].numpy()
+        return out
+
+    def gpu_part(self, x_gpu: np.ndarray) -> np.ndarray:
+        """(rows, hidden) float32: the first layer's GPU part and bias, per row of the GPU columns."""
+        return self._part(x_gpu, GPU_COLUMNS, self.w1_gpu, self.b1)
+
+    def job_part(self, x_job: np.ndarray) -> np.ndarray:
+        """(rows, hidden) float32: the first layer's job part, per row of the 7 job columns."""
+        return self._part(x_job, JOB_COLUMNS, self.w1_job, None)
+
+    def pairs(self, a: np.ndarray, b: np.ndarray, rows: np.ndarray, cols: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
+        """Raw (tput, slowdown − 1) as float32 of the pairs (a[rows[i]], b[cols[i]])."""
+        n = int(np.asarray(rows).size)
+        out_t = np.empty(n, dtype=np.float32)
+        out_s = np.empty(n, dtype=np.float32)
+        if n == 0:
+            return out_t, out_s
+        at, bt = torch.from_numpy(np.ascontiguousarray(a, dtype=np.float32)), torch.from_numpy(
+            np.ascontiguousarray(b, dtype=np.float32))
+        ri = torch.from_numpy(np.asarray(rows, dtype=np.int64).reshape(-1))
+        ci = torch.from_numpy(np.asarray(cols, dtype=np.int64).reshape(-1))
+        c, h = self.chunk, self.hidden
+        x, y, z = (torch.zeros((c, h), dtype=torch.float32) for _ in range(3))
+        gathered = torch.empty((c, h), dtype=torch.float32)
+        out = torch.empty((c, 2), dtype=torch.float32)
+        with torch.no_grad():
+            for start in range(0, n, c):
+                k = min(c, n - start)
+                torch.index_select(at, 0, ri[start : start + k], out=gathered[:k])
+                torch.index_select(bt, 0, ci[start : start + k], out=x[:k])
+                x[:k].add_(gathered[:k])
+                if k < c:
+                    x[k:] = 0.0
+                x.relu_()
+                cur, nxt = x, y
+                for w, bias in self.rest[:-1]:
+                    torch.addmm(bias, cur, w, out=nxt)
+                    nxt.relu_()
+                    cur, nxt = nxt, (z if nxt is y else y)
+                w, bias = self.rest[-1]
+                torch.addmm(bias, cur, w, out=out)
+                o = out[:k].numpy()
+                out_t[start : start + k] = o[:, 0]
+                out_s[start : start + k] = o[:, 1]
+        return out_t, out_s

@@ -39,7 +39,7 @@ def dense_weights(gpus, jobs, predictors, cfg, counts=None):
     """(GPU of each slot, c×m tput, c×m slowdown, c×m feasible, c×m penalised weights, c×m share, slot quota).
 
     With share fallback levels (``cfg.sm.fallback_levels``) each pair takes the
-    level with the best feasible predicted throughput (the first on ties). On a
+    first level — the largest share — at which it is feasible. On a
     slot of a GPU split ``b`` ways the throughput is predicted at the slot's share
     and multiplied by ``corunner_efficiency^(b−1)``, the slowdown is predicted at
     the GPU's whole offline share and must stay within ``allowance / b``, and the
@@ -76,7 +76,7 @@ def dense_weights(gpus, jobs, predictors, cfg, counts=None):
         t_l, s_l, f_l = _dense_level(slot_gpus, layout, jobs, predictors, cfg, slot_pct[li], slow_pct[li],
                                      slot_quota, derate, homes)
         cand = np.where(f_l, t_l, -np.inf)
-        better = cand > best_w
+        better = np.isfinite(cand) & np.isneginf(best_w)
         best_w = np.where(better, cand, best_w)
         tput = np.where(better, t_l, tput)
         slow = np.where(better, s_l, slow)
