@@ -101,7 +101,7 @@ class PredictorStoreResource(ConfigurableResource):
     """Versioned speed predictors, kept in the feature store (``predictor_models``)."""
 
     feature_store: ResourceDependency[FeatureStoreResource]
-    epochs: int = 250
+    epochs: int | None = None  # None: the network's default
     seed: int = 0
     max_holdout_mae: float = 0.10
 

@@ -72,7 +72,7 @@ class MuxflowSettings:
     migration_penalty: float = 0.05
     # Offline jobs a round may put on one GPU, each with its own MPS share (scheduler_core.slots; 1: the paper).
     max_jobs_per_gpu: int = 1
-    epochs: int = 250
+    epochs: int | None = None  # predictor training epochs; None: the network's (scheduler_core.predictor_config)
     report_dir: str = ".muxflow/report"
     warmup_minutes: int = 60  # simulated cluster: online-only history recorded before its first round
 
@@ -110,7 +110,7 @@ class MuxflowSettings:
             raise SettingsError(f"max_jobs_per_gpu must be between 1 and 8, got {self.max_jobs_per_gpu!r}")
         if not 0 < self.max_holdout_mae:
             raise SettingsError("max_holdout_mae must be > 0")
-        if self.samples_per_type < 10 or self.epochs < 1 or self.migration_penalty < 0 or self.warmup_minutes < 15:
+        if self.samples_per_type < 10 or (self.epochs is not None and self.epochs < 1) or self.migration_penalty < 0 or self.warmup_minutes < 15:
             raise SettingsError("samples_per_type >= 10, epochs >= 1, migration_penalty >= 0 and "
                                 "warmup_minutes >= 15 are required")
 

@@ -171,11 +171,12 @@ class MlpTable:
         The outputs' ranges are applied in float32, which gives :func:`~scheduler_core.predictor_nets.finish`'s
         numbers exactly (a clip is exact, and ``s + 1`` of a float32 ``s ≥ 0`` rounds once either way).
         """
-        good = self.row_ok[rows] & self.prof_ok[cols]
-        if len(self.prof_part) == 1 and good.all():
+        if len(self.prof_part) == 1 and self.row_ok.all() and self.prof_ok.all():  # (checked in O(rows + profiles))
             (part,) = self.prof_part.values()
             t, s = self.kernel.pairs(self.row_part, part, rows, cols)
+            self.evaluated[0] += rows.size
         else:
+            good = self.row_ok[rows] & self.prof_ok[cols]
             t = np.full(rows.shape, np.nan, dtype=np.float32)
             s = np.full(rows.shape, np.nan, dtype=np.float32)
             spec = self.row_spec[rows]
@@ -183,7 +184,30 @@ class MlpTable:
                 sel = np.flatnonzero(good & (spec == sp))
                 if sel.size:
                     t[sel], s[sel] = self.kernel.pairs(self.row_part, part, rows[sel], cols[sel])
-        self.evaluated[0] += int(np.count_nonzero(good))
+            self.evaluated[0] += int(np.count_nonzero(good))
+        np.clip(t, 0.0, 1.0, out=t)
+        np.maximum(s, 0.0, out=s)
+        s += 1.0
+        return t, s
+
+    def grid(self, rows: np.ndarray, cols: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
+        """float32 (tput, slowdown) of every (row, col), shape (len(rows), len(cols)); NaN where not accepted."""
+        rows = np.asarray(rows, dtype=np.int64)
+        cols = np.asarray(cols, dtype=np.int64)
+        t = np.full((rows.size, cols.size), np.nan, dtype=np.float32)
+        s = np.full((rows.size, cols.size), np.nan, dtype=np.float32)
+        good_c = np.flatnonzero(self.prof_ok[cols])
+        spec = self.row_spec[rows]
+        for sp, part in self.prof_part.items():
+            good_r = np.flatnonzero(self.row_ok[rows] & (spec == sp))
+            if not good_r.size or not good_c.size:
+                continue
+            gt, gs = self.kernel.grid(self.row_part[rows[good_r]], part[cols[good_c]])
+            if good_r.size == rows.size and good_c.size == cols.size:
+                t, s = gt, gs
+            else:
+                t[np.ix_(good_r, good_c)], s[np.ix_(good_r, good_c)] = gt, gs
+            self.evaluated[0] += good_r.size * good_c.size
         np.clip(t, 0.0, 1.0, out=t)
         np.maximum(s, 0.0, out=s)
         s += 1.0
@@ -200,9 +224,9 @@ class MlpTable:
         """The pairs of ``mask`` (rows × cols, None: all) into ``t32``/``s32``; the others are left as they are."""
         rows = np.asarray(rows, dtype=np.int64)
         if mask is None:
-            ri, ci = np.repeat(np.arange(rows.size), cols.size), np.tile(np.arange(cols.size), rows.size)
-        else:
-            ri, ci = np.nonzero(mask)
+            t32[...], s32[...] = self.grid(rows, cols)
+            return
+        ri, ci = np.nonzero(mask)
         if ri.size:
             t32[ri, ci], s32[ri, ci] = self._pairs(rows[ri], cols[ci])
 

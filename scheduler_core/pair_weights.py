@@ -403,41 +403,72 @@ def _on_demand_blocks(table: MlpTable, cols: np.ndarray, ks: np.ndarray, slots: 
     for start in range(0, slots.size, step):
         sl_idx = slots[start : start + step]
         fits = (mem_k[None, :] <= slot_quota[sl_idx, None]) & slot_healthy[sl_idx, None]
-        flat = np.flatnonzero(fits)  # open pairs, slot-major: local slot * n_k + local class
-        w = np.full(fits.size, -np.inf, dtype=base.dtype)
-        lv = np.zeros(fits.size, dtype=np.int8)
         d_blk = derate[sl_idx]
-        split_blk = d_blk != 1.0
         lim_blk = limit[sl_idx] if limit is not None else None
-        for li in range(n_levels):
-            if not flat.size:
+
+        def feasible(tput, slow, at):  # ``at``: local slot of each value (broadcastable)
+            if lim_blk is not None:
+                ok = slow <= lim_blk[at]
+            else:  # float64 weights (another type's predictor is not float32): the dense reference's arithmetic
+                ok = slow.astype(np.float64) - 1.0 <= slot_allowance[sl_idx][at]
+            return ok & (tput > 0)
+
+        # Level 0, the dynamic share: nearly every pair fits, so the whole block is one grid of predictions.
+        tr_blk, sr_blk = tput_rows[0, sl_idx], slow_rows[0, sl_idx]
+        have = (tr_blk >= 0) & (sr_blk >= 0)
+        open_ = fits & have[:, None]
+        t = time.perf_counter()
+        if have.all():
+            tput, slow = table.grid(tr_blk, cols)
+        else:
+            tput = np.full(fits.shape, np.nan, dtype=np.float32)
+            slow = np.full(fits.shape, np.nan, dtype=np.float32)
+            hv = np.flatnonzero(have)
+            if hv.size:
+                tput[hv], slow[hv] = table.grid(tr_blk[hv], cols)
+        split = np.flatnonzero(have & (tr_blk != sr_blk))  # slots of split GPUs: slowdown at the whole share
+        if split.size:
+            slow[split] = table.grid(sr_blk[split], cols)[1]
+        t_pred += time.perf_counter() - t
+        if np.any(d_blk != 1.0):
+            tput = derated(tput, d_blk[:, None])
+        ok = open_ & feasible(tput, slow, np.arange(sl_idx.size)[:, None])
+        w = tput.astype(base.dtype, copy=False).reshape(-1)
+        w[~ok.reshape(-1)] = -np.inf
+        lv = np.zeros(fits.size, dtype=np.int8)
+        # The fallback levels: the pairs that fit and are not feasible yet, as a flat list (slot-major).
+        q = np.flatnonzero(fits & ~ok)
+        qi = q // n_k
+        qk = q - qi * n_k
+        for li in range(1, n_levels):
+            if not q.size:
                 break
             tr_blk, sr_blk = tput_rows[li, sl_idx], slow_rows[li, sl_idx]
-            qi = flat // n_k
-            if (tr_blk >= 0).all() and (sr_blk >= 0).all():
-                q = flat
-            else:  # slots without a row at this level: their pairs wait for the next level
-                has = ((tr_blk >= 0) & (sr_blk >= 0))[qi]
-                q, qi = flat[has], qi[has]
-            qk = q - qi * n_k
-            tr = tr_blk[qi]
+            row_here = (tr_blk >= 0) & (sr_blk >= 0)
+            if row_here.all():
+                here = None
+                eq, ei, ek = q, qi, qk
+            else:  # slots without a row at this level: their pairs wait for the next one
+                here = row_here[qi]
+                eq, ei, ek = q[here], qi[here], qk[here]
+            tr = tr_blk[ei]
             t = time.perf_counter()
-            tput, slow = table._pairs(tr, cols[qk])
-            if (tr_blk != sr_blk).any():  # slots of split GPUs: slowdown at the whole share
-                split = np.flatnonzero(tr != sr_blk[qi])
-                slow[split] = table._pairs(sr_blk[qi[split]], cols[qk[split]])[1]
+            tput, slow = table._pairs(tr, cols[ek])
+            if (tr_blk != sr_blk).any():
+                split = np.flatnonzero(tr != sr_blk[ei])
+                slow[split] = table._pairs(sr_blk[ei[split]], cols[ek[split]])[1]
             t_pred += time.perf_counter() - t
-            if split_blk.any():
-                tput = derated(tput, d_blk[qi]).astype(base.dtype)
-            if lim_blk is not None:
-                ok = slow <= lim_blk[qi]
-            else:  # float64 weights (another type's predictor is not float32): the dense reference's arithmetic
-                ok = slow.astype(np.float64) - 1.0 <= slot_allowance[sl_idx][qi]
-            ok &= tput > 0
-            w[q[ok]] = tput[ok]
-            lv[q[ok]] = li
-            # the rest try the next level: pairs infeasible here, and pairs without a row at this level
-            flat = np.setdiff1d(flat, q[ok], assume_unique=True) if q is not flat else q[~ok]
+            if np.any(d_blk != 1.0):
+                tput = derated(tput, d_blk[ei]).astype(base.dtype)
+            ok = feasible(tput, slow, ei)
+            w[eq[ok]] = tput[ok]
+            lv[eq[ok]] = li
+            if here is None:
+                rest = ~ok
+            else:
+                rest = np.ones(q.size, dtype=bool)
+                rest[np.flatnonzero(here)[ok]] = False
+            q, qi, qk = q[rest], qi[rest], qk[rest]
         base[np.ix_(ks, sl_idx)] = w.reshape(fits.shape).T
         level[np.ix_(ks, sl_idx)] = lv.reshape(fits.shape).T
     return t_pred

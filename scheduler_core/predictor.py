@@ -31,8 +31,8 @@ import torch
 from torch import nn
 
 from scheduler_core.features import FEATURE_NAMES, N_FEATURES, PHYSICAL_BOUNDS, FeatureError, describe_bad_rows
+from scheduler_core.predictor_config import PredictorConfig
 from scheduler_core.predictor_nets import (
-    ARCHS,
     GPU_COLUMNS,
     JOB_COLUMNS,
     FactorizedNet,
@@ -57,43 +57,6 @@ MAPE_FLOOR = 0.05
 
 _PHYS_LO = np.array([PHYSICAL_BOUNDS[n][0] for n in FEATURE_NAMES])
 _PHYS_HI = np.array([PHYSICAL_BOUNDS[n][1] for n in FEATURE_NAMES])
-
-
-@dataclass(frozen=True)
-class PredictorConfig:
-    # "mlp" (default): the paper's network; "factorized": GPU and job towers meeting in dot products.
-    arch: str = "mlp"
-    layers: int = 4  # per tower for "factorized"
-    hidden: int = 64
-    embed_dim: int = 32  # "factorized": rank of each output's GPU × job interaction
-    # None: the architecture's own — momentum SGD at 0.02 for "mlp" (paper), Adam at 0.003 for "factorized".
-    optimizer: str | None = None
-    lr: float | None = None
-    momentum: float = 0.9
-    epochs: int = 250
-    batch_size: int = 64
-    holdout_frac: float = 0.2
-    seed: int = 0
-    # Accepted input: training range widened by this fraction of its width per side.
-    range_margin_frac: float = 0.5
-    # Record the held-out error every this many epochs (0 = only at the end), for Figure 12's curves.
-    eval_every: int = 0
-
-    def __post_init__(self) -> None:
-        if self.arch not in ARCHS:
-            raise ValueError(f"arch must be one of {', '.join(ARCHS)}, got {self.arch!r}")
-        if self.optimizer not in (None, "sgd", "adam"):
-            raise ValueError(f"optimizer must be sgd or adam, got {self.optimizer!r}")
-
-    @property
-    def optimizer_name(self) -> str:
-        return self.optimizer or ("sgd" if self.arch == "mlp" else "adam")
-
-    @property
-    def learning_rate(self) -> float:
-        if self.lr is not None:
-            return self.lr
-        return 0.02 if self.optimizer_name == "sgd" else 0.003
 
 
 @contextlib.contextmanager

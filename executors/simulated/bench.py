@@ -167,7 +167,7 @@ def _place_running(gpus, jobs, frac, rng):
     return gpus, jobs
 
 
-def bench_predictors(seed: int = 0, samples_per_type: int = 2000, epochs: int = 250, gpu_types=BENCH_GPU_TYPES,
+def bench_predictors(seed: int = 0, samples_per_type: int = 2000, epochs: int | None = None, gpu_types=BENCH_GPU_TYPES,
                      cfg_overrides: dict | None = None):
     """One MLP per GPU type on simulated co-location samples of the bench services and job types.
 
@@ -270,7 +270,9 @@ def compare(gpus, jobs, models, cfg, fast: dict, fast_res) -> dict:
 
 # -- bench predictor ----------------------------------------------------------------------
 
-FIG12_HIDDEN = (64, 128, 256, 512, 1024)
+FIG12_HIDDEN = (32, 64, 128, 256, 512, 1024)
+# The paper's network, reported beside the default by `muxflow bench predictor`.
+PAPER_HIDDEN, PAPER_EPOCHS = 64, 250
 FIG12_LAYERS = (2, 3, 4, 5, 6, 7, 8)
 
 

@@ -28,7 +28,7 @@ from scheduler_core.workloads import ONLINE_FAMILIES, WorkloadCatalog
 log = logging.getLogger(__name__)
 
 PREDICTOR_SAMPLES = 2000
-PREDICTOR_EPOCHS = 250
+PREDICTOR_EPOCHS = None  # the network's default (scheduler_core.predictor_config)
 
 
 def load_trace(path: str | os.PathLike[str]) -> list[TraceJob]:
@@ -37,9 +37,11 @@ def load_trace(path: str | os.PathLike[str]) -> list[TraceJob]:
         return parse_trace(fh)
 
 
-def _cache_key(cfg: SimConfig, gpu_type: str, samples: int, epochs: int, catalog: WorkloadCatalog) -> str:
+def _cache_key(cfg: SimConfig, gpu_type: str, samples: int, epochs: int | None, catalog: WorkloadCatalog) -> str:
+    net = PredictorConfig(epochs=epochs, seed=cfg.seed)  # the network the predictor is trained as, defaults resolved
     key = json.dumps({
-        "v": 2, "seed": cfg.seed, "gpu_type": gpu_type, "samples": samples, "epochs": epochs,
+        "v": 3, "seed": cfg.seed, "gpu_type": gpu_type, "samples": samples, "epochs": net.epochs,
+        "arch": net.arch, "hidden": net.hidden, "layers": net.layers,
         "services": [(s.family, s.qps_min, s.qps_max) for s in cfg.services],
         "interference": cfg.interference.__dict__,
         "calibration": [catalog.calibration, catalog.gpu_type, cal.installed_calibrator().fingerprint()],
@@ -63,7 +65,7 @@ def services_of(cfg: SimConfig) -> list[tuple[str, str, float]]:
     return [(s.name, s.family, float(ONLINE_FAMILIES[s.family].mem_bytes)) for s in cfg.services]
 
 
-def train_on_samples(catalog: WorkloadCatalog, gtype: str, cfg: SimConfig, samples: int, epochs: int,
+def train_on_samples(catalog: WorkloadCatalog, gtype: str, cfg: SimConfig, samples: int, epochs: int | None,
                      stream: str) -> tuple[SpeedPredictor, dict]:
     """A predictor for ``gtype`` trained on simulated samples of ``catalog``'s traits; (model, its report)."""
     from executors.steps import training_matrix
@@ -78,7 +80,7 @@ def train_on_samples(catalog: WorkloadCatalog, gtype: str, cfg: SimConfig, sampl
 
 
 def simulation_predictors(cfg: SimConfig, cache_dir: Path | None, samples: int = PREDICTOR_SAMPLES,
-                          epochs: int = PREDICTOR_EPOCHS, catalog: WorkloadCatalog | None = None,
+                          epochs: int | None = PREDICTOR_EPOCHS, catalog: WorkloadCatalog | None = None,
                           ) -> tuple[dict[str, SpeedPredictor], dict]:
     """One predictor per GPU type of the simulated cluster, on the fleet's traits; (models, {type: info})."""
     catalog = catalog or simulation_catalog(cfg)

@@ -25,6 +25,8 @@ from executors.simulated.bench import (
     BENCH_GPU_TYPES,
     FIG12_HIDDEN,
     FIG12_LAYERS,
+    PAPER_EPOCHS,
+    PAPER_HIDDEN,
     bench_predictors,
     compare,
     forecast_traces,
@@ -36,6 +38,7 @@ from executors.simulated.bench import (
 from executors.simulated.calibration import SAMPLE_TRACE
 from pipelines.cli.common import HELP, SEED
 from pipelines.cli.simulate import _guarded, policy_list
+from scheduler_core.predictor_config import PredictorConfig
 
 
 class SizeList(click.ParamType):
@@ -95,7 +98,8 @@ def bench() -> None:
               help="Share of the jobs already running (one per GPU).")
 @click.option("--migration-penalty", type=click.FloatRange(min=0), default=0.0, show_default=True)
 @click.option("--distinct-profiles", is_flag=True, help="Profile every job separately (no shared job-type profiles).")
-@click.option("--epochs", type=click.IntRange(min=1), default=250, show_default=True, help="Predictor training epochs.")
+@click.option("--epochs", type=click.IntRange(min=1), default=None,
+              help="Predictor training epochs [default: the network's: 400 for the MLP, 250 for the factorized one].")
 @click.option("--samples", "samples_per_type", type=click.IntRange(min=20), default=2000, show_default=True,
               help="Simulated co-location samples per GPU type for the predictors.")
 @click.option("--arch", type=click.Choice(["mlp", "factorized"]), default="mlp", show_default=True,
@@ -106,7 +110,7 @@ def bench_round(n_gpus, n_jobs, sizes, seed, baseline, baseline_sizes, dense_max
     """Time one scheduling round end to end: features → predictions → matching (certified) → plan.
 
     GPUs carry simulated online services, jobs simulated profiles; the
-    predictors are real MLPs (4×64) trained on 2,000 simulated samples per GPU type.
+    predictors are real MLPs (4×32, 400 epochs) trained on 2,000 simulated samples per GPU type.
     """
     from scheduler_core.round import RoundConfig
 
@@ -161,7 +165,8 @@ def bench_round(n_gpus, n_jobs, sizes, seed, baseline, baseline_sizes, dense_max
 @click.option("--seed", type=SEED, default=0, show_default=True)
 @click.option("--samples", "samples_per_type", type=click.IntRange(min=20), default=2000, show_default=True,
               help="Simulated co-location samples per GPU type (paper: about 2,000).")
-@click.option("--epochs", type=click.IntRange(min=1), default=250, show_default=True)
+@click.option("--epochs", type=click.IntRange(min=1), default=None,
+              help="Predictor training epochs [default: the network's: 400 for the MLP, 250 for the factorized one].")
 @click.option("--sweep/--no-sweep", default=True, show_default=True, help="Run the Figure 12 sweep.")
 @click.option("--sweep-type", type=click.Choice(BENCH_GPU_TYPES), default="t4", show_default=True,
               help="GPU type of the Figure 12 sweep.")
@@ -183,6 +188,12 @@ def bench_predictor(seed, samples_per_type, epochs, sweep, sweep_type, hidden_si
     _, reports, _ = bench_predictors(seed, samples_per_type, epochs, cfg_overrides={"eval_every": 25, "arch": arch})
     per_type = {t: {**report_row(r, s), "curve_mae_tput": [[e, round(v, 4)] for e, v in r.curve]}
                 for t, (r, s) in reports.items()}
+    # The paper's network (4 x 64, 250 epochs) on the same samples and split, beside the default.
+    paper = {}
+    if arch == "mlp":
+        _, paper_reports, _ = bench_predictors(seed, samples_per_type, PAPER_EPOCHS,
+                                               cfg_overrides={"hidden": PAPER_HIDDEN, "arch": arch})
+        paper = {t: report_row(r, s) for t, (r, s) in paper_reports.items()}
     sweep_rows = []
     if sweep:
         configs = [(4, h) for h in hidden_sizes] + [(n, 64) for n in layer_counts if (n, 64) != (4, 64)]
@@ -196,13 +207,18 @@ def bench_predictor(seed, samples_per_type, epochs, sweep, sweep_type, hidden_si
         sweep_rows.sort(key=lambda row: (row["layers"] != 4, row["layers"], row["hidden"]))
     out = {"benchmark": "predictor", "simulated": True, "machine": machine(), "seed": seed,
            "samples_per_type": samples_per_type,
-           "epochs": epochs, "arch": arch, "per_gpu_type": per_type, "figure12_gpu_type": sweep_type, "figure12": sweep_rows}
+           "epochs": PredictorConfig(arch=arch, epochs=epochs).epochs, "hidden": PredictorConfig(arch=arch).hidden,
+           "arch": arch, "per_gpu_type": per_type, "paper_network_per_gpu_type": paper,
+           "figure12_gpu_type": sweep_type, "figure12": sweep_rows}
     if not as_json:
         click.echo("SIMULATED co-location samples (interference model + measurement noise); real MLP training")
         click.echo("GPU type  MAE tput  MAPE tput  MAE slowdown  MAPE slowdown  train s")
         for t, r in per_type.items():
             click.echo(f"{t:8s}  {r['mae_tput']:8.4f}  {r['mape_tput_pct']:8.2f}%  {r['mae_slowdown']:12.4f}  "
                        f"{r['mape_slowdown_pct']:12.2f}%  {r['train_s']:7.2f}")
+        for t, r in paper.items():
+            click.echo(f"{t:8s}  {r['mae_tput']:8.4f}  {r['mape_tput_pct']:8.2f}%  {r['mae_slowdown']:12.4f}  "
+                       f"{r['mape_slowdown_pct']:12.2f}%  {r['train_s']:7.2f}  (the paper's 4 x 64, 250 epochs)")
         for r in sweep_rows:
             click.echo(f"{r['layers']} layers x {r['hidden']:>4}: MAE tput {r['mae_tput']:.4f}  "
                        f"MAPE {r['mape_tput_pct']:.2f}%  train {r['train_s']:.1f} s")

@@ -117,7 +117,8 @@ def report(files, as_json) -> None:
               help="Simulated GPU types to train predictors for [default: t4,a10,a100,h100].")
 @click.option("--samples", type=click.IntRange(min=100), default=2000, show_default=True,
               help="Simulated co-location samples per predictor.")
-@click.option("--epochs", type=click.IntRange(min=1), default=250, show_default=True)
+@click.option("--epochs", type=click.IntRange(min=1), default=None,
+              help="Predictor training epochs [default: the network's: 400 for the MLP, 250 for the factorized one].")
 @click.option("--no-predictors", is_flag=True, help="Refit the interference model only.")
 @click.option("--json", "as_json", is_flag=True)
 @_guarded

@@ -190,7 +190,8 @@ def sample(ctx, per_type, seed, real, local, show_plan, show_runs, budget_min, w
 
 
 @click.command()
-@click.option("--epochs", type=click.IntRange(min=1), default=250, show_default=True)
+@click.option("--epochs", type=click.IntRange(min=1), default=None,
+              help="Predictor training epochs [default: the network's: 400 for the MLP, 250 for the factorized one].")
 @click.option("--seed", type=SEED, default=0, show_default=True)
 @click.option("--arch", type=click.Choice(["mlp", "factorized"]), default="mlp", show_default=True,
               help="The paper's MLP, or GPU and job towers meeting in dot products (faster on rounds with a profile "

@@ -179,7 +179,8 @@ def report_cmd(ctx, name: str | None, list_: bool, csv_path: Path | None) -> Non
 @click.option("--hours", type=click.FloatRange(min=0.25), default=8.0, show_default=True, help="Simulated hours of rounds.")
 @click.option("--jobs", type=click.IntRange(min=1), default=120, show_default=True)
 @click.option("--samples", type=click.IntRange(min=10), default=2000, show_default=True, help="Co-location samples per GPU type.")
-@click.option("--epochs", type=click.IntRange(min=1), default=250, show_default=True)
+@click.option("--epochs", type=click.IntRange(min=1), default=None,
+              help="Predictor training epochs [default: the network's: 400 for the MLP, 250 for the factorized one].")
 @click.option("--trace", type=click.Path(exists=True, dir_okay=False, path_type=Path), default=None)
 @click.option("--report-dir", type=click.Path(file_okay=False, path_type=Path), default=Path(".muxflow/report"), show_default=True)
 @click.option("--seed", type=SEED, default=0, show_default=True)

@@ -69,7 +69,7 @@ def after_a_round(cluster_store: Store):
     store = cluster_store
     steps.profile_new_jobs(store, default_catalog())
     steps.collect_samples(store, default_catalog(), 200, 0)
-    steps.train_predictors(store, PredictorConfig(epochs=20))
+    steps.train_predictors(store, PredictorConfig(epochs=60))
     svc = RoundService(store, SimulatedBackend(), RoundConfig(), RoundClock())
     out = svc.run_once(WINDOW)
     placed = {p.job_id: RunningJob(p.job_id, p.gpu_id, p.sm_pct) for p in out.planned.result.placements}

@@ -17,7 +17,7 @@ PNG_MAGIC = b"\x89PNG\r\n\x1a\n"
 def small_config(db_url: str, report_dir: Path, hours: float = 1.0, seed: int = 0) -> MainJobConfig:
     return MainJobConfig(
         db_url=db_url, report_dir=report_dir, types={"t4": 8, "a10": 8}, services=3, hours=hours, jobs=20,
-        samples_per_type=300, predictor=PredictorConfig(epochs=30, seed=seed), warmup_minutes=60, seed=seed,
+        samples_per_type=300, predictor=PredictorConfig(epochs=80, seed=seed), warmup_minutes=60, seed=seed,
         dagster_home=report_dir.parent / "dagster_home",
     )
 

@@ -49,6 +49,17 @@ def test_mlp_pairs_on_demand_equal_row_predictions(mlp) -> None:
     model, x = mlp
     rows, profs = x[:30], x[30:50]
     k = model.pair_kernel
+    # A grid of 30 rows × 300 profiles (over a pass of 8,192 pairs: passes that start inside a row) equals them too.
+    big = x[50:350]
+    gt, gs = k.grid(k.gpu_part(np.column_stack([rows[:, ONLINE_SLICE], rows[:, SM_COLUMN]])),
+                    k.job_part(big[:, OFFLINE_SLICE]))
+    raw = model.pair_kernel.pairs(k.gpu_part(np.column_stack([rows[:, ONLINE_SLICE], rows[:, SM_COLUMN]])),
+                                  k.job_part(big[:, OFFLINE_SLICE]), np.repeat(np.arange(30), 300),
+                                  np.tile(np.arange(300), 30))
+    np.testing.assert_array_equal(gt.reshape(-1), raw[0])
+    np.testing.assert_array_equal(gs.reshape(-1), raw[1])
+    t_big, _ = model.predict(_pair_rows(rows, big))
+    np.testing.assert_array_equal(np.clip(gt.reshape(-1), 0, 1).astype(np.float64), t_big)
     table = MlpTable(k, k.gpu_part(np.column_stack([rows[:, ONLINE_SLICE], rows[:, SM_COLUMN]])),
                      np.zeros(30, dtype=np.int64), {0: k.job_part(profs[:, OFFLINE_SLICE])}, np.ones(30, bool),
                      np.r_[np.ones(19, bool), False], np.zeros(1, dtype=np.int64))
@@ -94,6 +105,28 @@ def test_round_predicting_mlp_pairs_on_demand_equals_the_up_front_table_and_the_
         if cfg.max_jobs_per_gpu == 1:  # pairs that do not fit, or are feasible at a larger share, are not predicted
             st_ = lazy.stats
             assert 0 < st_["predicted_pairs"] < st_["slots"] * st_["classes"] * st_["share_levels"] / 2
+
+
+def test_round_with_a_profile_per_job_predicted_on_demand_equals_the_up_front_table(mlp, monkeypatch) -> None:
+    """700 jobs, each its own profile: the on-demand round predicts each block's dynamic share as one grid."""
+    model, _ = mlp
+    gpus, jobs = random_cluster(4, 40, 700, running=0.05)
+    rng = np.random.default_rng(4)
+    jobs = [replace(j, profiles={t: replace(p, sm_activity_pct=float(np.clip(p.sm_activity_pct * rng.uniform(0.9, 1.1),
+                                                                                1, 100)))
+                                 for t, p in j.profiles.items()}) for j in jobs]
+    preds = {"t4": model, "a10": model}
+    cfg = RoundConfig(migration_penalty=0.02)
+    up_front = plan_round(gpus, jobs, preds, cfg)
+    monkeypatch.setattr(pair_tables, "DENSE_TABLE_MAX_PAIRS", 0)
+    lazy = plan_round(gpus, jobs, preds, cfg)
+    assert lazy.stats["lazy_tables"] == 2
+    for t in ("t4", "a10"):  # grid rows of at least 256 classes a type (shorter ones are gathered)
+        assert sum(t in j.allowed_gpu_types and t in j.profiles for j in jobs) >= 256
+    assert lazy.matching_objective == up_front.matching_objective
+    assert lazy.feasible_pairs == up_front.feasible_pairs
+    assert [(p.gpu_id, p.job_id, p.sm_pct) for p in lazy.placements] == [
+        (p.gpu_id, p.job_id, p.sm_pct) for p in up_front.placements]
 
 
 class NonMonotoneStub:

@@ -64,7 +64,7 @@ def _build_instance(root: Path) -> tuple[Path, str, str, dict, dict]:
     home = root / "dagster_home"
     db_url = f"sqlite:///{root / 'store.db'}"
     cfg = MainJobConfig(db_url=db_url, report_dir=root / "report", types={"t4": 8, "a10": 8}, services=3,
-                        hours=0.5, jobs=20, samples_per_type=300, predictor=PredictorConfig(epochs=30, seed=0),
+                        hours=0.5, jobs=20, samples_per_type=300, predictor=PredictorConfig(epochs=80, seed=0),
                         dagster_home=home)
     with pytest.MonkeyPatch.context() as mp:
         mp.setenv("DAGSTER_HOME", str(home))  # run_main_job sets it; the context puts the old value back
