@@ -97,7 +97,10 @@ def bench() -> None:
 @click.option("--running-frac", type=click.FloatRange(0, 1), default=0.0, show_default=True,
               help="Share of the jobs already running (one per GPU).")
 @click.option("--migration-penalty", type=click.FloatRange(min=0), default=0.0, show_default=True)
-@click.option("--distinct-profiles", is_flag=True, help="Profile every job separately (no shared job-type profiles).")
+@click.option("--profiles", "profiles", type=click.Choice(["shared", "distinct", "both"]), default=None,
+              help="Jobs share their job type's profile (shared), each job is profiled separately (distinct: "
+                   "nothing groups), or both instance kinds side by side.  [default: shared]")
+@click.option("--distinct-profiles", is_flag=True, help="The same as --profiles distinct.")
 @click.option("--epochs", type=click.IntRange(min=1), default=None,
               help="Predictor training epochs [default: the network's: 400 for the MLP, 250 for the factorized one].")
 @click.option("--samples", "samples_per_type", type=click.IntRange(min=20), default=2000, show_default=True,
@@ -106,7 +109,7 @@ def bench() -> None:
               help="Predictor network: the paper's MLP, or GPU and job towers meeting in dot products.")
 @click.option("--json", "as_json", is_flag=True, help="Print JSON only.")
 def bench_round(n_gpus, n_jobs, sizes, seed, baseline, baseline_sizes, dense_max_pairs, running_frac,
-                migration_penalty, distinct_profiles, epochs, samples_per_type, arch, as_json) -> None:
+                migration_penalty, profiles, distinct_profiles, epochs, samples_per_type, arch, as_json) -> None:
     """Time one scheduling round end to end: features → predictions → matching (certified) → plan.
 
     GPUs carry simulated online services, jobs simulated profiles; the
@@ -114,6 +117,10 @@ def bench_round(n_gpus, n_jobs, sizes, seed, baseline, baseline_sizes, dense_max
     """
     from scheduler_core.round import RoundConfig
 
+    if distinct_profiles and profiles not in (None, "distinct"):
+        raise click.UsageError("--distinct-profiles is --profiles distinct; give one of them")
+    profiles = "distinct" if distinct_profiles else (profiles or "shared")
+    kinds = ["shared", "distinct"] if profiles == "both" else [profiles]
     threads = set_threads()
     t0 = time.perf_counter()
     models, _, _ = bench_predictors(seed, samples_per_type, epochs, cfg_overrides={"arch": arch})
@@ -121,10 +128,48 @@ def bench_round(n_gpus, n_jobs, sizes, seed, baseline, baseline_sizes, dense_max
     cfg = RoundConfig(migration_penalty=migration_penalty)
     single = n_gpus is not None or n_jobs is not None
     todo = [(n_gpus or 1000, n_jobs if n_jobs is not None else 500)] if single else sizes
+    by_kind = {kind: _round_kind(todo, kind == "distinct", single, seed, running_frac, baseline, baseline_sizes,
+                                 dense_max_pairs, models, cfg) for kind in kinds}
+    meta = {"benchmark": "round", "simulated": True, "machine": machine(), "torch_threads": threads, "seed": seed,
+            "train_predictors_s": round(train_s, 2), "running_frac": running_frac,
+            "migration_penalty": migration_penalty, "predictor_arch": arch,
+            "predictor_hidden": PredictorConfig(arch=arch).hidden}
+
+    def one(kind: str) -> dict:
+        results, side = by_kind[kind]
+        if single:
+            return {"profile_per_job": kind == "distinct", **results[0], "baseline_sizes": side}
+        return {"profile_per_job": kind == "distinct", "results": results}
+
+    if len(kinds) == 1:
+        out = {**meta, **one(kinds[0])}
+    else:
+        out = {**meta, "profiles": {kind: one(kind) for kind in kinds}}
+    out["peak_rss_mb_process"] = round(rss_peak_mb(), 1)
+    if not as_json:
+        click.echo("SIMULATED online services and job profiles; real predictors, matching and plan, timed here")
+        for kind in kinds:
+            results, side = by_kind[kind]
+            click.echo(f"-- job profiles: {kind} ({'every job profiled separately' if kind == 'distinct' else 'one per job type'})")
+            for r in results:
+                click.echo(f"{r['gpus']:>6} GPUs x {r['jobs']:>6} jobs: total {r['total_s']:.3f} s (predict "
+                           f"{r['predict_s']:.3f}, match {r['match_s']:.3f}, plan {r['plan_s']:.3f}) placements "
+                           f"{r['placements']} objective {r['objective']:.4f} certified {r['certified_optimal']} gap "
+                           f"{r['optimality_gap_bound']:.3g} peak RSS {r['peak_rss_mb']} MB")
+            for r in side:
+                click.echo(f"{r['gpus']:>6} GPUs x {r['jobs']:>6} jobs, dense baseline: {r['dense_total_s']:.3f} s "
+                           f"(fast {r['fast_total_s']:.3f} s, x{r['speedup']:.1f}); objectives equal "
+                           f"{r['objectives_equal']}")
+    click.echo(json.dumps(out))
+
+
+def _round_kind(todo, distinct: bool, single: bool, seed: int, running_frac: float, baseline: str, baseline_sizes,
+                dense_max_pairs: int, models, cfg) -> tuple[list[dict], list[dict]]:
+    """One instance kind of ``bench round``: a row per size, and the dense baseline side by side where it fits."""
     results = []
     for n, m in todo:
         t = time.perf_counter()
-        gpus, jobs = make_instance(n, m, seed, running_frac, distinct_profiles=distinct_profiles)
+        gpus, jobs = make_instance(n, m, seed, running_frac, distinct_profiles=distinct)
         gen_s = time.perf_counter() - t
         rss_before = rss_peak_mb()
         fast, fast_res = run_fast(gpus, jobs, models, cfg)
@@ -139,7 +184,7 @@ def bench_round(n_gpus, n_jobs, sizes, seed, baseline, baseline_sizes, dense_max
     side = []
     if baseline == "dense" and single and "skipped" in results[0].get("dense", {}):
         for n, m in baseline_sizes:
-            gpus, jobs = make_instance(n, m, seed, running_frac, distinct_profiles=distinct_profiles)
+            gpus, jobs = make_instance(n, m, seed, running_frac, distinct_profiles=distinct)
             fast, fast_res = run_fast(gpus, jobs, models, cfg)
             cmp_ = compare(gpus, jobs, models, cfg, fast, fast_res)
             side.append({"gpus": n, "jobs": m, "fast_total_s": fast["total_s"], "dense_total_s": cmp_["total_s"],
@@ -147,18 +192,7 @@ def bench_round(n_gpus, n_jobs, sizes, seed, baseline, baseline_sizes, dense_max
                          "speedup": cmp_["speedup"], "fast_objective": fast["objective"],
                          "dense_objective": cmp_["objective"], "objectives_equal": cmp_["objectives_equal"],
                          "fast_certified_optimal": fast["certified_optimal"]})
-    meta = {"benchmark": "round", "simulated": True, "machine": machine(), "torch_threads": threads, "seed": seed,
-            "train_predictors_s": round(train_s, 2), "running_frac": running_frac,
-            "migration_penalty": migration_penalty, "profile_per_job": distinct_profiles, "predictor_arch": arch,
-            "peak_rss_mb_process": round(rss_peak_mb(), 1)}
-    out = {**meta, **results[0], "baseline_sizes": side} if single else {**meta, "results": results}
-    if not as_json:
-        click.echo("SIMULATED online services and job profiles; real predictors, matching and plan, timed here")
-        for r in results:
-            click.echo(f"{r['gpus']:>6} GPUs x {r['jobs']:>6} jobs: total {r['total_s']:.3f} s (predict {r['predict_s']:.3f}, "
-                       f"match {r['match_s']:.3f}, plan {r['plan_s']:.3f}) placements {r['placements']} "
-                       f"objective {r['objective']:.4f} certified {r['certified_optimal']} peak RSS {r['peak_rss_mb']} MB")
-    click.echo(json.dumps(out))
+    return results, side
 
 
 @bench.command("predictor", context_settings=HELP)

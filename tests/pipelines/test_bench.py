@@ -71,6 +71,22 @@ def test_bench_round_runs_both_at_baseline_sizes_when_dense_is_too_big() -> None
         assert r["speedup"] > 0
 
 
+def test_bench_round_reports_both_instance_kinds_side_by_side_with_the_dense_baseline() -> None:
+    out = invoke("round", "--gpus", "90", "--jobs", "40", "--profiles", "both", "--baseline", "dense", *SMALL)
+    shared, distinct = out["profiles"]["shared"], out["profiles"]["distinct"]
+    assert (shared["profile_per_job"], distinct["profile_per_job"]) == (False, True)
+    # A profile per job: every job its own class (nothing groups), each checked against every pair.
+    assert distinct["job_classes"] == 40 > shared["job_classes"]
+    for row in (shared, distinct):
+        assert row["certified_optimal"] is True and row["plan_violations"] == 0
+        assert row["dense"]["objectives_equal"] is True
+
+
+def test_bench_round_profile_options_are_one_choice() -> None:
+    res = CliRunner().invoke(bench, ["round", "--profiles", "shared", "--distinct-profiles", "--gpus", "10"])
+    assert res.exit_code == 2 and "--distinct-profiles is --profiles distinct" in res.output
+
+
 def test_bench_round_sizes_list() -> None:
     out = invoke("round", "--sizes", "30x20,40x10", *SMALL)
     assert [(r["gpus"], r["jobs"]) for r in out["results"]] == [(30, 20), (40, 10)]
