@@ -107,9 +107,12 @@ def bench() -> None:
               help="Simulated co-location samples per GPU type for the predictors.")
 @click.option("--arch", type=click.Choice(["mlp", "factorized"]), default="mlp", show_default=True,
               help="Predictor network: the paper's MLP, or GPU and job towers meeting in dot products.")
+@click.option("--hidden", type=click.IntRange(min=1), default=None,
+              help="Hidden units per layer [default: the network's: 32 for the MLP; the paper's is 64].")
 @click.option("--json", "as_json", is_flag=True, help="Print JSON only.")
 def bench_round(n_gpus, n_jobs, sizes, seed, baseline, baseline_sizes, dense_max_pairs, running_frac,
-                migration_penalty, profiles, distinct_profiles, epochs, samples_per_type, arch, as_json) -> None:
+                migration_penalty, profiles, distinct_profiles, epochs, samples_per_type, arch, hidden,
+                as_json) -> None:
     """Time one scheduling round end to end: features → predictions → matching (certified) → plan.
 
     GPUs carry simulated online services, jobs simulated profiles; the
@@ -123,7 +126,7 @@ def bench_round(n_gpus, n_jobs, sizes, seed, baseline, baseline_sizes, dense_max
     kinds = ["shared", "distinct"] if profiles == "both" else [profiles]
     threads = set_threads()
     t0 = time.perf_counter()
-    models, _, _ = bench_predictors(seed, samples_per_type, epochs, cfg_overrides={"arch": arch})
+    models, _, _ = bench_predictors(seed, samples_per_type, epochs, cfg_overrides={"arch": arch, "hidden": hidden})
     train_s = time.perf_counter() - t0
     cfg = RoundConfig(migration_penalty=migration_penalty)
     single = n_gpus is not None or n_jobs is not None
@@ -133,7 +136,8 @@ def bench_round(n_gpus, n_jobs, sizes, seed, baseline, baseline_sizes, dense_max
     meta = {"benchmark": "round", "simulated": True, "machine": machine(), "torch_threads": threads, "seed": seed,
             "train_predictors_s": round(train_s, 2), "running_frac": running_frac,
             "migration_penalty": migration_penalty, "predictor_arch": arch,
-            "predictor_hidden": PredictorConfig(arch=arch).hidden}
+            "predictor_hidden": PredictorConfig(arch=arch, hidden=hidden).hidden,
+            "predictor_epochs": PredictorConfig(arch=arch, epochs=epochs).epochs}
 
     def one(kind: str) -> dict:
         results, side = by_kind[kind]

@@ -88,8 +88,9 @@ def test_bench_round_profile_options_are_one_choice() -> None:
 
 
 def test_bench_round_sizes_list() -> None:
-    out = invoke("round", "--sizes", "30x20,40x10", *SMALL)
+    out = invoke("round", "--sizes", "30x20,40x10", "--hidden", "16", *SMALL)
     assert [(r["gpus"], r["jobs"]) for r in out["results"]] == [(30, 20), (40, 10)]
+    assert (out["predictor_hidden"], out["predictor_epochs"]) == (16, 2)
     assert all(r["certified_optimal"] for r in out["results"])
 
 
