@@ -145,9 +145,12 @@ class MlpPairs:
         self.w1_gpu = w1[:, torch.from_numpy(GPU_COLUMNS)].t().contiguous()
         self.w1_job = w1[:, torch.from_numpy(JOB_COLUMNS)].t().contiguous()
         self.b1 = first.bias.detach().to(torch.float32).clone()
-        # (weight as in × out, bias) of each layer after the first; ReLU between them, none after the last.
-        self.rest = [(lin.weight.detach().to(torch.float32).t().contiguous(), lin.bias.detach().to(torch.float32).clone())
-                     for lin in linears[1:]]
+        # (weight as in × out, bias) of each hidden layer after the first, each followed by a ReLU.
+        self.hidden_layers = [(lin.weight.detach().to(torch.float32).t().contiguous(),
+                               lin.bias.detach().to(torch.float32).clone()) for lin in linears[1:-1]]
+        # The output layer as (outputs × hidden) @ (hidden × chunk): much faster than chunk × 2.
+        self.out_w = linears[-1].weight.detach().to(torch.float32).contiguous()
+        self.out_b = linears[-1].bias.detach().to(torch.float32).reshape(-1, 1).clone()
         self.hidden = int(w1.shape[0])
         self.mean = np.asarray(mean, dtype=np.float32)
         self.std = np.asarray(std, dtype=np.float32)
@@ -184,48 +187,25 @@ class MlpPairs:
         hidden layers, then the output layer as a (2 × chunk) product (faster than a chunk × 2 one)."""
         x.relu_()
         cur, nxt = x, y
-        for w, bias in self.rest[:-1]:
+        for w, bias in self.hidden_layers:
             torch.addmm(bias, cur, w, out=nxt)
             nxt.relu_()
             cur, nxt = nxt, (z if nxt is y else y)
-        torch.addmm(self._out_bias, self._out_w, cur.t(), out=out)
+        torch.addmm(self.out_b, self.out_w, cur.t(), out=out)
 
-    @property
-    def _out_w(self) -> torch.Tensor:
-        w = self.__dict__.get("_out_wt")
-        if w is None:
-            w = self.__dict__["_out_wt"] = self.rest[-1][0].t().contiguous()
-            self.__dict__["_out_b"] = self.rest[-1][1].reshape(-1, 1).clone()
-        return w
-
-    @property
-    def _out_bias(self) -> torch.Tensor:
-        self._out_w  # noqa: B018 - sets both
-        return self.__dict__["_out_b"]
-
-    def _buffers(self) -> tuple[torch.Tensor, ...]:
-        c, h = self.chunk, self.hidden
-        return (*(torch.zeros((c, h), dtype=torch.float32) for _ in range(4)),
-                torch.empty((2, c), dtype=torch.float32))
-
-    def pairs(self, a: np.ndarray, b: np.ndarray, rows: np.ndarray, cols: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
-        """Raw (tput, slowdown − 1) as float32 of the pairs (a[rows[i]], b[cols[i]])."""
-        n = int(np.asarray(rows).size)
+    def _passes(self, n: int, pre_activation) -> tuple[np.ndarray, np.ndarray]:
+        """Raw (tput, slowdown − 1), flat float32, of ``n`` pairs in passes of ``chunk`` rows (the last padded with
+        zeros); ``pre_activation(start, k, x)`` writes the first layer's pre-activation of pairs start … start+k−1
+        into ``x[:k]``."""
         out_t = np.empty(n, dtype=np.float32)
         out_s = np.empty(n, dtype=np.float32)
-        if n == 0:
-            return out_t, out_s
-        at, bt = _tensor(a), _tensor(b)
-        ri = torch.from_numpy(np.asarray(rows, dtype=np.int64).reshape(-1))
-        ci = torch.from_numpy(np.asarray(cols, dtype=np.int64).reshape(-1))
         c = self.chunk
-        x, y, z, gathered, out = self._buffers()
+        x, y, z, out = (*(torch.zeros((c, self.hidden), dtype=torch.float32) for _ in range(3)),
+                        torch.empty((2, c), dtype=torch.float32))
         with torch.no_grad():
             for start in range(0, n, c):
                 k = min(c, n - start)
-                torch.index_select(at, 0, ri[start : start + k], out=gathered[:k])
-                torch.index_select(bt, 0, ci[start : start + k], out=x[:k])
-                x[:k].add_(gathered[:k])
+                pre_activation(start, k, x)
                 if k < c:
                     x[k:] = 0.0
                 self._layers(x, y, z, out)
@@ -234,39 +214,40 @@ class MlpPairs:
                 out_s[start : start + k] = o[1, :k]
         return out_t, out_s
 
+    def pairs(self, a: np.ndarray, b: np.ndarray, rows: np.ndarray, cols: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
+        """Raw (tput, slowdown − 1) as float32 of the pairs (a[rows[i]], b[cols[i]])."""
+        at, bt = _tensor(a), _tensor(b)
+        ri = torch.from_numpy(np.asarray(rows, dtype=np.int64).reshape(-1))
+        ci = torch.from_numpy(np.asarray(cols, dtype=np.int64).reshape(-1))
+        gathered = torch.empty((self.chunk, self.hidden), dtype=torch.float32)
+
+        def gather(start: int, k: int, x: torch.Tensor) -> None:
+            torch.index_select(at, 0, ri[start : start + k], out=gathered[:k])
+            torch.index_select(bt, 0, ci[start : start + k], out=x[:k])
+            x[:k].add_(gathered[:k])
+
+        return self._passes(int(ri.numel()), gather)
+
     def grid(self, a: np.ndarray, b: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
         """Raw (tput, slowdown − 1), (len(a), len(b)) float32, of every pair (a[i], b[j]): :meth:`pairs` on the
         row-major grid, each pass's pre-activations added from slices of ``b`` instead of gathered."""
         r, k_cols = a.shape[0], b.shape[0]
-        n = r * k_cols
-        out_t = np.empty((r, k_cols), dtype=np.float32)
-        out_s = np.empty((r, k_cols), dtype=np.float32)
-        if n == 0:
-            return out_t, out_s
         if k_cols < 256:  # short rows: a pass spans many of them; gather instead
-            rows, cols = np.divmod(np.arange(n, dtype=np.int64), k_cols)
+            rows, cols = np.divmod(np.arange(r * k_cols, dtype=np.int64), k_cols)
             t, s_ = self.pairs(a, b, rows, cols)
             return t.reshape(r, k_cols), s_.reshape(r, k_cols)
         at, bt = _tensor(a), _tensor(b)
-        flat_t, flat_s = out_t.reshape(-1), out_s.reshape(-1)
-        c = self.chunk
-        x, y, z, _, out = self._buffers()
-        with torch.no_grad():
-            for start in range(0, n, c):
-                k = min(c, n - start)
-                pos = start
-                while pos < start + k:  # one slice of b per grid row the pass touches
-                    i, j = divmod(pos, k_cols)
-                    length = min(k_cols - j, start + k - pos)
-                    torch.add(bt[j : j + length], at[i], out=x[pos - start : pos - start + length])
-                    pos += length
-                if k < c:
-                    x[k:] = 0.0
-                self._layers(x, y, z, out)
-                o = out.numpy()
-                flat_t[start : start + k] = o[0, :k]
-                flat_s[start : start + k] = o[1, :k]
-        return out_t, out_s
+
+        def slices(start: int, k: int, x: torch.Tensor) -> None:
+            pos = start
+            while pos < start + k:  # one slice of b per grid row the pass touches
+                i, j = divmod(pos, k_cols)
+                length = min(k_cols - j, start + k - pos)
+                torch.add(bt[j : j + length], at[i], out=x[pos - start : pos - start + length])
+                pos += length
+
+        t, s_ = self._passes(r * k_cols, slices)
+        return t.reshape(r, k_cols), s_.reshape(r, k_cols)
 
 
 def _tensor(a: np.ndarray) -> torch.Tensor:
