@@ -393,9 +393,10 @@ def _on_demand_blocks(table: MlpTable, cols: np.ndarray, ks: np.ndarray, slots: 
                       slot_allowance, base: np.ndarray, level: np.ndarray) -> float:
     """:func:`_class_weights` for a table that predicts pairs when asked: the same weights and levels.
 
-    Per block of slots, the pairs that fit (memory, health) are a flat list; each level predicts
-    the pairs still without a feasible level and keeps those it finds feasible, so the work is
-    in proportion to the pairs predicted. Returns the seconds spent predicting.
+    Per block of slots, the dynamic share (level 0) is one grid of predictions, every class
+    on every slot (nearly every pair fits); the pairs that fit (memory, health) and are not
+    feasible there are a flat list, and each fallback level predicts those still without a
+    feasible level and keeps those it finds feasible. Returns the seconds spent predicting.
     """
     t_pred = 0.0
     n_levels = tput_rows.shape[0]

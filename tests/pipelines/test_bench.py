@@ -68,6 +68,7 @@ def test_bench_round_runs_both_at_baseline_sizes_when_dense_is_too_big() -> None
     assert [(r["gpus"], r["jobs"]) for r in out["baseline_sizes"]] == [(40, 30), (60, 40)]
     for r in out["baseline_sizes"]:
         assert r["objectives_equal"] is True and r["fast_certified_optimal"] is True
+        assert r["dense_within_fast_bound"] is True and r["fast_gap_bound"] <= 1e-6
         assert r["speedup"] > 0
 
 
