@@ -165,7 +165,7 @@ class MlpTable:
     evaluated: np.ndarray  # (1,) int64: pairs predicted so far
     float32_exact = True
 
-    def _pairs(self, rows: np.ndarray, cols: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
+    def pairs(self, rows: np.ndarray, cols: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
         """float32 (tput, slowdown) of aligned pairs; NaN where the predictor does not accept one.
 
         The outputs' ranges are applied in float32, which gives :func:`~scheduler_core.predictor_nets.finish`'s
@@ -194,8 +194,7 @@ class MlpTable:
         """float32 (tput, slowdown) of every (row, col), shape (len(rows), len(cols)); NaN where not accepted."""
         rows = np.asarray(rows, dtype=np.int64)
         cols = np.asarray(cols, dtype=np.int64)
-        t = np.full((rows.size, cols.size), np.nan, dtype=np.float32)
-        s = np.full((rows.size, cols.size), np.nan, dtype=np.float32)
+        t = s = None
         good_c = np.flatnonzero(self.prof_ok[cols])
         spec = self.row_spec[rows]
         for sp, part in self.prof_part.items():
@@ -203,18 +202,24 @@ class MlpTable:
             if not good_r.size or not good_c.size:
                 continue
             gt, gs = self.kernel.grid(self.row_part[rows[good_r]], part[cols[good_c]])
+            self.evaluated[0] += good_r.size * good_c.size
             if good_r.size == rows.size and good_c.size == cols.size:
                 t, s = gt, gs
-            else:
-                t[np.ix_(good_r, good_c)], s[np.ix_(good_r, good_c)] = gt, gs
-            self.evaluated[0] += good_r.size * good_c.size
+                continue
+            if t is None:
+                t = np.full((rows.size, cols.size), np.nan, dtype=np.float32)
+                s = np.full((rows.size, cols.size), np.nan, dtype=np.float32)
+            t[np.ix_(good_r, good_c)], s[np.ix_(good_r, good_c)] = gt, gs
+        if t is None:
+            t = np.full((rows.size, cols.size), np.nan, dtype=np.float32)
+            s = np.full((rows.size, cols.size), np.nan, dtype=np.float32)
         np.clip(t, 0.0, 1.0, out=t)
         np.maximum(s, 0.0, out=s)
         s += 1.0
         return t, s
 
     def at(self, rows: np.ndarray, cols: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
-        t, s = self._pairs(np.asarray(rows, dtype=np.int64), np.asarray(cols, dtype=np.int64))
+        t, s = self.pairs(np.asarray(rows, dtype=np.int64), np.asarray(cols, dtype=np.int64))
         return t.astype(np.float64), s.astype(np.float64)
 
     def prepare(self, cols: np.ndarray):
@@ -228,7 +233,7 @@ class MlpTable:
             return
         ri, ci = np.nonzero(mask)
         if ri.size:
-            t32[ri, ci], s32[ri, ci] = self._pairs(rows[ri], cols[ci])
+            t32[ri, ci], s32[ri, ci] = self.pairs(rows[ri], cols[ci])
 
 
 def accept_bounds(model) -> tuple[np.ndarray, np.ndarray]:

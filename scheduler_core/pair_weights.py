@@ -454,10 +454,10 @@ def _on_demand_blocks(table: MlpTable, cols: np.ndarray, ks: np.ndarray, slots: 
                 eq, ei, ek = q[here], qi[here], qk[here]
             tr = tr_blk[ei]
             t = time.perf_counter()
-            tput, slow = table._pairs(tr, cols[ek])
+            tput, slow = table.pairs(tr, cols[ek])
             if (tr_blk != sr_blk).any():
                 split = np.flatnonzero(tr != sr_blk[ei])
-                slow[split] = table._pairs(sr_blk[ei[split]], cols[ek[split]])[1]
+                slow[split] = table.pairs(sr_blk[ei[split]], cols[ek[split]])[1]
             t_pred += time.perf_counter() - t
             if np.any(d_blk != 1.0):
                 tput = derated(tput, d_blk[ei]).astype(base.dtype)
