@@ -238,7 +238,8 @@ def test_real_loop_end_to_end_from_sbatch_to_done(dev_cluster, make_postgres_dat
 
         _poll("every job picked up and profiled", lambda: len(rows := job_rows()) == len(sids) and all(
             j.state not in ("SUBMITTED", "PROFILING") for j in rows.values()) and rows, 180, procs)
-        _no_job_failed(store, job_rows(), procs)
+        rows = job_rows()
+        _no_job_failed(store, rows, procs)
         timeline["profiled_s"] = time.monotonic() - t_submit
 
         # -- a burst on one replica: Overlimit, eviction on that sample, requeue ------------------------
