@@ -102,11 +102,12 @@ class PredictorStoreResource(ConfigurableResource):
 
     feature_store: ResourceDependency[FeatureStoreResource]
     epochs: int | None = None  # None: the network's default
+    hidden: int | None = None  # the MLP's hidden units per layer; None: the default
     seed: int = 0
     max_holdout_mae: float = 0.10
 
     def config(self) -> PredictorConfig:
-        return PredictorConfig(epochs=self.epochs, seed=self.seed)
+        return PredictorConfig(epochs=self.epochs, hidden=self.hidden, seed=self.seed)
 
     def train_candidate(self, gpu_type: str) -> steps.TrainOutcome:
         return steps.train_candidate(self.feature_store.store, gpu_type, self.config())

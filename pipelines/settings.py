@@ -73,6 +73,7 @@ class MuxflowSettings:
     # Offline jobs a round may put on one GPU, each with its own MPS share (scheduler_core.slots; 1: the paper).
     max_jobs_per_gpu: int = 1
     epochs: int | None = None  # predictor training epochs; None: the network's (scheduler_core.predictor_config)
+    predictor_hidden: int | None = None  # the MLP's hidden units per layer; None: the default (32; the paper's 64)
     report_dir: str = ".muxflow/report"
     warmup_minutes: int = 60  # simulated cluster: online-only history recorded before its first round
 
@@ -110,6 +111,8 @@ class MuxflowSettings:
             raise SettingsError(f"max_jobs_per_gpu must be between 1 and 8, got {self.max_jobs_per_gpu!r}")
         if not 0 < self.max_holdout_mae:
             raise SettingsError("max_holdout_mae must be > 0")
+        if self.predictor_hidden is not None and self.predictor_hidden < 1:
+            raise SettingsError(f"predictor_hidden must be >= 1, got {self.predictor_hidden!r}")
         if self.samples_per_type < 10 or (self.epochs is not None and self.epochs < 1) or self.migration_penalty < 0 or self.warmup_minutes < 15:
             raise SettingsError("samples_per_type >= 10, epochs >= 1, migration_penalty >= 0 and "
                                 "warmup_minutes >= 15 are required")
@@ -206,6 +209,7 @@ ENV_VARS: dict[str, tuple[str, Callable[[str], Any]]] = {  # variable -> (settin
     "MUXFLOW_ROUNDS_END": ("rounds_end", lambda v: _parse_time(v, "rounds_end")), "MUXFLOW_SEED": ("seed", int),
     "MUXFLOW_SAMPLES_PER_TYPE": ("samples_per_type", int), "MUXFLOW_MAX_HOLDOUT_MAE": ("max_holdout_mae", float),
     "MUXFLOW_MIGRATION_PENALTY": ("migration_penalty", float), "MUXFLOW_EPOCHS": ("epochs", int),
+    "MUXFLOW_PREDICTOR_HIDDEN": ("predictor_hidden", int),
     "MUXFLOW_MAX_JOBS_PER_GPU": ("max_jobs_per_gpu", int),
     "MUXFLOW_REPORT_DIR": ("report_dir", str),
     "MUXFLOW_SLURM_API_VERSION": ("slurm_api_version", str), "MUXFLOW_SLURM_JWT_FILE": ("slurm_jwt_file", str),

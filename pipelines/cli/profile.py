@@ -196,15 +196,19 @@ def sample(ctx, per_type, seed, real, local, show_plan, show_runs, budget_min, w
 @click.option("--arch", type=click.Choice(["mlp", "factorized"]), default="mlp", show_default=True,
               help="The paper's MLP, or GPU and job towers meeting in dot products (faster on rounds with a profile "
                    "per job; generalizes worse to profiles unlike the training data's).")
+@click.option("--hidden", type=click.IntRange(min=1), default=None,
+              help="Hidden units per layer [default: the network's: 32 for the MLP (the paper's is 64), 64 for the "
+                   "factorized one's towers].")
 @click.pass_context
-def train(ctx, epochs: int, seed: int, arch: str) -> None:
+def train(ctx, epochs: int, seed: int, arch: str, hidden: int | None) -> None:
     """Train one speed predictor per GPU type; promote it if no worse than the current one."""
     from executors.steps import train_predictors
     from scheduler_core.predictor import PredictorConfig
 
-    outcomes = train_predictors(store_of(ctx), PredictorConfig(arch=arch, epochs=epochs, seed=seed))
+    cfg = PredictorConfig(arch=arch, epochs=epochs, hidden=hidden, seed=seed)
+    outcomes = train_predictors(store_of(ctx), cfg)
     if not outcomes:
         raise CliError("samples: no GPU type has co-location samples; run `muxflow sample` first")
     for o in outcomes:
-        click.echo(f"{o.gpu_type} v{o.version}: held-out MAE tput {o.holdout_mae_tput:.3f}, slowdown "
+        click.echo(f"{o.gpu_type} v{o.version} ({cfg.arch} {cfg.layers} x {cfg.hidden}, {cfg.epochs} epochs): held-out MAE tput {o.holdout_mae_tput:.3f}, slowdown "
                    f"{o.holdout_mae_slowdown:.3f} ({o.trained_on}) {'promoted' if o.promoted else 'kept previous'}")

@@ -341,8 +341,9 @@ def test_sample_train_round_report_flow(cluster_url: str, tmp_path: Path) -> Non
     ok(cluster_url, *with_job(long_job, "--name", "j2"))
     sampled = ok(cluster_url, "sample", "--per-type", "200").output
     assert "'t4': 200" in sampled and "'a10': 200" in sampled
-    trained = ok(cluster_url, "train", "--epochs", "20").output
-    assert re.search(r"^t4 v1: .*promoted", trained, re.M) and re.search(r"^a10 v1: .*promoted", trained, re.M)
+    trained = ok(cluster_url, "train", "--epochs", "20", "--hidden", "64").output  # the paper's width
+    assert re.search(r"^t4 v1 \(mlp 4 x 64, 20 epochs\): .*promoted", trained, re.M)
+    assert re.search(r"^a10 v1 \(mlp 4 x 64, 20 epochs\): .*promoted", trained, re.M)
     assert row_counts(cluster_url)["predictor_models"] == 2
 
     for k in (1, 2):

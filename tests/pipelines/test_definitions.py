@@ -90,8 +90,11 @@ def test_code_location_loads_from_settings_file(tmp_path: Path) -> None:
 def test_settings_from_environment_and_errors(tmp_path: Path) -> None:
     s = load_settings({"MUXFLOW_DATABASE_URL": "sqlite:///x.db", "MUXFLOW_GPU_TYPES": "t4, a100",
                        "MUXFLOW_ROUNDS_START": "2026-03-01T06:30", "MUXFLOW_MAX_HOLDOUT_MAE": "0.2",
-                       "MUXFLOW_MAX_JOBS_PER_GPU": "2"})
+                       "MUXFLOW_MAX_JOBS_PER_GPU": "2", "MUXFLOW_PREDICTOR_HIDDEN": "64"})
     assert s.gpu_types == ("t4", "a100") and s.max_holdout_mae == 0.2 and s.max_jobs_per_gpu == 2
+    # the predictor resource trains the network the settings name: here the paper's width, at its default epochs
+    cfg = build_definitions(s).resources["predictors"].config()
+    assert (cfg.hidden, cfg.epochs) == (64, 400)
     assert s.rounds_start == dt.datetime(2026, 3, 1, 6, 30, tzinfo=dt.timezone.utc)
     assert MuxflowSettings.from_json(s.to_json()) == s
     bad = [
@@ -106,6 +109,7 @@ def test_settings_from_environment_and_errors(tmp_path: Path) -> None:
         ({"MUXFLOW_MAX_HOLDOUT_MAE": "0"}, "max_holdout_mae"),
         ({"MUXFLOW_MAX_JOBS_PER_GPU": "0"}, "max_jobs_per_gpu"),
         ({"MUXFLOW_MAX_JOBS_PER_GPU": "two"}, "MUXFLOW_MAX_JOBS_PER_GPU"),
+        ({"MUXFLOW_PREDICTOR_HIDDEN": "0"}, "predictor_hidden"),
     ]
     for env, msg in bad:
         with pytest.raises(SettingsError, match=msg):
