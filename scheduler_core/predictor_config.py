@@ -6,7 +6,8 @@ The paper's network is 4 × 64 (its Figure 12 sweep: width hardly matters);
 types it was not trained on — at a quarter of the cost per (GPU, job) pair, which
 is what a round with a profile per job pays ~400 M times at 20,000 GPUs ×
 10,000 jobs (docs/BENCHMARKS.md, "Predictor"). ``hidden=64, epochs=250`` is the
-paper's. The factorized network keeps 64-unit towers and 250 epochs.
+paper's (the deployment setting ``predictor_hidden``, ``muxflow train --hidden``).
+The factorized network keeps 64-unit towers and 250 epochs.
 """
 
 from __future__ import annotations
