@@ -445,11 +445,14 @@ def _on_demand_blocks(table: MlpTable, cols: np.ndarray, ks: np.ndarray, slots: 
             if not q.size:
                 break
             tr_blk, sr_blk = tput_rows[li, sl_idx], slow_rows[li, sl_idx]
-            row_here = (tr_blk >= 0) & (sr_blk >= 0)
+            # A slot whose share is the level above's (clipped at the floor) gives the same predictions: the
+            # pairs still here were infeasible there, so they skip it.
+            row_here = (tr_blk >= 0) & (sr_blk >= 0) & ((tr_blk != tput_rows[li - 1, sl_idx])
+                                                         | (sr_blk != slow_rows[li - 1, sl_idx]))
             if row_here.all():
                 here = None
                 eq, ei, ek = q, qi, qk
-            else:  # slots without a row at this level: their pairs wait for the next one
+            else:  # slots without a (new) row at this level: their pairs wait for the next one
                 here = row_here[qi]
                 eq, ei, ek = q[here], qi[here], qk[here]
             tr = tr_blk[ei]

@@ -54,10 +54,10 @@ def _sim_options(fn):
                           "quota; 1 = the paper."),
         click.option("--round-minutes", type=click.IntRange(min=1, max=60), default=15, show_default=True,
                      help="Minutes between rounds, for every policy (the pipeline's round_period_s / 60)."),
-        click.option("--between-rounds", is_flag=True,
+        click.option("--between-rounds/--rounds-only", default=True, show_default=True,
                      help="Every policy also places waiting jobs between rounds, in the minute a job arrives or a "
-                          "GPU frees (MuxFlow: waiting jobs onto free GPUs only, nothing moves) [default: at "
-                          "rounds only, the paper]. On Slurm the pipeline's fills do this (docs/SLURM.md)."),
+                          "GPU frees (MuxFlow: waiting jobs onto free GPUs only, nothing moves), as the pipeline's "
+                          "fills do on Slurm (docs/SLURM.md); --rounds-only places at rounds only (the paper)."),
         click.option("--calibration", default="transfer", show_default=True,
                      help="Interference calibration: transfer, pessimistic, or a measured GPU type's own fit "
                           "(k80, p100, ...; docs/CALIBRATION.md)."),
@@ -70,7 +70,7 @@ def _sim_options(fn):
 
 
 def _config(gpus, types_text, hours, jobs, arrival_hours, mean_job_hours, seed, sm_fallback_levels=None,
-            migration_penalty=None, slo_scale=None, max_jobs_per_gpu=1, between_rounds=False, round_minutes=15):
+            migration_penalty=None, slo_scale=None, max_jobs_per_gpu=1, between_rounds=True, round_minutes=15):
     from scheduler_core.simulator import SimConfig
 
     types = tuple(parse_types(types_text).items()) if types_text else None

@@ -121,8 +121,9 @@ class SimConfig:
     # scheduler_core.slots); 1 = the paper.
     max_jobs_per_gpu: int = 1
     # Place waiting jobs between rounds too, in the minute a job arrives or a GPU frees (every policy's planner,
-    # called with RoundView.between_rounds: MuxFlow's only starts waiting jobs on free GPUs); False: rounds only.
-    between_rounds: bool = False
+    # called with RoundView.between_rounds: MuxFlow's only starts waiting jobs on free GPUs), as the pipeline's
+    # fills do on Slurm; False: rounds only (the paper).
+    between_rounds: bool = True
 
     def __post_init__(self) -> None:
         if self.gpus < 1:

@@ -71,8 +71,8 @@ def test_slo_scale_gives_services_slos_and_reports_violations_per_service_minute
 
 def test_between_rounds_places_arrivals_without_waiting_for_the_round(in_tmp) -> None:
     args = ["simulate", "--trace", str(SAMPLE_TRACE), *TINY, "--policy", "muxflow", "--json", "--quiet"]
-    plain = json.loads(run(*args).stdout)
-    res = run(*args, "--between-rounds")
+    plain = json.loads(run(*args, "--rounds-only").stdout)
+    res = run(*args)  # between rounds is the default, as the pipeline's fills on Slurm
     assert res.exit_code == 0, res.stderr
     m = json.loads(res.stdout)
     assert m["config"]["between_rounds"] is True and plain["config"]["between_rounds"] is False

@@ -119,7 +119,8 @@ def test_between_rounds_a_job_arriving_mid_interval_starts_in_its_minute(inputs,
     # behind it may gain more).
     jobs = [trace_job(1, 3000, 0.0, JOB_TYPE), trace_job(2, 3000, 7.0, JOB_TYPE), trace_job(3, 3000, 60.0, JOB_TYPE)]
     calls: list = []
-    rounds = run_simulation(jobs, inputs, flat_config(gpus=2, hours=4.0), get_policy(policy)).metrics
+    rounds = run_simulation(jobs, inputs, flat_config(gpus=2, hours=4.0, between_rounds=False),
+                            get_policy(policy)).metrics
     between = run_simulation(jobs, inputs, flat_config(gpus=2, hours=4.0, between_rounds=True),
                              _spy(policy, calls)).metrics
     assert rounds["offline"]["finished"] == between["offline"]["finished"] == 3
@@ -140,6 +141,24 @@ def test_between_rounds_a_freed_gpu_takes_the_waiting_job_in_the_next_minute(inp
     freed = [c for c in calls if c[1] and c[0] not in (1, 60)]
     assert freed and freed[0][2] == [1] and freed[0][3] == [], calls
     assert freed[0][0] % 15 != 0
-    rounds = run_simulation(jobs, inputs, flat_config(hours=6.0), get_policy("muxflow")).metrics["offline"]
+    rounds = run_simulation(jobs, inputs, flat_config(hours=6.0, between_rounds=False),
+                            get_policy("muxflow")).metrics["offline"]
     gap = 15 - freed[0][0] % 15  # minutes the job would wait for the round (the job behind it may gain more)
     assert res.metrics["offline"]["avg_jct_s"] <= rounds["avg_jct_s"] - gap * 60 / 3 + 0.01
+
+
+def test_the_shortest_quarter_reports_the_wait_of_a_short_job_queued_behind_a_long_one(inputs) -> None:
+    # One GPU, four jobs at minute 0; the short one (a quarter of the steps) is second in line, so it
+    # waits for the first to finish; put first in line it starts at once.
+    def quarter(short_line: int) -> dict:
+        jobs = [trace_job(line, 1000 if line == short_line else 4000, 0.0, JOB_TYPE) for line in (1, 2, 3, 4)]
+        res = run_simulation(jobs, inputs, flat_config(hours=12.0, arrival_hours=0.01), get_policy("pb-time-sharing"))
+        return res.metrics["offline"]["shortest_quarter"]
+
+    behind, first = quarter(2), quarter(1)
+    assert behind["jobs"] == first["jobs"] == 1
+    assert behind["solo_s_max"] == first["solo_s_max"] > 0
+    assert first["wait_p90_s"] < 60.0
+    # It waited for the long job: at least that job's solo time on the T4 (4x its own work).
+    assert behind["wait_p90_s"] >= 4 * behind["solo_s_max"] / T4.relative_speed
+    assert behind["jct_mean_s"] > behind["wait_p90_s"] and behind["jct_mean_s"] - behind["wait_p90_s"] < first["jct_mean_s"] + 60
