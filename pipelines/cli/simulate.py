@@ -13,10 +13,12 @@ import functools
 import json
 import sys
 import time
+from dataclasses import replace
 from pathlib import Path
 
 import click
 from pipelines.cli.common import HELP, SEED, CliError, FiniteFloat, parse_types, writable_dir
+from scheduler_core.dynamic_sm import SmPolicy
 
 CACHE_DIR = Path(".muxflow") / "cache"
 DEFAULT_OUT = Path(".muxflow") / "simulate"
@@ -40,8 +42,8 @@ def _sim_options(fn):
                      help="Mean solo job duration after scaling."),
         click.option("--seed", type=SEED, default=0, show_default=True),
         click.option("--sm-fallback-levels", type=click.IntRange(min=0, max=8), default=None,
-                     help="Smaller MPS shares a MuxFlow round may fall back to [default: the scheduler's, 3]; "
-                          "0 = the paper."),
+                     help="Smaller MPS shares a MuxFlow round may fall back to [default: the scheduler's, "
+                          f"{SmPolicy().fallback_levels}]; 0 = the paper."),
         click.option("--migration-penalty", type=FiniteFloat(min=0.0), default=None,
                      help="Weight a MuxFlow round subtracts for moving a running job [default: restart cost "
                           "over one interval, 0.1]; 0 = the paper."),
@@ -49,6 +51,9 @@ def _sim_options(fn):
                      help="Give each online service a p99 SLO of this many times its p99 alone at its daily peak "
                           "(MuxFlow rounds then keep the predicted p99 within it; SLO violations per "
                           "service-minute are reported) [default: no SLOs, the paper's flat allowance]."),
+        click.option("--slowdown-allowance", type=click.FloatRange(min=0.0, min_open=True), default=None,
+                     help="Every online service's slowdown allowance: the online latency slowdown a MuxFlow pair may "
+                          "be predicted to add (0.1 = +10 %) [default: 0.2, the paper's]."),
         click.option("--max-jobs-per-gpu", type=click.IntRange(min=1, max=8), default=1, show_default=True,
                      help="Offline jobs a MuxFlow round may put on one GPU, each with its own MPS share and memory "
                           "quota; 1 = the paper."),
@@ -70,8 +75,10 @@ def _sim_options(fn):
 
 
 def _config(gpus, types_text, hours, jobs, arrival_hours, mean_job_hours, seed, sm_fallback_levels=None,
-            migration_penalty=None, slo_scale=None, max_jobs_per_gpu=1, between_rounds=True, round_minutes=15):
+            migration_penalty=None, slo_scale=None, max_jobs_per_gpu=1, between_rounds=True, round_minutes=15,
+            slowdown_allowance=None):
     from scheduler_core.simulator import SimConfig
+    from scheduler_core.simulator.config import DEFAULT_SERVICES
 
     types = tuple(parse_types(types_text).items()) if types_text else None
     if arrival_hours is None:
@@ -84,7 +91,9 @@ def _config(gpus, types_text, hours, jobs, arrival_hours, mean_job_hours, seed, 
                          mean_job_hours=mean_job_hours, max_job_hours=max(8.0, mean_job_hours), seed=seed,
                          sm_fallback_levels=sm_fallback_levels, migration_penalty=migration_penalty,
                          slo_scale=slo_scale, max_jobs_per_gpu=max_jobs_per_gpu, between_rounds=between_rounds,
-                         round_minutes=round_minutes)
+                         round_minutes=round_minutes,
+                         services=DEFAULT_SERVICES if slowdown_allowance is None else tuple(
+                             replace(sv, slowdown_allowance=slowdown_allowance) for sv in DEFAULT_SERVICES))
     except ValueError as exc:
         raise CliError(str(exc)) from exc
 
@@ -199,8 +208,6 @@ def _summary(name: str, m: dict) -> str:
 
 
 def _config_json(cfg) -> dict:
-    from scheduler_core.dynamic_sm import SmPolicy
-
     return {"gpus": cfg.gpus, "gpu_types": dict(cfg.types()), "hours": cfg.hours, "jobs": cfg.jobs,
             "arrival_hours": cfg.arrival_hours, "mean_job_hours": cfg.mean_job_hours, "seed": cfg.seed,
             "round_minutes": cfg.round_minutes, "migration_penalty": cfg.round_migration_penalty(),
@@ -208,6 +215,7 @@ def _config_json(cfg) -> dict:
             else SmPolicy().fallback_levels,
             "fixed_sm_pct": cfg.fixed_sm_pct, "slo_scale": cfg.slo_scale, "max_jobs_per_gpu": cfg.max_jobs_per_gpu,
             "between_rounds": cfg.between_rounds,
+            "slowdown_allowances": {s.name: s.slowdown_allowance for s in cfg.services},
             "service_slos_ms": dict(zip((s.name for s in cfg.services), cfg.service_slos_ms()))}
 
 
@@ -217,8 +225,8 @@ def _config_json(cfg) -> dict:
 @click.pass_context
 @_guarded
 def simulate(ctx, trace_path, gpus, types_text, hours, jobs, arrival_hours, mean_job_hours, seed, sm_fallback_levels,
-             migration_penalty, slo_scale, max_jobs_per_gpu, round_minutes, between_rounds, calibration, as_json,
-             quiet, policy) -> None:
+             migration_penalty, slo_scale, slowdown_allowance, max_jobs_per_gpu, round_minutes, between_rounds, calibration,
+             as_json, quiet, policy) -> None:
     """Simulate one policy on a trace and print the paper's metrics (SIMULATED)."""
     if ctx.invoked_subcommand is not None:
         return
@@ -226,7 +234,7 @@ def simulate(ctx, trace_path, gpus, types_text, hours, jobs, arrival_hours, mean
 
     get_policy(policy)
     cfg = _config(gpus, types_text, hours, jobs, arrival_hours, mean_job_hours, seed, sm_fallback_levels,
-                  migration_penalty, slo_scale, max_jobs_per_gpu, between_rounds, round_minutes)
+                  migration_penalty, slo_scale, max_jobs_per_gpu, between_rounds, round_minutes, slowdown_allowance)
     [calibration] = _check_calibrations([calibration])
     trace = _load(trace_path)
     inputs, info = _inputs(cfg, calibration, quiet)
@@ -294,7 +302,8 @@ def composition(gpu_type, calibration, corunner_efficiency, as_json) -> None:
                    "pessimistic].")
 @_guarded
 def compare(trace_path, gpus, types_text, hours, jobs, arrival_hours, mean_job_hours, seed, sm_fallback_levels,
-            migration_penalty, slo_scale, max_jobs_per_gpu, round_minutes, between_rounds, calibration, as_json, quiet,
+            migration_penalty, slo_scale, slowdown_allowance, max_jobs_per_gpu, round_minutes, between_rounds, calibration,
+            as_json, quiet,
             policy_names, out_dir, sensitivity, calibrations_text) -> None:
     """Run every policy on the same trace; print the table normalized like the paper's Figures 11 and 13."""
     from executors.simulated.calibration import calibrations
@@ -308,7 +317,7 @@ def compare(trace_path, gpus, types_text, hours, jobs, arrival_hours, mean_job_h
     if "muxflow" not in names:
         raise CliError("policies: the comparison is normalized to muxflow; include it")
     cfg = _config(gpus, types_text, hours, jobs, arrival_hours, mean_job_hours, seed, sm_fallback_levels,
-                  migration_penalty, slo_scale, max_jobs_per_gpu, between_rounds, round_minutes)
+                  migration_penalty, slo_scale, max_jobs_per_gpu, between_rounds, round_minutes, slowdown_allowance)
     [calibration] = _check_calibrations([calibration])
     others = []
     if sensitivity:

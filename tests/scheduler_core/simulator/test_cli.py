@@ -162,3 +162,16 @@ def test_compare_sensitivity_reruns_under_each_calibration(in_tmp) -> None:
     tput = {cal: next(r for r in part["table"] if r["policy"] == "muxflow")["oversold_gpu"]
             for cal, part in doc["calibrations"].items()}
     assert tput["pessimistic"] < tput["transfer"]
+
+
+def test_a_smaller_slowdown_allowance_plans_less_online_slowdown(in_tmp) -> None:
+    args = ["simulate", "--trace", str(SAMPLE_TRACE), *TINY, "--policy", "muxflow", "--json", "--quiet"]
+    plain = json.loads(run(*args).stdout)
+    res = run(*args, "--slowdown-allowance", "0.05")
+    assert res.exit_code == 0, res.stderr
+    tight = json.loads(res.stdout)
+    assert set(plain["config"]["slowdown_allowances"].values()) == {0.2}
+    assert set(tight["config"]["slowdown_allowances"].values()) == {0.05}
+    assert tight["online"]["shared_avg_latency_norm"] < plain["online"]["shared_avg_latency_norm"]
+    bad = run(*args, "--slowdown-allowance", "0")
+    assert bad.exit_code == 2 and "slowdown-allowance" in bad.stderr
