@@ -104,7 +104,8 @@ def build_definitions(settings: MuxflowSettings, now: Callable[[], dt.datetime] 
         "feature_store": feature_store,
         "cluster": cluster_resource,
         "predictors": PredictorStoreResource(feature_store=feature_store, epochs=settings.epochs,
-                                             hidden=settings.predictor_hidden, seed=settings.seed, max_holdout_mae=settings.max_holdout_mae),
+                                             hidden=settings.predictor_hidden, seed=settings.seed,
+                                             max_holdout_mae=settings.max_holdout_mae),
     }
 
     round_job = define_asset_job(

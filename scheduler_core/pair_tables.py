@@ -194,7 +194,12 @@ class MlpTable:
         """float32 (tput, slowdown) of every (row, col), shape (len(rows), len(cols)); NaN where not accepted."""
         rows = np.asarray(rows, dtype=np.int64)
         cols = np.asarray(cols, dtype=np.int64)
-        t = s = None
+        t = s = None  # the kernel's own grids when one spec covers the block, else NaN-filled ones
+
+        def nan_grids():
+            return (np.full((rows.size, cols.size), np.nan, dtype=np.float32),
+                    np.full((rows.size, cols.size), np.nan, dtype=np.float32))
+
         good_c = np.flatnonzero(self.prof_ok[cols])
         spec = self.row_spec[rows]
         for sp, part in self.prof_part.items():
@@ -207,12 +212,10 @@ class MlpTable:
                 t, s = gt, gs
                 continue
             if t is None:
-                t = np.full((rows.size, cols.size), np.nan, dtype=np.float32)
-                s = np.full((rows.size, cols.size), np.nan, dtype=np.float32)
+                t, s = nan_grids()
             t[np.ix_(good_r, good_c)], s[np.ix_(good_r, good_c)] = gt, gs
         if t is None:
-            t = np.full((rows.size, cols.size), np.nan, dtype=np.float32)
-            s = np.full((rows.size, cols.size), np.nan, dtype=np.float32)
+            t, s = nan_grids()
         np.clip(t, 0.0, 1.0, out=t)
         np.maximum(s, 0.0, out=s)
         s += 1.0

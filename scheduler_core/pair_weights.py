@@ -327,6 +327,7 @@ def _class_weights(tables, types, slot_type, class_profile, class_mem, tput_rows
     base = np.full((n_cls, c), -np.inf, dtype=dt)
     level = np.zeros((n_cls, c), dtype=np.int8)
     limit = slowdown_limit32(slot_allowance) if f32 else 1.0 + np.asarray(slot_allowance, dtype=np.float64)
+    fresh = fresh_rows(tput_rows, slow_rows)
     t_blocks = 0.0
     neg_inf = dt(-np.inf)
     for ti in range(len(types)):
@@ -340,9 +341,9 @@ def _class_weights(tables, types, slot_type, class_profile, class_mem, tput_rows
         mem_k = class_mem[ks]
         step = int(max(8, min(slots.size, BLOCK_PAIRS // ks.size)))
         if isinstance(tables[ti], MlpTable):
-            t_blocks += _on_demand_blocks(tables[ti], prepared, ks, slots, step, mem_k, tput_rows, slow_rows, derate,
-                                          slot_quota, slot_healthy, limit if f32 else None, slot_allowance, base,
-                                          level)
+            t_blocks += _on_demand_blocks(tables[ti], prepared, ks, slots, step, mem_k, tput_rows, slow_rows, fresh,
+                                          derate, slot_quota, slot_healthy, limit if f32 else None, slot_allowance,
+                                          base, level)
             continue
         shape = (step, ks.size)
         t32, s32, t2, s2 = (np.empty(shape, dt) for _ in range(4))
@@ -357,7 +358,7 @@ def _class_weights(tables, types, slot_type, class_profile, class_mem, tput_rows
             fits = (mem_k[None, :] <= slot_quota[sl_idx, None]) & slot_healthy[sl_idx, None]
             for li in range(n_levels):
                 tr, sr = tput_rows[li, sl_idx], slow_rows[li, sl_idx]
-                have = (tr >= 0) & (sr >= 0)
+                have = fresh[li, sl_idx]
                 # Only pairs that fit and have no feasible higher level are predicted at this one.
                 need = fits & have[:, None]
                 if li:
@@ -389,7 +390,7 @@ def _class_weights(tables, types, slot_type, class_profile, class_mem, tput_rows
 
 
 def _on_demand_blocks(table: MlpTable, cols: np.ndarray, ks: np.ndarray, slots: np.ndarray, step: int,
-                      mem_k: np.ndarray, tput_rows, slow_rows, derate, slot_quota, slot_healthy, limit,
+                      mem_k: np.ndarray, tput_rows, slow_rows, fresh, derate, slot_quota, slot_healthy, limit,
                       slot_allowance, base: np.ndarray, level: np.ndarray) -> float:
     """:func:`_class_weights` for a table that predicts pairs when asked: the same weights and levels.
 
@@ -445,10 +446,7 @@ def _on_demand_blocks(table: MlpTable, cols: np.ndarray, ks: np.ndarray, slots: 
             if not q.size:
                 break
             tr_blk, sr_blk = tput_rows[li, sl_idx], slow_rows[li, sl_idx]
-            # A slot whose share is the level above's (clipped at the floor) gives the same predictions: the
-            # pairs still here were infeasible there, so they skip it.
-            row_here = (tr_blk >= 0) & (sr_blk >= 0) & ((tr_blk != tput_rows[li - 1, sl_idx])
-                                                         | (sr_blk != slow_rows[li - 1, sl_idx]))
+            row_here = fresh[li, sl_idx]
             if row_here.all():
                 here = None
                 eq, ei, ek = q, qi, qk
@@ -536,6 +534,18 @@ def _homes(elig, jobs, layout, base, class_level, job_class, class_mem, slot_pct
             home_w[rest] = np.where(better, cand, home_w[rest])
             home_level[rest] = np.where(better, li, home_level[rest])
     return home, home_w, home_level, penalty
+
+
+def fresh_rows(tput_rows: np.ndarray, slow_rows: np.ndarray) -> np.ndarray:
+    """(levels × slots) whether a slot has prediction rows at a level that differ from the level above.
+
+    A slot whose share at a level is the one above's (the levels clipped at ``min_pct``) gives the same
+    predictions there: its pairs still without a feasible level were infeasible at that share, so a round
+    does not predict them again.
+    """
+    out = (tput_rows >= 0) & (slow_rows >= 0)
+    out[1:] &= (tput_rows[1:] != tput_rows[:-1]) | (slow_rows[1:] != slow_rows[:-1])
+    return out
 
 
 def share_levels(sm: np.ndarray, policy) -> np.ndarray:

@@ -210,5 +210,6 @@ def train(ctx, epochs: int, seed: int, arch: str, hidden: int | None) -> None:
     if not outcomes:
         raise CliError("samples: no GPU type has co-location samples; run `muxflow sample` first")
     for o in outcomes:
-        click.echo(f"{o.gpu_type} v{o.version} ({cfg.arch} {cfg.layers} x {cfg.hidden}, {cfg.epochs} epochs): held-out MAE tput {o.holdout_mae_tput:.3f}, slowdown "
+        click.echo(f"{o.gpu_type} v{o.version} ({cfg.arch} {cfg.layers} x {cfg.hidden}, {cfg.epochs} epochs): "
+                   f"held-out MAE tput {o.holdout_mae_tput:.3f}, slowdown "
                    f"{o.holdout_mae_slowdown:.3f} ({o.trained_on}) {'promoted' if o.promoted else 'kept previous'}")

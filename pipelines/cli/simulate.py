@@ -225,8 +225,8 @@ def _config_json(cfg) -> dict:
 @click.pass_context
 @_guarded
 def simulate(ctx, trace_path, gpus, types_text, hours, jobs, arrival_hours, mean_job_hours, seed, sm_fallback_levels,
-             migration_penalty, slo_scale, slowdown_allowance, max_jobs_per_gpu, round_minutes, between_rounds, calibration,
-             as_json, quiet, policy) -> None:
+             migration_penalty, slo_scale, slowdown_allowance, max_jobs_per_gpu, round_minutes, between_rounds,
+             calibration, as_json, quiet, policy) -> None:
     """Simulate one policy on a trace and print the paper's metrics (SIMULATED)."""
     if ctx.invoked_subcommand is not None:
         return
@@ -302,9 +302,8 @@ def composition(gpu_type, calibration, corunner_efficiency, as_json) -> None:
                    "pessimistic].")
 @_guarded
 def compare(trace_path, gpus, types_text, hours, jobs, arrival_hours, mean_job_hours, seed, sm_fallback_levels,
-            migration_penalty, slo_scale, slowdown_allowance, max_jobs_per_gpu, round_minutes, between_rounds, calibration,
-            as_json, quiet,
-            policy_names, out_dir, sensitivity, calibrations_text) -> None:
+            migration_penalty, slo_scale, slowdown_allowance, max_jobs_per_gpu, round_minutes, between_rounds,
+            calibration, as_json, quiet, policy_names, out_dir, sensitivity, calibrations_text) -> None:
     """Run every policy on the same trace; print the table normalized like the paper's Figures 11 and 13."""
     from executors.simulated.calibration import calibrations
     from executors.simulated.evaluation import plot_comparison, plot_utilization

@@ -98,7 +98,8 @@ def shortest_quarter(fleet, arrived: np.ndarray, censored: np.ndarray, end_s: fl
     first = np.where(np.isnan(fleet.first_start_s), end_s, fleet.first_start_s)[arrived]
     wait = first[short] - jobs.arrival_s[arrived][short]
     return {"jobs": int(short.sum()), "solo_s_max": round(limit, 2),
-            "jct_mean_s": round(float(censored[short].mean()), 2), "wait_p90_s": round(float(np.quantile(wait, 0.9)), 2)}
+            "jct_mean_s": round(float(censored[short].mean()), 2),
+            "wait_p90_s": round(float(np.quantile(wait, 0.9)), 2)}
 
 
 def compute_metrics(cfg: SimConfig, fleet, rec, rounds: list[dict]) -> dict:
