@@ -44,6 +44,7 @@ from scheduler_core.domain import (
 from scheduler_core.dynamic_sm import SmPolicy
 from scheduler_core.features import round_online_features
 from scheduler_core.forecast import ForecastPolicy, forecast_next
+from scheduler_core.latency_budget import budget_allowances
 from scheduler_core.latency_model import LatencyCurve
 from scheduler_core.latency_model import fit as fit_latency
 from scheduler_core.round import RoundConfig, from_snapshot, plan_round, snapshot
@@ -105,6 +106,8 @@ def _gpu_candidates(s, now: dt.datetime, running: dict, policy: ForecastPolicy) 
         current = on_gpu.get(gpu.id)
         curve = curves.get((svc.name, gtype.name))  # None until the replicas have enough minutes
         p99 = float(curve.p99_at(fc_sm)) if curve is not None and np.isfinite(fc_sm) else None
+        allowance = svc.slowdown_allowance if svc.slowdown_budget is None else float(
+            budget_allowances(ser["sm"], [fc_sm], svc.slowdown_budget, svc.slowdown_allowance, curve)[0])
         out.append(
             GpuCandidate(
                 gpu_id=gpu.id, gpu_type=gtype.name, memory_bytes=gtype.memory_bytes,
@@ -112,7 +115,7 @@ def _gpu_candidates(s, now: dt.datetime, running: dict, policy: ForecastPolicy) 
                 online=round_online_features(mean, fc_sm),
                 forecast_sm_pct=fc_sm,
                 forecast_mem_bytes=float(np.nanmax(ser["mem"])),
-                slowdown_allowance=svc.slowdown_allowance,
+                slowdown_allowance=allowance,
                 current_job_id=current.job_id if current else None,
                 current_sm_pct=current.sm_pct if current else None,
                 run_as_user=replica.run_as_user,

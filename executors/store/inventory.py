@@ -115,6 +115,7 @@ class ServiceSpec:
     latency_slo_ms: float
     slowdown_allowance: float
     mem_bytes: int
+    slowdown_budget: float | None = None  # scheduler_core.latency_budget; None: the flat allowance
 
 
 def register_online_service(s: Session, spec: ServiceSpec, gpu_ids: list[int], metrics_urls: dict[int, str],
@@ -138,7 +139,8 @@ def register_online_service(s: Session, spec: ServiceSpec, gpu_ids: list[int], m
         raise InventoryError(f"gpu-ids: GPU(s) {taken} already host an online service")
     svc = m.OnlineService(name=spec.name, model_family=spec.family, qps_min=spec.qps_min, qps_max=spec.qps_max,
                           peak_hour_utc=spec.peak_hour_utc, latency_slo_ms=spec.latency_slo_ms,
-                          slowdown_allowance=spec.slowdown_allowance, mem_bytes=spec.mem_bytes)
+                          slowdown_allowance=spec.slowdown_allowance, slowdown_budget=spec.slowdown_budget,
+                          mem_bytes=spec.mem_bytes)
     s.add(svc)
     s.flush()
     for i in gpu_ids:

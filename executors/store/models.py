@@ -148,12 +148,16 @@ class OnlineService(Base):
     peak_hour_utc: Mapped[float] = mapped_column(Float, default=20.0)
     latency_slo_ms: Mapped[float] = mapped_column(Float)
     slowdown_allowance: Mapped[float] = mapped_column(Float, default=0.2)
+    # The mean slowdown of its requests it accepts over the day (scheduler_core.latency_budget), the
+    # allowance then its per-minute cap; NULL: the flat allowance on every minute.
+    slowdown_budget: Mapped[float | None] = mapped_column(Float, nullable=True, default=None)
     mem_bytes: Mapped[int] = mapped_column(BigInteger)
     created_utc: Mapped[dt.datetime] = mapped_column(UtcDateTime, default=utcnow)
     __table_args__ = (
         CheckConstraint("qps_min >= 0 AND qps_max >= qps_min", name="qps_range"),
         CheckConstraint("latency_slo_ms > 0", name="slo_positive"),
         CheckConstraint("slowdown_allowance >= 0", name="allowance_nonneg"),
+        CheckConstraint("slowdown_budget IS NULL OR slowdown_budget >= 0", name="budget_nonneg"),
         CheckConstraint("mem_bytes > 0", name="mem_positive"),
     )
 

@@ -21,6 +21,10 @@ def online() -> None:
 @click.option("--peak-hour", type=FiniteFloat(), default=20.0, show_default=True, help="Hour of day (UTC) of peak load.")
 @click.option("--slo-ms", type=FiniteFloat(), default=100.0, show_default=True)
 @click.option("--allowance", type=FiniteFloat(), default=0.2, show_default=True, help="Tolerated latency slowdown (0.2 = +20%).")
+@click.option("--slowdown-budget", "budget", type=FiniteFloat(), default=None,
+              help="The mean slowdown of the service's requests (weighted by their latency alone) to keep over the "
+                   "day: rounds share its GPUs more in quiet minutes and less at its peak, every minute within "
+                   "--allowance [default: none, --allowance on every minute].")
 @click.option("--mem", "mem_text", required=True, help="GPU memory of one replica, e.g. 4GiB.")
 @click.option("--gpu-ids", required=True, help="Comma-separated GPU ids that host a replica.")
 @click.option("--endpoint", "endpoints", multiple=True, metavar="[GPU_ID=]URL",
@@ -31,7 +35,7 @@ def online() -> None:
                    "are placed on these GPUs [default: not declared, any user's jobs].")
 @click.pass_context
 @guard
-def online_register(ctx, name, family, qps_min, qps_max, peak_hour, slo_ms, allowance, mem_text, gpu_ids,
+def online_register(ctx, name, family, qps_min, qps_max, peak_hour, slo_ms, allowance, budget, mem_text, gpu_ids,
                     endpoints, run_as) -> None:
     """Register an online service and the GPUs its replicas run on (one replica per GPU)."""
     from executors.node.scrape import parse_endpoint_options
@@ -47,6 +51,8 @@ def online_register(ctx, name, family, qps_min, qps_max, peak_hour, slo_ms, allo
         raise CliError("slo-ms: must be positive")
     if allowance < 0:
         raise CliError("allowance: must be >= 0")
+    if budget is not None and budget < 0:
+        raise CliError("slowdown-budget: must be >= 0")
     mem = parse_size_bytes(mem_text, "mem")
     try:
         ids = sorted({int(x) for x in gpu_ids.split(",") if x.strip()})
@@ -55,9 +61,10 @@ def online_register(ctx, name, family, qps_min, qps_max, peak_hour, slo_ms, allo
     if not ids:
         raise CliError("gpu-ids: name at least one GPU")
     urls = parse_endpoint_options(endpoints, ids)
-    spec = inventory.ServiceSpec(name, family, qps_min, qps_max, peak_hour, slo_ms, allowance, mem)
+    spec = inventory.ServiceSpec(name, family, qps_min, qps_max, peak_hour, slo_ms, allowance, mem, budget)
     with store_of(ctx).session() as s:  # an InventoryError (a ValueError) is one line, nothing written
         inventory.register_online_service(s, spec, ids, urls, run_as)
     with_url = f", {len(urls)} with a metrics endpoint" if urls else ""
     as_user = f", running as {run_as}" if run_as else ""
-    click.echo(f"registered online service {name} on {len(ids)} GPU(s){with_url}{as_user}")
+    budgeted = f", slowdown budget {budget:g} (each minute within {allowance:g})" if budget is not None else ""
+    click.echo(f"registered online service {name} on {len(ids)} GPU(s){with_url}{as_user}{budgeted}")

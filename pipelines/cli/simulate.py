@@ -54,6 +54,11 @@ def _sim_options(fn):
         click.option("--slowdown-allowance", type=click.FloatRange(min=0.0, min_open=True), default=None,
                      help="Every online service's slowdown allowance: the online latency slowdown a MuxFlow pair may "
                           "be predicted to add (0.1 = +10 %) [default: 0.2, the paper's]."),
+        click.option("--slowdown-budget", type=click.FloatRange(min=0.0, min_open=True), default=None,
+                     help="Every online service's slowdown budget: the mean slowdown of its requests (weighted by "
+                          "their latency alone) that MuxFlow rounds keep over the day, sharing more in quiet minutes "
+                          "and less at the peak, each minute within the slowdown allowance (its cap). Default: none "
+                          "(the flat allowance on every minute, the paper's)."),
         click.option("--max-jobs-per-gpu", type=click.IntRange(min=1, max=8), default=1, show_default=True,
                      help="Offline jobs a MuxFlow round may put on one GPU, each with its own MPS share and memory "
                           "quota; 1 = the paper."),
@@ -76,9 +81,8 @@ def _sim_options(fn):
 
 def _config(gpus, types_text, hours, jobs, arrival_hours, mean_job_hours, seed, sm_fallback_levels=None,
             migration_penalty=None, slo_scale=None, max_jobs_per_gpu=1, between_rounds=True, round_minutes=15,
-            slowdown_allowance=None):
+            slowdown_allowance=None, slowdown_budget=None):
     from scheduler_core.simulator import SimConfig
-    from scheduler_core.simulator.config import DEFAULT_SERVICES
 
     types = tuple(parse_types(types_text).items()) if types_text else None
     if arrival_hours is None:
@@ -92,10 +96,18 @@ def _config(gpus, types_text, hours, jobs, arrival_hours, mean_job_hours, seed, 
                          sm_fallback_levels=sm_fallback_levels, migration_penalty=migration_penalty,
                          slo_scale=slo_scale, max_jobs_per_gpu=max_jobs_per_gpu, between_rounds=between_rounds,
                          round_minutes=round_minutes,
-                         services=DEFAULT_SERVICES if slowdown_allowance is None else tuple(
-                             replace(sv, slowdown_allowance=slowdown_allowance) for sv in DEFAULT_SERVICES))
+                         services=_services(slowdown_allowance, slowdown_budget))
     except ValueError as exc:
         raise CliError(str(exc)) from exc
+
+
+def _services(slowdown_allowance, slowdown_budget):
+    """The default services, with every one's allowance and budget where the command line sets them."""
+    from scheduler_core.simulator.config import DEFAULT_SERVICES
+
+    over = {k: v for k, v in (("slowdown_allowance", slowdown_allowance), ("slowdown_budget", slowdown_budget))
+            if v is not None}
+    return tuple(replace(sv, **over) for sv in DEFAULT_SERVICES)
 
 
 def _guarded(fn):
@@ -216,6 +228,7 @@ def _config_json(cfg) -> dict:
             "fixed_sm_pct": cfg.fixed_sm_pct, "slo_scale": cfg.slo_scale, "max_jobs_per_gpu": cfg.max_jobs_per_gpu,
             "between_rounds": cfg.between_rounds,
             "slowdown_allowances": {s.name: s.slowdown_allowance for s in cfg.services},
+            "slowdown_budgets": {s.name: s.slowdown_budget for s in cfg.services},
             "service_slos_ms": dict(zip((s.name for s in cfg.services), cfg.service_slos_ms()))}
 
 
@@ -225,8 +238,8 @@ def _config_json(cfg) -> dict:
 @click.pass_context
 @_guarded
 def simulate(ctx, trace_path, gpus, types_text, hours, jobs, arrival_hours, mean_job_hours, seed, sm_fallback_levels,
-             migration_penalty, slo_scale, slowdown_allowance, max_jobs_per_gpu, round_minutes, between_rounds,
-             calibration, as_json, quiet, policy) -> None:
+             migration_penalty, slo_scale, slowdown_allowance, slowdown_budget, max_jobs_per_gpu, round_minutes,
+             between_rounds, calibration, as_json, quiet, policy) -> None:
     """Simulate one policy on a trace and print the paper's metrics (SIMULATED)."""
     if ctx.invoked_subcommand is not None:
         return
@@ -234,7 +247,8 @@ def simulate(ctx, trace_path, gpus, types_text, hours, jobs, arrival_hours, mean
 
     get_policy(policy)
     cfg = _config(gpus, types_text, hours, jobs, arrival_hours, mean_job_hours, seed, sm_fallback_levels,
-                  migration_penalty, slo_scale, max_jobs_per_gpu, between_rounds, round_minutes, slowdown_allowance)
+                  migration_penalty, slo_scale, max_jobs_per_gpu, between_rounds, round_minutes, slowdown_allowance,
+                  slowdown_budget)
     [calibration] = _check_calibrations([calibration])
     trace = _load(trace_path)
     inputs, info = _inputs(cfg, calibration, quiet)
@@ -302,8 +316,9 @@ def composition(gpu_type, calibration, corunner_efficiency, as_json) -> None:
                    "pessimistic].")
 @_guarded
 def compare(trace_path, gpus, types_text, hours, jobs, arrival_hours, mean_job_hours, seed, sm_fallback_levels,
-            migration_penalty, slo_scale, slowdown_allowance, max_jobs_per_gpu, round_minutes, between_rounds,
-            calibration, as_json, quiet, policy_names, out_dir, sensitivity, calibrations_text) -> None:
+            migration_penalty, slo_scale, slowdown_allowance, slowdown_budget, max_jobs_per_gpu, round_minutes,
+             between_rounds, calibration, as_json, quiet, policy_names, out_dir, sensitivity,
+             calibrations_text) -> None:
     """Run every policy on the same trace; print the table normalized like the paper's Figures 11 and 13."""
     from executors.simulated.calibration import calibrations
     from executors.simulated.evaluation import plot_comparison, plot_utilization
@@ -316,7 +331,8 @@ def compare(trace_path, gpus, types_text, hours, jobs, arrival_hours, mean_job_h
     if "muxflow" not in names:
         raise CliError("policies: the comparison is normalized to muxflow; include it")
     cfg = _config(gpus, types_text, hours, jobs, arrival_hours, mean_job_hours, seed, sm_fallback_levels,
-                  migration_penalty, slo_scale, max_jobs_per_gpu, between_rounds, round_minutes, slowdown_allowance)
+                  migration_penalty, slo_scale, max_jobs_per_gpu, between_rounds, round_minutes, slowdown_allowance,
+                  slowdown_budget)
     [calibration] = _check_calibrations([calibration])
     others = []
     if sensitivity:

@@ -25,6 +25,10 @@ class ServiceSpec:
     # p99 latency SLO (ms): a pair is feasible only if the replica's p99 alone at the forecast load
     # (scheduler_core.latency_model) times the predicted slowdown stays within it. None: no SLO.
     slo_p99_ms: float | None = None
+    # The mean slowdown of its requests the service accepts over the day (scheduler_core.latency_budget):
+    # MuxFlow rounds share its GPUs more in quiet minutes and less at the peak, each minute within
+    # ``slowdown_allowance``. None: the flat allowance on every minute (the paper's).
+    slowdown_budget: float | None = None
 
     def __post_init__(self) -> None:
         if self.family not in ONLINE_FAMILIES:
@@ -32,6 +36,8 @@ class ServiceSpec:
                              f"(known: {', '.join(sorted(ONLINE_FAMILIES))})")
         if not 0 < self.qps_min <= self.qps_max:
             raise ValueError(f"service {self.name}: need 0 < qps_min <= qps_max")
+        if not self.slowdown_allowance >= 0 or (self.slowdown_budget is not None and not self.slowdown_budget >= 0):
+            raise ValueError(f"service {self.name}: slowdown allowance and budget must be >= 0")
         if self.slo_p99_ms is not None and not self.slo_p99_ms > 0:
             raise ValueError(f"service {self.name}: slo_p99_ms must be > 0")
 

@@ -37,6 +37,7 @@ from scheduler_core.domain import (
 from scheduler_core.dynamic_sm import SmPolicy
 from scheduler_core.features import round_online_features
 from scheduler_core.forecast import ForecastPolicy, forecast_many
+from scheduler_core.latency_budget import budget_allowances
 from scheduler_core.latency_model import ServiceLatencyModels
 from scheduler_core.round import RoundConfig, plan_round
 from scheduler_core.simulator.config import SimConfig
@@ -92,7 +93,8 @@ class _MuxFlowPlanner:
         self.latency = ServiceLatencyModels()
         self.slos = cfg.service_slos_ms()
         self._profiles: dict[int, dict[str, OfflineFeatures]] = {}
-        self._last: tuple[np.ndarray, np.ndarray] | None = None  # the last round's forecast SM and p99 per GPU
+        # The last round's forecast SM, p99 alone and allowance per GPU (placements between rounds reuse them).
+        self._last: tuple[np.ndarray, np.ndarray, np.ndarray] | None = None
 
     def profiles(self, fleet, type_index: int) -> dict[str, OfflineFeatures]:
         got = self._profiles.get(type_index)
@@ -102,11 +104,16 @@ class _MuxFlowPlanner:
             self._profiles[type_index] = got
         return got
 
-    def _forecast_p99(self, f, recent: dict, fc: np.ndarray) -> np.ndarray:
-        """Each replica's p99 alone at its forecast load, from its service's latency model (NaN: no model yet)."""
+    def _latency_limits(self, f, recent: dict, fc: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
+        """Each replica's p99 alone at its forecast load, from its service's latency model (NaN: no SLO or no
+        model yet), and its allowance for the interval (its service's budget, where it declares one, shapes it:
+        :mod:`scheduler_core.latency_budget`)."""
         out = np.full(f.n, np.nan)
+        allow = np.asarray(f.allowance, dtype=float).copy()
+        hist = None
         for s, spec in enumerate(self.cfg.services):
-            if self.slos[s] is None:
+            budget = spec.slowdown_budget
+            if self.slos[s] is None and budget is None:
                 continue
             for t, name in enumerate(f.type_names):
                 idx = np.flatnonzero((f.service_index == s) & (f.gpu_type == t))
@@ -115,9 +122,12 @@ class _MuxFlowPlanner:
                 # The samples are the replicas' own metrics (what the monitor attributes to the online service).
                 self.latency.observe(spec.name, name, recent["sm"][idx], recent["latency"][idx])
                 curve = self.latency.curve(spec.name, name)
-                if curve is not None:
+                if curve is not None and self.slos[s] is not None:
                     out[idx] = curve.p99_at(fc[idx])
-        return out
+                if budget is not None:
+                    hist = f.sm_history() if hist is None else hist
+                    allow[idx] = budget_allowances(hist[idx], fc[idx], budget, allow[idx], curve)
+        return out, allow
 
     def __call__(self, view: RoundView) -> tuple[list[PlanAction], dict]:
         f = view.fleet
@@ -125,15 +135,15 @@ class _MuxFlowPlanner:
         run = f.running()
         if view.between_rounds and self._last is not None:
             # Between rounds: the round's forecast holds for its interval; only free GPUs take waiting jobs.
-            fc, p99 = self._last
+            fc, p99, allow = self._last
             free = np.ones(f.n, dtype=bool)
             free[f.gpu[run]] = False
             gpu_ids, job_ids = np.flatnonzero(free), f.queued()
         else:
             fc = forecast_many(f.sm_history(), self.forecast)
             fc = np.where(np.isfinite(fc), fc, recent["sm"])
-            p99 = self._forecast_p99(f, recent, fc)
-            self._last = (fc, p99)
+            p99, allow = self._latency_limits(f, recent, fc)
+            self._last = (fc, p99, allow)
             gpu_ids, job_ids = range(f.n), np.concatenate([run, f.queued()])
         on_gpu = {int(f.gpu[j]): int(j) for j in run}
         gpus = []
@@ -146,7 +156,7 @@ class _MuxFlowPlanner:
                 service_name=self.cfg.services[int(f.service_index[i])].name,
                 online=round_online_features({k: v[i] for k, v in recent.items()}, fc[i]),
                 forecast_sm_pct=float(fc[i]), forecast_mem_bytes=float(f.svc_mem[i]),
-                slowdown_allowance=float(f.allowance[i]),
+                slowdown_allowance=float(allow[i]),
                 current_job_id=cur, current_sm_pct=int(f.sm_pct[cur]) if cur is not None else None,
                 run_as_user=user_name(int(f.gpu_user[i])),
                 latency_slo_ms=self.slos[int(f.service_index[i])],

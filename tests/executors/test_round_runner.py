@@ -7,6 +7,7 @@ import datetime as dt
 import math
 from pathlib import Path
 
+import numpy as np
 import pytest
 from sqlalchemy import select
 
@@ -20,6 +21,7 @@ from executors.store.migrate import upgrade
 from scheduler_core.domain import Action, JobState, PlanAction, RoundResult
 from scheduler_core.forecast import ForecastPolicy
 from scheduler_core.gpu_specs import get_spec
+from scheduler_core.latency_budget import budget_allowances
 from scheduler_core.pair_weights import slo_allowance
 
 NOW = dt.datetime(2026, 3, 2, 12, 0, tzinfo=dt.timezone.utc)
@@ -134,6 +136,23 @@ def test_without_enough_latency_samples_the_flat_allowance_stands(tmp_path: Path
     with store.session() as s:
         [g] = round_runner._gpu_candidates(s, NOW, {}, ForecastPolicy())
     assert g.forecast_p99_ms is None and slo_allowance(g) == g.slowdown_allowance
+
+
+def test_a_service_with_a_slowdown_budget_gets_less_than_its_cap_at_its_busy_hour(tmp_path: Path) -> None:
+    store, (g1, g2) = _store(tmp_path)
+    with store.session() as s:
+        s.execute(m.OnlineService.__table__.update().values(slowdown_allowance=0.3, slowdown_budget=0.1))
+        # g1: a quiet day behind it (10 % SM) and busy now (60 %); g2: busy all day.
+        rows = [_row(g1, k, 10.0) for k in range(31, 600)] + [_row(g1, k, 60.0) for k in range(1, 31)]
+        rows += [_row(g2, k, 60.0) for k in range(1, 600)]
+        repo.write_metrics(s, rows, "measured")
+    with store.session() as s:
+        by_id = {g.gpu_id: g for g in round_runner._gpu_candidates(s, NOW, {}, ForecastPolicy())}
+    want = budget_allowances(np.array([10.0] * 569 + [60.0] * 30), [by_id[g1].forecast_sm_pct], 0.1, 0.3)[0]
+    # The busy interval of g1 pays for its quiet day at the cap; g2, busy all day, gets the budget itself.
+    assert by_id[g1].slowdown_allowance == pytest.approx(want)
+    assert by_id[g1].slowdown_allowance < 0.1
+    assert by_id[g2].slowdown_allowance == pytest.approx(0.1)
 
 
 def test_a_job_s_remaining_work_is_its_steps_left_at_its_fastest_profiled_iteration(tmp_path: Path) -> None:

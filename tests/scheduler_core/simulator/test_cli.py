@@ -175,3 +175,19 @@ def test_a_smaller_slowdown_allowance_plans_less_online_slowdown(in_tmp) -> None
     assert tight["online"]["shared_avg_latency_norm"] < plain["online"]["shared_avg_latency_norm"]
     bad = run(*args, "--slowdown-allowance", "0")
     assert bad.exit_code == 2 and "slowdown-allowance" in bad.stderr
+
+
+def test_a_slowdown_budget_spends_the_allowance_in_quiet_minutes(in_tmp) -> None:
+    args = ["simulate", "--trace", str(SAMPLE_TRACE), *TINY, "--policy", "muxflow", "--json", "--quiet",
+            "--slowdown-allowance", "0.3"]
+    flat = json.loads(run(*args).stdout)
+    res = run(*args, "--slowdown-budget", "0.05")
+    assert res.exit_code == 0, res.stderr
+    budgeted = json.loads(res.stdout)
+    assert set(flat["config"]["slowdown_budgets"].values()) == {None}
+    assert set(budgeted["config"]["slowdown_budgets"].values()) == {0.05}
+    assert set(budgeted["config"]["slowdown_allowances"].values()) == {0.3}
+    # Busy minutes get less than the cap: the requests see less slowdown than under the flat cap.
+    assert budgeted["online"]["shared_avg_latency_norm"] < flat["online"]["shared_avg_latency_norm"]
+    bad = run(*args, "--slowdown-budget", "0")
+    assert bad.exit_code == 2 and "slowdown-budget" in bad.stderr
