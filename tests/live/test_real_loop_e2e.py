@@ -167,8 +167,10 @@ def test_real_loop_end_to_end_from_sbatch_to_done(dev_cluster, make_postgres_dat
             replicas[gid] = info["metrics_url"].rsplit("/metrics", 1)[0]
         for svc, (family, node) in services.items():
             ids = [gpus[(node, index)][0] for index in range(4)]
+            # The vision service keeps a slowdown budget over its requests (each minute within a 0.3 cap).
+            budget = ["--allowance", "0.3", "--slowdown-budget", "0.25"] if svc == "svc-vision" else []
             _cli(env, "online", "register", "--name", svc, "--family", family, "--qps-min", "5", "--qps-max", "40",
-                 "--mem", "2GiB", "--gpu-ids", ",".join(map(str, ids)),
+                 "--mem", "2GiB", "--gpu-ids", ",".join(map(str, ids)), *budget,
                  *[a for gid in ids for a in ("--endpoint", f"{gid}={replicas[gid]}/metrics")])
         _cli(env, "sample", "--per-type", "400")
         _cli(env, "train", "--epochs", "40")
@@ -352,6 +354,7 @@ def test_real_loop_end_to_end_from_sbatch_to_done(dev_cluster, make_postgres_dat
             rounds = s.scalars(select(m.SchedulingRound).order_by(m.SchedulingRound.id)).all()
             per_round = [(r.id, r.window_start_utc.isoformat(), r.placements, dict(r.action_counts), r.seq)
                          for r in rounds]
+            allowances = [(g["service_name"], g["slowdown_allowance"]) for r in rounds for g in r.snapshot["gpus"]]
         states = [(a, b) for a, b, _, _ in life]
         times = [t for _, _, t, _ in life]
         assert times == sorted(times), f"the audit trail is in time order: {life}"
@@ -360,6 +363,11 @@ def test_real_loop_end_to_end_from_sbatch_to_done(dev_cluster, make_postgres_dat
         assert ("PENDING", "PLACED") in states[again:] and states[-1] == ("RUNNING", "DONE"), life
         assert len({p.round_id for p in placements}) >= 2, "the victim was placed again by a later round"
         assert len(list(work.glob(f"env-{vsid}-*"))) >= 2, "the victim ran again"
+        # The budgeted service's replicas were planned below their cap (its water level, from the replicas'
+        # own load), the other service's at its flat allowance.
+        shaped = [a for name, a in allowances if name == "svc-vision"]
+        assert shaped and all(0.0 < a < 0.3 for a in shaped), allowances
+        assert all(a == 0.2 for name, a in allowances if name == "svc-recsys"), allowances
 
         # -- the SQL reports on PostgreSQL cover the run --------------------------------------------------
         reports = {r.name: run_report(store.engine, r.name) for r in list_reports()}
