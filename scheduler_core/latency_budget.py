@@ -30,6 +30,7 @@ import numpy as np
 from scheduler_core.latency_model import LatencyCurve
 
 DAY_MINUTES = 24 * 60
+ROWS_PER_CHUNK = 2048  # replicas whose water levels are computed together (memory: ~12 arrays of rows × day)
 
 
 def request_weights(sm_pct, curve: LatencyCurve | None = None) -> np.ndarray:
@@ -56,6 +57,8 @@ def water_levels(weights, budget, cap) -> np.ndarray:
     c = np.broadcast_to(np.asarray(cap, dtype=float), (rows,))
     if np.any(b < 0) or np.any(c < 0) or not (np.isfinite(b).all() and np.isfinite(c).all()):
         raise ValueError("slowdown budgets and caps must be finite and >= 0")
+    if n == 0:
+        return np.full(rows, np.nan)
     w = np.where(np.isfinite(w), np.maximum(w, 0.0), 0.0)
     total = w.sum(axis=1)
     target = b * total
@@ -68,7 +71,7 @@ def water_levels(weights, budget, cap) -> np.ndarray:
     with np.errstate(divide="ignore", invalid="ignore"):
         level = (target - before) / (n - k)
     level = np.where(b >= c, np.inf, level)
-    return np.where(total > 0, level, np.nan) if n else np.full(rows, np.nan)
+    return np.where(total > 0, level, np.nan)
 
 
 def allowances(forecast_weight, levels, budget, cap) -> np.ndarray:
@@ -102,8 +105,10 @@ def budget_allowances(history_sm, forecast_sm, budget, cap, curve: LatencyCurve 
     c = np.broadcast_to(np.asarray(cap, dtype=float), fc.shape)
     none = np.isnan(b)
     b_eff = np.where(none, c, b)
-    w = request_weights(h[:, -window_minutes:], curve)
-    levels = water_levels(w, b_eff, c)
+    levels = np.empty(fc.size)
+    for lo in range(0, fc.size, ROWS_PER_CHUNK):  # a few sorted (rows × day) arrays at a time, not the fleet's
+        hi = lo + ROWS_PER_CHUNK
+        levels[lo:hi] = water_levels(request_weights(h[lo:hi, -window_minutes:], curve), b_eff[lo:hi], c[lo:hi])
     wf = np.where(np.isfinite(fc), request_weights(fc, curve), np.nan)
     return np.where(none, c, allowances(wf, levels, b_eff, c))
 

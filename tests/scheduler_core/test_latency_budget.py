@@ -42,6 +42,8 @@ def test_no_budget_no_history_and_no_load():
     a = budget_allowances(hist, fc, 0.1, 0.3)
     # No history / an idle history: the budget itself; nothing forecast to slow: the cap; unknown forecast: budget.
     assert a == pytest.approx([0.1, 0.1, 0.3, 0.1])
+    # A replica with no minutes at all yet: the budget.
+    assert budget_allowances(np.zeros((2, 0)), [10.0, 20.0], 0.1, 0.3) == pytest.approx([0.1, 0.1])
     # A NaN budget: the cap, flat.
     assert budget_allowances(hist[2:3], [30.0], np.nan, 0.25)[0] == pytest.approx(0.25)
 
