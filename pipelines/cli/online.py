@@ -68,3 +68,6 @@ def online_register(ctx, name, family, qps_min, qps_max, peak_hour, slo_ms, allo
     as_user = f", running as {run_as}" if run_as else ""
     budgeted = f", slowdown budget {budget:g} (each minute within {allowance:g})" if budget is not None else ""
     click.echo(f"registered online service {name} on {len(ids)} GPU(s){with_url}{as_user}{budgeted}")
+    if budget is not None and budget >= allowance:
+        click.echo(f"note: the slowdown budget {budget:g} is not below the allowance {allowance:g}, so every minute "
+                   "gets the allowance (the flat rule); a budget below it shifts sharing to quiet minutes", err=True)

@@ -30,3 +30,10 @@ def test_a_negative_budget_is_refused_and_nothing_is_written(cluster_url: str) -
     assert_usage_error(cluster_url, [*REGISTER, "--gpu-ids", str(gpu), "--slowdown-budget", "-0.1"],
                        r"^error: slowdown-budget: ")
     assert "search" not in _budgets(cluster_url)
+
+
+def test_a_budget_not_below_the_allowance_is_kept_with_a_note(cluster_url: str) -> None:  # noqa: F811
+    res = ok(cluster_url, *REGISTER, "--gpu-ids", str(_spare_gpu(cluster_url)), "--allowance", "0.2",
+             "--slowdown-budget", "0.2")
+    assert "every minute gets the allowance" in res.stderr
+    assert _budgets(cluster_url)["search"] == (0.2, 0.2)
