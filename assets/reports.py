@@ -10,7 +10,7 @@ from assets.plots import png_markdown
 from executors.store.db import Store
 from executors.store.reports import run_report, write_csv
 
-REPORTS = ("utilization_per_hour", "oversold_per_round", "evictions_per_day")
+REPORTS = ("utilization_per_hour", "oversold_per_round", "evictions_per_day", "online_latency_per_day")
 
 
 def write_utilization_report(store: Store, out_dir: Path, simulated: bool) -> dict:
@@ -36,6 +36,11 @@ def write_utilization_report(store: Store, out_dir: Path, simulated: bool) -> di
         meta[f"oversold_gpu_mean_{label.lower()}"] = round(float(over["oversold_gpu"].dropna().mean()), 4)
         meta["last_rounds"] = MetadataValue.md(over.tail(8)[["round_id", "window_start_utc", "placements", "objective",
                                                               "oversold_gpu"]].to_markdown(index=False, floatfmt=".3f"))
+    lat = frames["online_latency_per_day"]
+    if len(lat):
+        meta["online_latency_per_day"] = MetadataValue.md(lat.tail(12)[[
+            "day_utc", "service", "source", "requests", "slowdown_all_requests", "slowdown_shared_requests",
+            "slowdown_allowance", "slowdown_budget"]].to_markdown(index=False, floatfmt=".3f"))
     return meta
 
 

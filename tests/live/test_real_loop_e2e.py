@@ -377,6 +377,10 @@ def test_real_loop_end_to_end_from_sbatch_to_done(dev_cluster, make_postgres_dat
         assert (over["placements"] > 0).any(), over
         evictions = reports["evictions_per_day"]
         assert evictions["evictions"].sum() >= 1, evictions
+        latency = reports["online_latency_per_day"]  # what the budgeted service's requests saw, beside its budget
+        vision = latency[latency["service"] == "svc-vision"]
+        assert len(vision) and vision["requests"].sum() > 0, latency
+        assert (vision["slowdown_budget"] == 0.25).all() and (vision["slowdown_allowance"] == 0.3).all(), latency
 
         # -- the Dagster UI shows a round with placements ----------------------------------------------
         # A window's round (seq 0), not one of its fills: the UI's partitions are the rounds' (a fill is a run of

@@ -22,12 +22,15 @@ from executors.store.models import (
     JobExecution,
     Node,
     OfflineJob,
+    OnlineService,
     Placement,
     SchedulingRound,
+    ServiceInstance,
 )
 from executors.store.reports import list_reports, run_report, write_csv
 
-REPORTS = {"evictions_per_day", "oversold_per_round", "placements_per_round", "utilization_per_hour"}
+REPORTS = {"evictions_per_day", "online_latency_per_day", "oversold_per_round", "placements_per_round",
+           "utilization_per_hour"}
 
 
 def _at(day: int, hour: int, minute: int = 0, second: int = 0, us: int = 0) -> dt.datetime:
@@ -202,6 +205,54 @@ def test_placements_per_round(store: Store) -> None:
             (r[3], "2024-03-01 10:00:00", 1, "dispatched", 1, 1, 1, 1, 0, 0, 0, 0.6, "measured"),
             (r[1], "2024-03-01 10:15:00", 0, "dispatched", 2, 1, 1, 1, 0, 0, 0, 0.9, "simulated"),
             (r[2], "2024-03-01 10:30:00", 0, "planned", 0, 0, 0, 0, 0, 0, 0, 0.0, "measured"),
+        ],
+    )
+
+
+def test_online_latency_per_day(store: Store) -> None:
+    with store.session() as s:
+        s.add(GpuType(name="T4", sm_count=40, memory_bytes=16 << 30, max_sm_clock_mhz=1590))
+        node = Node(name="node-1")
+        s.add(node)
+        s.flush()
+        gpus = [Gpu(node_id=node.id, gpu_index=i, gpu_type="T4", uuid=f"GPU-{i}") for i in range(3)]
+        svcs = [OnlineService(name="rec", model_family="recommender", qps_min=1, qps_max=10, latency_slo_ms=100,
+                              mem_bytes=1 << 30, slowdown_allowance=0.3, slowdown_budget=0.1),
+                OnlineService(name="vision", model_family="cnn", qps_min=1, qps_max=10, latency_slo_ms=100,
+                              mem_bytes=1 << 30)]
+        job = OfflineJob(name="j", job_type="resnet50", command="train", mem_bytes=1 << 30,
+                         allowed_gpu_types=["T4"], checkpoint_dir="/ckpt", total_steps=100)
+        s.add_all(gpus + svcs + [job])
+        s.flush()
+        s.add_all([ServiceInstance(service_id=svcs[0].id, gpu_id=gpus[0].id),
+                   ServiceInstance(service_id=svcs[0].id, gpu_id=gpus[1].id),
+                   ServiceInstance(service_id=svcs[1].id, gpu_id=gpus[2].id)])
+
+        def minute(gpu: Gpu, at: dt.datetime, qps: float | None, lat: float | None, solo: float | None,
+                   shared: bool) -> GpuMetricMinute:
+            return GpuMetricMinute(gpu_id=gpu.id, minute_utc=at, gpu_util_pct=50, sm_activity_pct=40,
+                                   sm_occupancy_pct=40, mem_used_bytes=1.0, mem_total_bytes=10.0, sm_clock_mhz=1590.0,
+                                   offline_job_id=job.id if shared else None, health="Healthy", source="measured",
+                                   online_qps=qps, online_latency_ms=lat, online_solo_latency_ms=solo)
+
+        s.add_all([
+            # rec, day 1: a busy unshared minute (10 req/s at 20 ms) and a quiet shared one (2 req/s, 10 -> 13 ms)
+            # on two replicas; a gap (no solo latency) is left out.
+            minute(gpus[0], _at(1, 20), 10.0, 20.0, 20.0, False),
+            minute(gpus[1], _at(1, 3), 2.0, 13.0, 10.0, True),
+            minute(gpus[1], _at(1, 4), 5.0, 50.0, None, True),
+            # vision, day 2: one shared minute, +10 %.
+            minute(gpus[2], _at(2, 12), 4.0, 11.0, 10.0, True),
+        ])
+    _check(
+        run_report(store, "online_latency_per_day"),
+        ["day_utc", "service", "source", "gpu_minutes", "requests", "mean_latency_ms", "mean_solo_latency_ms",
+         "slowdown_all_requests", "shared_minutes", "slowdown_shared_requests", "slowdown_allowance",
+         "slowdown_budget"],
+        [
+            # all requests: (10*20 + 2*13) / (10*20 + 2*10) - 1 = 226/220 - 1; shared: 26/20 - 1
+            ("2024-03-01", "rec", "measured", 2, 720.0, 226 / 12, 220 / 12, 226 / 220 - 1, 1, 0.3, 0.3, 0.1),
+            ("2024-03-02", "vision", "measured", 1, 240.0, 11.0, 10.0, 0.1, 1, 0.1, 0.2, None),
         ],
     )
 
