@@ -13,8 +13,8 @@ where ``w_t`` is the interval's request weight (its requests × their latency al
 *water level*: the largest per-minute spend with which the replica's last day, replayed with these
 allowances, meets the budget — ``Σ_t min(cap · w_t, λ) = budget · Σ_t w_t``. Quiet minutes (small
 ``w``) get up to the cap; busy ones get less than the budget; every minute spends at most ``λ``
-(request-weighted slowdown units). A budget at or above the cap is the flat allowance; so is a replica
-with no load in its history, where the budget itself is the allowance.
+(request-weighted slowdown units). A budget at or above the cap is the flat allowance (the cap); a
+replica with no load in its history gets the budget itself, flat.
 
 The weight of a minute comes from what the monitors report: requests follow the replica's SM activity
 (its load, :mod:`scheduler_core.online_load`), their latency alone the service's fitted latency curve
