@@ -61,7 +61,8 @@ def test_every_offered_version_live(site_cluster) -> None:
                                       hold=True, gres_per_node="mps:30", stdout_path="/dev/null",
                                       dependency=f"afterok:{gate}")).job_id
             # it takes the USR1 below as a MuxFlow job does (a checkpoint request), so only the cancel ends it
-            loop = "#!/bin/sh\ntrap 'echo usr1' USR1\nwhile :; do sleep 1; done\n"
+            # ("ready" once the trap is set: a USR1 sent before it would end the job FAILED)
+            loop = "#!/bin/sh\ntrap 'echo usr1' USR1\necho ready\nwhile :; do sleep 1; done\n"
             held = c.submit(JobSpec(name="placed", script=loop, partition="offline", hold=True,
                                     gres_per_node="mps:30", stdout_path=f"{d}/%j.out")).job_id
             submitted = [first, gate, target, held]
@@ -90,6 +91,10 @@ def test_every_offered_version_live(site_cluster) -> None:
             assert j.nodes == ("mx-t4-1",) and j.mps_pct == 40 and parse_plan_comment(j.admin_comment)["pct"] == "40"
             assert j.start_time_utc is not None and not j.held and j.user_name == live.layout.service_user
             checks.append("place with the plan in the admin comment, run on the node at the share")
+            out = d / f"{held}.out"
+            live.wait_for(f"job {held}'s script to set its USR1 trap",
+                          lambda: out.exists() and "ready" in out.read_text(errors="replace"),
+                          explain=lambda: live.explain_job(held))
             c.cancel(held, signal="USR1")
             checks.append("signal")
             nodes = {n.name: n for n in c.list_nodes()}
