@@ -103,12 +103,11 @@ def budget_allowances(history_sm, forecast_sm, budget, cap, curve: LatencyCurve 
         raise ValueError(f"{h.shape[0]} histories for {fc.size} forecasts")
     b = np.broadcast_to(np.asarray(budget, dtype=float), fc.shape)
     c = np.broadcast_to(np.asarray(cap, dtype=float), fc.shape)
-    none = np.isnan(b)
-    b_eff = np.where(none, c, b)
+    b_eff = np.where(np.isnan(b), c, b)
     levels = np.empty(fc.size)
     for lo in range(0, fc.size, ROWS_PER_CHUNK):  # a few sorted (rows × day) arrays at a time, not the fleet's
         hi = lo + ROWS_PER_CHUNK
         levels[lo:hi] = water_levels(request_weights(h[lo:hi, -window_minutes:], curve), b_eff[lo:hi], c[lo:hi])
     wf = np.where(np.isfinite(fc), request_weights(fc, curve), np.nan)
-    return np.where(none, c, allowances(wf, levels, b_eff, c))
+    return allowances(wf, levels, b_eff, c)  # no budget: b_eff is the cap, so the level is inf or NaN: the cap
 

@@ -105,7 +105,6 @@ class Fleet:
         self.qps_max = np.array([s.qps_max for s in svc])
         self.peak_hour = np.array([s.peak_hour_utc for s in svc])
         self.allowance = np.array([s.slowdown_allowance for s in svc])
-        self.budget = np.array([np.nan if s.slowdown_budget is None else s.slowdown_budget for s in svc])
         # One online model per (family, GPU type), stacked over the GPUs.
         per_kind = {(f.name, t): OnlineModel.of(f, catalog.online[f.name], sp)
                     for f, t, sp in zip(fam, names, specs)}

@@ -104,13 +104,12 @@ class _MuxFlowPlanner:
             self._profiles[type_index] = got
         return got
 
-    def _latency_limits(self, f, recent: dict, fc: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
+    def _latency_limits(self, f, recent: dict, hist: np.ndarray, fc: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
         """Each replica's p99 alone at its forecast load, from its service's latency model (NaN: no SLO or no
-        model yet), and its allowance for the interval (its service's budget, where it declares one, shapes it:
-        :mod:`scheduler_core.latency_budget`)."""
+        model yet), and its allowance for the interval (its service's budget, where it declares one, shapes it
+        from its SM history ``hist``: :mod:`scheduler_core.latency_budget`)."""
         out = np.full(f.n, np.nan)
         allow = np.asarray(f.allowance, dtype=float).copy()
-        hist = None
         for s, spec in enumerate(self.cfg.services):
             budget = spec.slowdown_budget
             if self.slos[s] is None and budget is None:
@@ -125,7 +124,6 @@ class _MuxFlowPlanner:
                 if curve is not None and self.slos[s] is not None:
                     out[idx] = curve.p99_at(fc[idx])
                 if budget is not None:
-                    hist = f.sm_history() if hist is None else hist
                     allow[idx] = budget_allowances(hist[idx], fc[idx], budget, allow[idx], curve)
         return out, allow
 
@@ -140,9 +138,10 @@ class _MuxFlowPlanner:
             free[f.gpu[run]] = False
             gpu_ids, job_ids = np.flatnonzero(free), f.queued()
         else:
-            fc = forecast_many(f.sm_history(), self.forecast)
+            hist = f.sm_history()
+            fc = forecast_many(hist, self.forecast)
             fc = np.where(np.isfinite(fc), fc, recent["sm"])
-            p99, allow = self._latency_limits(f, recent, fc)
+            p99, allow = self._latency_limits(f, recent, hist, fc)
             self._last = (fc, p99, allow)
             gpu_ids, job_ids = range(f.n), np.concatenate([run, f.queued()])
         on_gpu = {int(f.gpu[j]): int(j) for j in run}

@@ -37,14 +37,19 @@ def _at(day: int, hour: int, minute: int = 0, second: int = 0, us: int = 0) -> d
     return dt.datetime(2024, 3, day, hour, minute, second, us, tzinfo=dt.timezone.utc)
 
 
+def _three_gpus(s, gpu_type: GpuType) -> list[Gpu]:
+    """A node with three GPUs of ``gpu_type`` (the type and node added; the GPUs for the caller to add)."""
+    s.add(gpu_type)
+    node = Node(name="node-1")
+    s.add(node)
+    s.flush()
+    return [Gpu(node_id=node.id, gpu_index=i, gpu_type=gpu_type.name, uuid=f"GPU-{i}") for i in range(3)]
+
+
 def _seed(store: Store) -> dict[str, Any]:
     """Three GPUs, three jobs, three rounds, and metrics/executions/evictions around day edges."""
     with store.session() as s:
-        s.add(GpuType(name="A100", sm_count=108, memory_bytes=80 << 30, max_sm_clock_mhz=1410))
-        node = Node(name="node-1")
-        s.add(node)
-        s.flush()
-        gpus = [Gpu(node_id=node.id, gpu_index=i, gpu_type="A100", uuid=f"GPU-{i}") for i in range(3)]
+        gpus = _three_gpus(s, GpuType(name="A100", sm_count=108, memory_bytes=80 << 30, max_sm_clock_mhz=1410))
         jobs = [
             OfflineJob(name=f"job-{i}", job_type="resnet50", command="train", mem_bytes=1 << 30,
                        allowed_gpu_types=["A100"], checkpoint_dir=f"/ckpt/{i}", total_steps=100)
@@ -211,11 +216,7 @@ def test_placements_per_round(store: Store) -> None:
 
 def test_online_latency_per_day(store: Store) -> None:
     with store.session() as s:
-        s.add(GpuType(name="T4", sm_count=40, memory_bytes=16 << 30, max_sm_clock_mhz=1590))
-        node = Node(name="node-1")
-        s.add(node)
-        s.flush()
-        gpus = [Gpu(node_id=node.id, gpu_index=i, gpu_type="T4", uuid=f"GPU-{i}") for i in range(3)]
+        gpus = _three_gpus(s, GpuType(name="T4", sm_count=40, memory_bytes=16 << 30, max_sm_clock_mhz=1590))
         svcs = [OnlineService(name="rec", model_family="recommender", qps_min=1, qps_max=10, latency_slo_ms=100,
                               mem_bytes=1 << 30, slowdown_allowance=0.3, slowdown_budget=0.1),
                 OnlineService(name="vision", model_family="cnn", qps_min=1, qps_max=10, latency_slo_ms=100,
