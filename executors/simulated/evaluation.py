@@ -128,6 +128,35 @@ def simulation_inputs(cfg: SimConfig, cache_dir: Path | None = None,
     return SimInputs(catalog=catalog, profiles=profiles, predictors=predictors), info
 
 
+def jct_bound_report(trace: list[TraceJob], cfg: SimConfig, caps: list[float],
+                     calibration: str = cal.TRANSFER) -> dict:
+    """The lower bound on mean censored JCT of any MPS planner at each per-minute slowdown cap (SIMULATED).
+
+    :mod:`scheduler_core.simulator.bounds` on ``trace`` shaped as the simulator shapes it for ``cfg``
+    (same jobs, same seed); ``caps`` may hold ``inf`` (no cap). Raises ValueError where the bound's
+    premise (the idle replica is the best minute) does not hold for this cluster and calibration.
+    """
+    import numpy as np
+
+    from scheduler_core.simulator import bounds
+    from scheduler_core.simulator.workload import build_jobs
+
+    catalog = simulation_catalog(cfg, calibration)
+    jobs = build_jobs(trace, catalog, cfg, rng_stream(cfg.seed, "trace-repeat"))
+    if not bounds.idle_dominates(cfg, catalog, jobs.types, caps):
+        raise ValueError("a busier replica lets some job run faster within a cap than an idle one: the bound's "
+                         "premise does not hold for this cluster and calibration")
+    sps = np.array([catalog.offline[t].solo_steps_per_s_p100 for t in jobs.types])
+    rows = []
+    for cap in caps:
+        rates = bounds.best_rates(cfg, catalog, jobs.types, cap)
+        b = bounds.jct_bound(cfg, jobs, sps, rates)
+        rows.append({"cap": None if cap == float("inf") else cap, "jct_censored_s": round(b["jct_censored_s"], 2),
+                     "arrived": b["arrived"], "finished": b["finished"],
+                     "job_types": [r.as_dict() for r in rates]})
+    return {"simulated": True, "calibration": calibration, "jobs": jobs.size, "bounds": rows}
+
+
 POLICY_COLORS = {
     "online-only": "#7f7f7f", "time-sharing": "#d62728", "pb-time-sharing": "#ff7f0e", "muxflow": "#1f77b4",
     "muxflow-s": "#2ca02c", "muxflow-m": "#9467bd", "muxflow-s-m": "#8c564b", "salus": "#e377c2",

@@ -3,6 +3,7 @@
     muxflow simulate --trace T [--gpus 1000] [--hours 24] [--policy muxflow] [--calibration transfer] [--json]
     muxflow simulate compare --trace T [...] [--policies a,b,...] [--out DIR] [--json]
     muxflow simulate compare --trace T --sensitivity [--calibrations k80,p100,transfer,pessimistic]
+    muxflow simulate jct-bound --trace T [--gpus 1000] [--caps 0.1,0.15,0.2,inf] [--results results.json] [--json]
 
 Every figure is SIMULATED. Progress goes to stderr; ``--json`` output to stdout.
 """
@@ -300,6 +301,102 @@ def composition(gpu_type, calibration, corunner_efficiency, as_json) -> None:
     for r in rows:
         click.echo(f"{r.slots:>8}  {r.cases:>7}  {r.tput_mae:>8.3f}  {r.tput_bias:>+9.3f}  {r.tput_mape:>9.1%}  "
                    f"{r.implied_efficiency:>11.3f}  {r.slowdown_under_frac:>14.1%}  {r.slowdown_worst_excess:>12.3f}")
+
+
+def _caps(ctx, param, value: str) -> list[float]:
+    """``--caps``: comma-separated slowdown caps (0.1 = +10 %), each > 0, or ``inf`` for none."""
+    out = []
+    for part in value.split(","):
+        try:
+            cap = float(part.strip())
+        except ValueError:
+            raise click.BadParameter(f"{part.strip()!r} is not a number (a slowdown cap such as 0.1, or inf)") from None
+        if not cap > 0.0:  # NaN fails too
+            raise click.BadParameter(f"{part.strip()}: a cap must be > 0 (or inf for none)")
+        out.append(cap)
+    return sorted(set(out))
+
+
+# Settings a results.json must share with the bound for its JCTs to be comparable.
+_BOUND_KEYS = ("gpus", "gpu_types", "hours", "jobs", "arrival_hours", "mean_job_hours", "seed")
+
+
+@simulate.command("jct-bound", context_settings=HELP)
+@click.option("--trace", "trace_path", type=click.Path(dir_okay=False, path_type=Path), default=None,
+              help="Philly-format offline trace (tab-separated, 7 columns).")
+@click.option("--gpus", type=click.IntRange(min=1), default=1000, show_default=True)
+@click.option("--types", "types_text", default=None,
+              help="GPU types and counts adding up to --gpus, e.g. t4:500,a10:500 (default: all T4).")
+@click.option("--hours", type=click.FloatRange(min=0.25, max=MAX_HOURS), default=24.0, show_default=True)
+@click.option("--jobs", type=click.IntRange(min=1, max=1_000_000), default=None,
+              help="Repeat/cut the trace to this many single-GPU jobs, as `simulate compare`.")
+@click.option("--arrival-hours", type=click.FloatRange(min=0.25, max=MAX_HOURS), default=None,
+              help="Compress trace arrivals into this many hours [default: 2/3 of --hours, at most 16].")
+@click.option("--mean-job-hours", type=click.FloatRange(min=0.01), default=1.0, show_default=True)
+@click.option("--seed", type=SEED, default=0, show_default=True)
+@click.option("--calibration", default="transfer", show_default=True,
+              help="Interference calibration (as for `simulate`).")
+@click.option("--caps", "caps", default="0.1,0.15,0.2,inf", show_default=True, callback=_caps,
+              help="Per-minute online slowdown caps to bound JCT at (0.1 = +10 %; inf = no cap).")
+@click.option("--results", "results_path", type=click.Path(dir_okay=False, exists=True, path_type=Path),
+              default=None, help="A `simulate compare` results.json of the same settings: its policies' JCTs "
+                                 "are printed beside the bound.")
+@click.option("--json", "as_json", is_flag=True, help="Print the bounds as JSON.")
+@_guarded
+def jct_bound(trace_path, gpus, types_text, hours, jobs, arrival_hours, mean_job_hours, seed, calibration, caps,
+              results_path, as_json) -> None:
+    """The best mean JCT any planner could reach if no minute may slow the online service more than a cap (SIMULATED).
+
+    Every job starts on arrival on the GPU, replica and MPS share where it runs fastest within the cap
+    (the replica idle), never waits and never moves: no MPS planner that keeps the cap in every minute
+    does better (scheduler_core/simulator/bounds.py).
+    """
+    from executors.simulated.evaluation import jct_bound_report
+
+    cfg = _config(gpus, types_text, hours, jobs, arrival_hours, mean_job_hours, seed)
+    [calibration] = _check_calibrations([calibration])
+    policies = _bound_results(results_path, cfg, calibration) if results_path else {}
+    doc = {**jct_bound_report(_load(trace_path), cfg, caps, calibration), "trace": str(trace_path),
+           "config": {k: _config_json(cfg)[k] for k in _BOUND_KEYS}, "policies_jct_censored_s": policies}
+    if as_json:
+        click.echo(json.dumps(doc, indent=2))
+        return
+    click.echo(f"SIMULATED lower bound on the mean JCT (censored at the end of the run) of any MPS planner keeping "
+               f"every minute's online slowdown within the cap: {Path(trace_path).name}, {cfg.gpus} GPUs, "
+               f"{cfg.hours:g} h, {doc['bounds'][0]['arrived']} jobs arrived, calibration {calibration}")
+    # The baselines: every policy that is not MuxFlow or one of its ablations.
+    best = min(((v, k) for k, v in policies.items() if not k.startswith("muxflow")), default=None)
+    head = f"{'cap':>6}  {'bound (s)':>10}  {'jobs finishing':>14}"
+    if best:
+        head += f"  {'bound / ' + best[1]:>{max(9, len(best[1]) + 8)}}"
+    click.echo(head)
+    for r in doc["bounds"]:
+        cap = "none" if r["cap"] is None else f"{r['cap']:g}"
+        line = f"{cap:>6}  {r['jct_censored_s']:>10.0f}  {r['finished']:>14}"
+        if best:
+            line += f"  {r['jct_censored_s'] / best[0]:>{max(9, len(best[1]) + 8)}.3f}"
+        click.echo(line)
+    if policies:
+        click.echo("simulated JCT (censored): " + ", ".join(f"{k} {v:.0f} s" for k, v in sorted(policies.items())))
+        click.echo(f"a bound over {best[1] if best else 'a baseline'}'s JCT (ratio > 1): no planner keeping that cap "
+                   "in every minute finishes jobs sooner on average")
+
+
+def _bound_results(path: Path, cfg, calibration: str) -> dict[str, float]:
+    """Each policy's censored JCT from a `simulate compare` results.json of the same settings."""
+    try:
+        doc = json.loads(path.read_text())
+        got, metrics = doc["config"], doc["metrics"]
+        jct = {k: float(m["offline"]["jct_censored_s"]) for k, m in metrics.items() if k != "online-only"}
+    except (OSError, UnicodeDecodeError, ValueError, KeyError, TypeError) as exc:
+        raise CliError(f"results: {path} is not a `simulate compare` results.json ({exc})") from exc
+    want = _config_json(cfg)
+    diff = [f"{k} {got.get(k)!r} (here {want[k]!r})" for k in _BOUND_KEYS if got.get(k) != want[k]]
+    if doc.get("calibration") != calibration:
+        diff.append(f"calibration {doc.get('calibration')!r} (here {calibration!r})")
+    if diff:
+        raise CliError(f"results: {path} was run with other settings: {'; '.join(diff)}")
+    return jct
 
 
 @simulate.command("compare", context_settings=HELP)

@@ -191,3 +191,51 @@ def test_a_slowdown_budget_spends_the_allowance_in_quiet_minutes(in_tmp) -> None
     assert budgeted["online"]["shared_avg_latency_norm"] < flat["online"]["shared_avg_latency_norm"]
     bad = run(*args, "--slowdown-budget", "0")
     assert bad.exit_code == 2 and "slowdown-budget" in bad.stderr
+
+
+def _results_json(path: Path, **config) -> Path:
+    """A `simulate compare` results.json as the bound reads it: the run's settings and each policy's JCT."""
+    cfg = {"gpus": 12, "gpu_types": {"t4": 12}, "hours": 1.5, "jobs": 40, "arrival_hours": 1.0,
+           "mean_job_hours": 1.0, "seed": 1, **config}
+    metrics = {p: {"offline": {"jct_censored_s": v}} for p, v in
+               (("muxflow", 1500.0), ("salus", 1800.0), ("time-sharing", 2500.0), ("muxflow-s", 1200.0))}
+    path.write_text(json.dumps({"config": cfg, "calibration": "transfer", "metrics": metrics}))
+    return path
+
+
+def test_jct_bound_prints_the_bound_per_cap_beside_the_best_baseline(in_tmp) -> None:
+    res = run("simulate", "jct-bound", "--trace", str(SAMPLE_TRACE), *TINY, "--caps", "0.2,0.1,inf", "--json")
+    assert res.exit_code == 0, res.stderr
+    doc = json.loads(res.stdout)
+    assert doc["simulated"] is True and doc["config"]["gpus"] == 12 and doc["jobs"] == 40
+    caps = [r["cap"] for r in doc["bounds"]]
+    assert caps == [0.1, 0.2, None]  # sorted, inf as none
+    jct = [r["jct_censored_s"] for r in doc["bounds"]]
+    assert jct[0] >= jct[1] >= jct[2] > 0
+    assert all(len(r["job_types"]) >= 1 for r in doc["bounds"])
+
+    results = _results_json(in_tmp / "results.json")
+    text = run("simulate", "jct-bound", "--trace", str(SAMPLE_TRACE), *TINY, "--caps", "0.1",
+               "--results", str(results))
+    assert text.exit_code == 0, text.stderr
+    assert "SIMULATED" in text.stdout
+    # Salus is the best baseline (MuxFlow's ablations are not baselines): the ratio is the bound over its JCT.
+    assert "bound / salus" in text.stdout
+    row = next(line for line in text.stdout.splitlines() if line.strip().startswith("0.1"))
+    assert float(row.split()[-1]) == pytest.approx(jct[0] / 1800.0, abs=1e-3)
+
+
+def test_jct_bound_refuses_bad_caps_and_results_of_other_settings(in_tmp) -> None:
+    for caps in ("0", "-0.1", "nan", "x"):
+        res = run("simulate", "jct-bound", "--trace", str(SAMPLE_TRACE), *TINY, "--caps", caps)
+        assert res.exit_code == 2 and "--caps" in res.stderr, caps
+    other = _results_json(in_tmp / "other.json", gpus=1000, seed=0)
+    res = run("simulate", "jct-bound", "--trace", str(SAMPLE_TRACE), *TINY, "--results", str(other))
+    assert res.exit_code != 0
+    assert "other settings" in res.stderr and "gpus 1000" in res.stderr and "seed 0" in res.stderr
+    broken = in_tmp / "broken.json"
+    broken.write_text("{}")
+    res = run("simulate", "jct-bound", "--trace", str(SAMPLE_TRACE), *TINY, "--results", str(broken))
+    assert res.exit_code != 0 and "is not a `simulate compare` results.json" in res.stderr
+    res = run("simulate", "jct-bound", *TINY)
+    assert res.exit_code != 0 and "--trace is required" in res.stderr
