@@ -47,6 +47,7 @@ from scheduler_core.forecast import ForecastPolicy, forecast_next
 from scheduler_core.latency_budget import budget_allowances
 from scheduler_core.latency_model import LatencyCurve
 from scheduler_core.latency_model import fit as fit_latency
+from scheduler_core.online_split import fill_split_gaps, fit_split
 from scheduler_core.round import RoundConfig, from_snapshot, plan_round, snapshot
 
 log = logging.getLogger(__name__)
@@ -83,10 +84,32 @@ def _latency_curves(rows, series) -> dict[tuple[str, str], LatencyCurve | None]:
             for k, v in pooled.items()}
 
 
+def _split_filled(rows, series) -> dict[int, dict[str, np.ndarray]]:
+    """Each GPU's series with the online split's gap minutes estimated from the replica's request rate.
+
+    The curves are fitted per (service, GPU type) on the minutes the monitors could split
+    (:mod:`scheduler_core.online_split`): under MPS a real GPU has none while an offline job runs.
+    """
+    pooled: dict[tuple[str, str], list[dict[str, np.ndarray]]] = {}
+    for gpu, gtype, svc, _replica in rows:
+        pooled.setdefault((svc.name, gtype.name), []).append(series[gpu.id])
+    curves = {k: fit_split(v) for k, v in pooled.items()}
+    out, gpus, minutes = {}, 0, 0
+    for gpu, gtype, svc, _replica in rows:
+        out[gpu.id], filled = fill_split_gaps(series[gpu.id], curves[(svc.name, gtype.name)])
+        if filled.any():
+            gpus, minutes = gpus + 1, minutes + int(filled.sum())
+    if gpus:
+        log.info("online SM activity estimated from the request rate on %d GPUs (%d minutes the monitors could "
+                 "not split)", gpus, minutes)
+    return out
+
+
 def _gpu_candidates(s, now: dt.datetime, running: dict, policy: ForecastPolicy) -> list[GpuCandidate]:
     rows = inventory.served_gpus(s)
-    series = repo.recent_online_series(s, [g.id for g, _, _, _ in rows], now - HISTORY)
-    curves = _latency_curves(rows, series)
+    measured = repo.recent_online_series(s, [g.id for g, _, _, _ in rows], now - HISTORY)
+    curves = _latency_curves(rows, measured)  # on measured minutes only
+    series = _split_filled(rows, measured)
     on_gpu = {r.gpu_id: r for r in running.values()}
     out = []
     for gpu, gtype, svc, replica in rows:
@@ -96,7 +119,8 @@ def _gpu_candidates(s, now: dt.datetime, running: dict, policy: ForecastPolicy) 
             log.warning("GPU %s has no online metrics in the last %s; left out of this round", gpu.id, HISTORY)
             continue
         # The service's own load from its last minutes that have it: a minute whose split is a labelled gap
-        # (the node could not attribute the GPU while an offline job ran) does not hide the GPU.
+        # (the node could not attribute the GPU while an offline job ran) took the estimate from its request
+        # rate above; one without a rate either (no endpoint) does not hide the GPU.
         recent = {k: v[known][-FEATURE_WINDOW_MIN:] for k, v in ser.items()}
         if not known[-FEATURE_WINDOW_MIN:].any():
             log.info("GPU %s: no online split in its latest minutes; features from its last %d known ones",

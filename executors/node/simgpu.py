@@ -66,8 +66,12 @@ class SimulatedGpu:
     def __init__(self, gpu_index: int, spec: GpuTypeSpec, online: OnlineModel | None, replica: Replica | None,
                  placements: Placements, scraped_qps: Callable[[float], float | None] | None = None, *,
                  interference: InterferenceParams = InterferenceParams(), noise_pct: float = 1.0,
-                 warmup_s: float = 0.0, seed: int = 0, xcuda_target_util: float | None = XCUDA_TARGET_UTIL):
+                 warmup_s: float = 0.0, seed: int = 0, xcuda_target_util: float | None = XCUDA_TARGET_UTIL,
+                 mps_split_gaps: bool = False):
         self.gpu_index = gpu_index
+        # As NVML under MPS on a real GPU: no per-process split (the online utilization, SM activity and
+        # memory bandwidth) while an offline job is on the GPU; False: the model's split always.
+        self.mps_split_gaps = mps_split_gaps
         # The job's xCUDA paces it to this GPU load (gpu_model.xcuda_pace); None: unpaced.
         self.xcuda_target_util = xcuda_target_util
         self.spec = spec
@@ -136,7 +140,9 @@ class SimulatedGpu:
         else:
             endpoint = self.replica.metrics_url is not None
             lat = float(on.latency_ms)
-            online = (float(on.util_pct), float(on.sm_pct), float(on.mem_bytes), float(on.bw_pct),
+            split = not (running and self.mps_split_gaps)
+            online = (float(on.util_pct) if split else NAN, float(on.sm_pct) if split else NAN, float(on.mem_bytes),
+                      float(on.bw_pct) if split else NAN,
                       NAN if endpoint else float(qps), NAN if endpoint else lat * float(shared.slowdown),
                       NAN if endpoint else lat)
         return (float(shared.util_pct), float(shared.sm_pct), float(shared.mem_bytes), float(shared.bw_pct), online)
@@ -144,6 +150,8 @@ class SimulatedGpu:
     def online_gap(self) -> str | None:
         if self.replica is None:
             return "no online service on this GPU"
+        if self.mps_split_gaps and self.placements.on_gpu(self.gpu_index):
+            return "GPU split: NVML reports every MPS client's kernels as the MPS server's (simulated, as under MPS)"
         return None
 
 

@@ -54,6 +54,7 @@ class SourceConfig:
     noise_pct: float = 1.0             # simulated GPUs' measurement noise
     warmup_s: float = 0.0              # simulated GPUs: seconds a started job runs no kernels
     sim_xcuda_target_util: float | None = XCUDA_TARGET_UTIL  # simulated GPUs: the load xCUDA paces jobs to (None: off)
+    sim_mps_split_gaps: bool = False   # simulated GPUs: no online split while a job shares the GPU, as under MPS
     partition: str | None = None       # only Slurm jobs of this partition are offline work (None: any)
     xcuda_check_s: float = 0.0         # period of the check for offline processes without xCUDA (0: off; CLI: 5 s)
     xcuda_grace_s: float = 5.0         # a process younger than this is not judged yet (TaskProlog, Epilog)
@@ -192,7 +193,7 @@ def _assemble(store, pairs, replicas: dict[int, Replica], placements: Placements
                 models[g.gpu_index] = SimulatedGpu(
                     g.gpu_index, spec, online, rep, placements, None if sc is None else sc.current_qps,
                     noise_pct=src.noise_pct, warmup_s=src.warmup_s, seed=seed,
-                    xcuda_target_util=src.sim_xcuda_target_util)
+                    xcuda_target_util=src.sim_xcuda_target_util, mps_split_gaps=src.sim_mps_split_gaps)
             sampler = SimulatedSampler(models=models)
         else:
             from executors.node.attribution import ProcessAttribution

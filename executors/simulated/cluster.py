@@ -92,6 +92,9 @@ class SimSettings:
     # xCUDA's target GPU load, as the offline job's preload paces it (None: unpaced; gpu_model.xcuda_pace).
     xcuda_target_util: float | None = XCUDA_TARGET_UTIL
     sysmonitor: SysMonitorConfig = field(default_factory=SysMonitorConfig)
+    # As NVML under MPS on a real GPU: no online split (utilization, SM activity, memory bandwidth) in a minute
+    # an offline job shared the GPU (docs/NODE_AGENT.md). False: the model's split in every minute.
+    mps_split_gaps: bool = False
 
 
 @dataclass
@@ -363,12 +366,14 @@ class SimulatedCluster:
         sample = GpuSample(util, sm_act, clock, mem / gt.memory_bytes)
         g.monitor.step(now.timestamp() + 60.0, sample)
         solo_lat = float(on.latency_ms)
+        split = not (jobs and self.settings.mps_split_gaps)
         row = MetricRow(
             gpu_id=gid, minute_utc=now, gpu_util_pct=util, sm_activity_pct=sm_act,
             sm_occupancy_pct=sm_act * 0.55, mem_used_bytes=mem, mem_total_bytes=float(gt.memory_bytes),
             mem_bw_util_pct=float(shared.bw_pct), sm_clock_mhz=clock * gt.max_sm_clock_mhz, power_w=None,
-            temperature_c=None, online_gpu_util_pct=float(on.util_pct), online_sm_activity_pct=float(on.sm_pct),
-            online_mem_used_bytes=float(on.mem_bytes), online_mem_bw_util_pct=float(on.bw_pct),
+            temperature_c=None, online_gpu_util_pct=float(on.util_pct) if split else None,
+            online_sm_activity_pct=float(on.sm_pct) if split else None,
+            online_mem_used_bytes=float(on.mem_bytes), online_mem_bw_util_pct=float(on.bw_pct) if split else None,
             online_qps=float(on.qps), online_latency_ms=solo_lat * float(shared.slowdown),
             online_solo_latency_ms=solo_lat, offline_job_id=jobs[0].spec.job_id if jobs else None,
             health=g.monitor.state.value,

@@ -60,6 +60,10 @@ log = logging.getLogger(__name__)
 @click.option("--sim-xcuda-target", "sim_xcuda_target", type=click.FloatRange(0, 2), default=0.9, show_default=True,
               help="Simulated GPUs: the GPU load each offline job's xCUDA paces it to (the library's default "
                    "XCUDA_TARGET_UTIL); 0: jobs xCUDA does not pace.")
+@click.option("--sim-mps-split-gaps", "sim_mps_split_gaps", is_flag=True,
+              help="Simulated GPUs: report no online split (utilization, SM activity, memory bandwidth) while an "
+                   "offline job shares the GPU, as NVML does under MPS on a real GPU (the round then estimates it "
+                   "from the replica's request rate).")
 @click.option("--xcuda-check", "xcuda_check_s", type=click.FloatRange(min=0), default=5.0, show_default=True,
               help="Seconds between two checks that every process of the node's offline Slurm jobs has xCUDA "
                    "loaded (a job that unset LD_PRELOAD is evicted; docs/NODE_AGENT.md); 0: off.")
@@ -76,8 +80,8 @@ def node_agent(node: str | None, simulated: bool, db_url: str | None, interval_m
                duration: float | None, shm_dir: Path, no_shm: bool, evict_mode: str, mps_pipe_dir: str | None,
                ring_seconds: float, sm_config: Path | None, placements_from: str, poll_s: float, scrape_s: float,
                scrape_timeout_s: float, solo_window_s: float, partial_every_s: float, sim_noise_pct: float,
-               sim_xcuda_target: float, xcuda_check_s: float, prolog: str | None, plan_dir: str | None,
-               time_scale: float, seed: int) -> None:
+               sim_xcuda_target: float, sim_mps_split_gaps: bool, xcuda_check_s: float, prolog: str | None,
+               plan_dir: str | None, time_scale: float, seed: int) -> None:
     """Run the node agent for the GPUs of one node until SIGTERM/SIGINT."""
     from executors.node.agent import AgentConfig
     from executors.node.wiring import SourceConfig, build_agent
@@ -112,7 +116,8 @@ def node_agent(node: str | None, simulated: bool, db_url: str | None, interval_m
                            poll_s=poll_s, scrape_s=scrape_s, scrape_timeout_s=scrape_timeout_s,
                            solo_window_s=solo_window_s, noise_pct=sim_noise_pct, xcuda_check_s=xcuda_check_s,
                            prolog=prolog, plan_dir=plan_dir,
-                           sim_xcuda_target_util=sim_xcuda_target if sim_xcuda_target > 0 else None)
+                           sim_xcuda_target_util=sim_xcuda_target if sim_xcuda_target > 0 else None,
+                           sim_mps_split_gaps=sim_mps_split_gaps)
 
     if not no_shm:
         shm_dir.mkdir(parents=True, exist_ok=True)

@@ -138,6 +138,35 @@ def test_without_enough_latency_samples_the_flat_allowance_stands(tmp_path: Path
     assert g.forecast_p99_ms is None and slo_allowance(g) == g.slowdown_allowance
 
 
+def _row_qps(gpu_id: int, minutes_ago: int, qps: float, online_sm: float | None) -> MetricRow:
+    """A minute with the replica's request rate scraped; its split (util, SM, bandwidth) a gap where
+    ``online_sm`` is None, as under MPS on a real GPU while an offline job runs."""
+    on = online_sm is not None
+    return MetricRow(gpu_id, NOW - dt.timedelta(minutes=minutes_ago), 60.0, 50.0, 30.0, 4e9, 15e9, 30.0, 1400.0,
+                     None, None, 1.2 * online_sm if on else None, online_sm, 2e9, 0.8 * online_sm if on else None,
+                     qps, 8.0, 7.0, None, "Healthy")
+
+
+def test_a_gpu_shared_under_mps_is_planned_from_the_load_its_request_rate_implies(tmp_path: Path) -> None:
+    store, (g1, g2) = _store(tmp_path)
+    with store.session() as s:
+        # g1: five quiet hours alone (SM 0.5 % per request/s), then an hour shared with no split while its
+        # requests climb to twice anything seen alone. g2: shared the whole day, its rate known throughout.
+        alone = [_row_qps(g1, k, 20.0 + (k % 40), 0.5 * (20.0 + (k % 40))) for k in range(61, 361)]
+        shared = [_row_qps(g1, k, 120.0 - k, None) for k in range(1, 61)]
+        always = [_row_qps(g2, k, 30.0, None) for k in range(1, 1441)]
+        repo.write_metrics(s, alone + shared + always, "measured")
+    with store.session() as s:
+        by_id = {g.gpu_id: g for g in round_runner._gpu_candidates(s, NOW, {}, ForecastPolicy())}
+    # g1's latest minutes: rates 105-119, beyond the fitted range, so SM in proportion to the highest bin's.
+    assert by_id[g1].online.sm_activity_pct > 0.45 * 105
+    assert by_id[g1].online.sm_activity_pct == pytest.approx(0.5 * np.mean(120.0 - np.arange(1, 16)), rel=0.1)
+    assert by_id[g1].forecast_sm_pct > 50.0  # not the stale 10-30 % of its minutes alone
+    # g2 never had a split in the last day: planned from its service's curve instead of left out.
+    assert by_id[g2].online.sm_activity_pct == pytest.approx(15.0, rel=0.1)
+    assert by_id[g2].online.gpu_util_pct == pytest.approx(18.0, rel=0.1)
+
+
 def test_a_service_with_a_slowdown_budget_gets_less_than_its_cap_at_its_busy_hour(tmp_path: Path) -> None:
     store, (g1, g2) = _store(tmp_path)
     with store.session() as s:
@@ -178,3 +207,50 @@ def test_a_job_s_remaining_work_is_its_steps_left_at_its_fastest_profiled_iterat
     # 750 steps left at 0.1 s on the A10; 400 at 0.5 s; the job with no profile is not a candidate yet.
     assert jobs[ids[0]].remaining_s == pytest.approx(75.0) and jobs[ids[1]].remaining_s == pytest.approx(200.0)
     assert ids[2] not in jobs
+
+
+def _simulated_day(store: Store, gpu_ids: list[int], mps_split_gaps: bool) -> None:
+    """Ten hours of the simulated cluster into ``store``: a job shares the first GPU for the last seven, while
+    the service's load climbs towards its noon peak."""
+    from executors.simulated.calibration import default_catalog
+    from executors.simulated.cluster import SimGpuSpec, SimJobSpec, SimServiceSpec, SimSettings, SimulatedCluster
+
+    svc = SimServiceSpec("svc", "cnn", 10.0, 50.0, 12.0, 2 * 1024**3)
+    cluster = SimulatedCluster([SimGpuSpec(g, "t4", svc) for g in gpu_ids], default_catalog(),
+                               SimSettings(seed=5, burst_prob_per_min=0.0, mps_split_gaps=mps_split_gaps))
+    cluster.register_job(SimJobSpec(1, "ResNet-50 (batch size 64)", 10**9))
+    start = NOW - dt.timedelta(hours=10)
+    rows = []
+    for k in range(40):
+        t = start + dt.timedelta(minutes=15 * k)
+        if k == 12:
+            cluster.dispatch([PlanAction(Action.START, 1, gpu_ids[0], None, 40)], t)
+        rows += [dataclasses.replace(r, offline_job_id=None) for r in cluster.advance(t, 15).metrics]
+    with store.session() as s:
+        repo.write_metrics(s, rows, "simulated")
+    shared = [r for r in rows if r.gpu_id == gpu_ids[0] and r.minute_utc >= start + dt.timedelta(hours=3)]
+    assert all((r.online_sm_activity_pct is None) == mps_split_gaps for r in shared)
+
+
+def test_on_a_simulated_cluster_without_a_split_under_mps_the_round_sees_the_load_it_would_have_measured(
+        tmp_path: Path, monkeypatch) -> None:
+    (tmp_path / "truth").mkdir()
+    (tmp_path / "mps").mkdir()
+    truth, ids = _store(tmp_path / "truth")
+    gaps, same = _store(tmp_path / "mps")
+    assert ids == same
+    _simulated_day(truth, ids, mps_split_gaps=False)
+    _simulated_day(gaps, ids, mps_split_gaps=True)
+
+    def first_gpu(store: Store):
+        with store.session() as s:
+            return next(g for g in round_runner._gpu_candidates(s, NOW, {}, ForecastPolicy()) if g.gpu_id == ids[0])
+
+    want, got = first_gpu(truth), first_gpu(gaps)
+    assert got.online.sm_activity_pct == pytest.approx(want.online.sm_activity_pct, rel=0.1)
+    assert got.forecast_sm_pct == pytest.approx(want.forecast_sm_pct, rel=0.1)
+    assert got.online.gpu_util_pct == pytest.approx(want.online.gpu_util_pct, rel=0.1)
+    # Without the estimate the round would plan from the last minutes measured alone, seven hours earlier.
+    monkeypatch.setattr(round_runner, "fit_split", lambda series: {})
+    stale = first_gpu(gaps)
+    assert stale.online.sm_activity_pct < 0.7 * want.online.sm_activity_pct

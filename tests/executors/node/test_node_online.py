@@ -32,7 +32,7 @@ class Rig:
     """One simulated T4 with a cnn replica at ``qps`` (a real registry), a job placeable at 70 %."""
 
     def __init__(self, qps: float = 10.0, endpoint: bool = True, partial_every_s: float | None = None,
-                 service: bool = True, xcuda_target_util: float | None = 0.9):
+                 service: bool = True, xcuda_target_util: float | None = 0.9, mps_split_gaps: bool = False):
         catalog = default_catalog()
         spec, fam = get_spec("t4"), ONLINE_FAMILIES["cnn"]
         self.clock = FakeClock()
@@ -47,7 +47,7 @@ class Rig:
         self.gpu = SimulatedGpu(0, spec, OnlineModel.of(fam, catalog.online["cnn"], spec, 3.5 * (1 << 30)) if service
                                 else None, rep, self.placements,
                                 self.scraper.current_qps if endpoint else None, noise_pct=0.0,
-                                xcuda_target_util=xcuda_target_util)
+                                xcuda_target_util=xcuda_target_util, mps_split_gaps=mps_split_gaps)
         self.sink = MemorySink()
         self.evicted: list[tuple[int, float]] = []
         cfg = AgentConfig(interval_s=1.0, partial_every_s=partial_every_s)
@@ -122,6 +122,21 @@ def test_rows_carry_the_endpoint_rate_latency_and_the_job_with_gaps_labelled() -
     assert r2.offline_job_id == 42 and r2.sm_activity_pct > r2.online_sm_activity_pct + 40.0
     assert r2.online_solo_latency_ms == pytest.approx(10.0) and r2.online_qps == pytest.approx(20.0)
     assert r2.mem_used_bytes == r2.online_mem_used_bytes + (2 << 30)
+
+
+def test_under_mps_a_shared_minute_has_no_online_split_but_keeps_the_rate_and_says_why() -> None:
+    rig = Rig(qps=20.0, mps_split_gaps=True)
+    rig.run(90)
+    rig.placements.set(0, [rig.job])
+    rig.run(91)
+    rows = rig.rows()
+    r0, r2 = rows[0], rows[2]
+    assert r0.online_sm_activity_pct == pytest.approx(r0.sm_activity_pct) and r0.online_gap_reason is None
+    assert r2.offline_job_id == 42 and r2.sm_activity_pct > 40.0  # the device totals are still measured
+    assert r2.online_sm_activity_pct is None and r2.online_gpu_util_pct is None and r2.online_mem_bw_util_pct is None
+    assert r2.online_mem_used_bytes == 3.5 * (1 << 30)  # the driver reports memory per MPS client
+    assert r2.online_qps == pytest.approx(20.0)  # the endpoint is unaffected: what the round estimates from
+    assert "NVML reports every MPS client's kernels as the MPS server's" in r2.online_gap_reason
 
 
 def test_a_down_endpoint_leaves_the_rate_null_with_its_reason_never_zero() -> None:
