@@ -96,13 +96,16 @@ def test_round_once_places_a_plain_sbatch_job_on_slurm_and_follows_it(dev_cluste
             job = s.scalars(select(m.OfflineJob).where(m.OfflineJob.slurm_job_id == sid)).one()
             placed = s.scalars(select(m.Placement).where(m.Placement.job_id == job.id)).one()
             node = s.get(m.Gpu, placed.gpu_id).node.name
-            assert job.state == "PLACED", (job.state, job.state_reason)
+            # The round books what the cluster reports after dispatching: Slurm may have started the job by then.
+            first_state = job.state
+            assert first_state in ("PLACED", "RUNNING"), (job.state, job.state_reason)
         with live.client() as c:
             running = live.wait_job(c, sid, lambda j: j.state == "RUNNING", "Slurm to start the placed job", 60)
         assert running.nodes == (node,) and running.mps_pct == placed.sm_pct
 
         second = _cli(slurm, "round", "--once")
-        assert "job states followed the cluster first: {'RUNNING': 1}" in second, second
+        if first_state == "PLACED":
+            assert "job states followed the cluster first: {'RUNNING': 1}" in second, second
         assert "'keep': 1" in second and "'start': 0" in second, second
         with store.session() as s:
             job = s.get(m.OfflineJob, job.id)
