@@ -39,10 +39,13 @@ class SplitFitConfig:
     bins: int = 12
     min_points: int = 30
     min_bins: int = 3
+    max_points: int = 200_000  # a larger pool is thinned evenly, replica by replica, before it is fitted
 
     def __post_init__(self) -> None:
         if self.bins < 2 or self.min_bins < 2 or self.min_bins > self.bins or self.min_points < self.min_bins:
             raise ValueError("need 2 <= min_bins <= bins and min_points >= min_bins")
+        if self.max_points < self.min_points:
+            raise ValueError("max_points must be >= min_points")
 
 
 @dataclass(frozen=True)
@@ -89,13 +92,22 @@ def fit_curve(qps, value, cfg: SplitFitConfig = SplitFitConfig()) -> LoadCurve |
 
 def fit_split(series: Iterable[Mapping[str, np.ndarray]], cfg: SplitFitConfig = SplitFitConfig()
               ) -> dict[str, LoadCurve]:
-    """Curves for the split columns, pooled over the given replicas' series (one service on one GPU type)."""
+    """Curves for the split columns, pooled over the given replicas' series (one service on one GPU type).
+
+    Only the minutes with both the rate and the column are pooled; beyond ``cfg.max_points`` of them,
+    every replica's are thinned by the same stride (a day of 20,000 replicas stays a few MB).
+    """
     pooled = list(series)
     out = {}
     for key in SPLIT_KEYS:
-        if not pooled:
-            break
-        curve = fit_curve(np.concatenate([s["qps"] for s in pooled]), np.concatenate([s[key] for s in pooled]), cfg)
+        known = [np.isfinite(s["qps"]) & np.isfinite(s[key]) for s in pooled]
+        total = sum(int(k.sum()) for k in known)
+        if total == 0:
+            continue
+        stride = -(-total // cfg.max_points)
+        x = np.concatenate([s["qps"][k][::stride] for s, k in zip(pooled, known)])
+        y = np.concatenate([s[key][k][::stride] for s, k in zip(pooled, known)])
+        curve = fit_curve(x, y, cfg)
         if curve is not None:
             out[key] = curve
     return out
@@ -108,13 +120,16 @@ def fill_split_gaps(series: Mapping[str, np.ndarray], curves: Mapping[str, LoadC
     Returns the new series (the input is not changed) and, per minute, whether its SM activity was
     estimated. Columns without a curve keep their gaps.
     """
-    out = {k: np.asarray(v, dtype=float).copy() for k, v in series.items()}
-    qps = out["qps"]
+    out = dict(series)  # the columns without a gap to fill are shared, not copied
+    qps = np.asarray(series["qps"], dtype=float)
     filled_sm = np.zeros(qps.shape, dtype=bool)
     for key, curve in curves.items():
-        gap = ~np.isfinite(out[key]) & np.isfinite(qps) & (qps >= 0)
+        col = np.asarray(series[key], dtype=float)
+        gap = ~np.isfinite(col) & np.isfinite(qps) & (qps >= 0)
         if gap.any():
-            out[key][gap] = curve.at(qps[gap])
+            col = col.copy()
+            col[gap] = curve.at(qps[gap])
+            out[key] = col
             if key == "sm":
                 filled_sm = gap
     return out, filled_sm

@@ -65,3 +65,20 @@ def test_fill_takes_the_gaps_with_a_known_rate_only_and_leaves_the_input_alone()
     assert filled.tolist() == [False] * 100 + [True, False, False]
     assert np.isnan(series["sm"][100])  # the caller's arrays are not changed
     assert fit_split([]) == {}
+
+
+def test_a_large_pool_is_thinned_evenly_and_fits_the_same_curve() -> None:
+    rng = np.random.default_rng(2)
+    replicas = []
+    for _ in range(40):
+        q = rng.uniform(5.0, 80.0, 500)
+        sm = 0.4 * q
+        sm[rng.random(500) < 0.3] = np.nan  # shared minutes: no split
+        replicas.append({"qps": q, "sm": sm, "gpu_util": sm, "bw": sm})
+    full = fit_split(replicas, SplitFitConfig(max_points=10**9))["sm"]
+    thin = fit_split(replicas, SplitFitConfig(max_points=1_000))["sm"]
+    probe = np.linspace(10.0, 120.0, 12)
+    assert np.allclose(thin.at(probe), full.at(probe), rtol=0.03)
+    assert np.allclose(thin.at(probe), np.minimum(100.0, 0.4 * probe), rtol=0.05)
+    with pytest.raises(ValueError, match="max_points"):
+        SplitFitConfig(min_points=50, max_points=40)
