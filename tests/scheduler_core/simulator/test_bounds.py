@@ -1,4 +1,4 @@
-"""The lower bound on JCT at a per-minute slowdown cap: known answers, its premise, and that no simulated run beats it."""
+"""The JCT bound at a per-minute slowdown cap: known answers, its premise, and that no simulated run beats it."""
 
 from __future__ import annotations
 
