@@ -74,25 +74,26 @@ def require_predictor(store: Store) -> None:
             raise NoPredictorError(NoPredictorError.MESSAGE)
 
 
-def _latency_curves(rows, series) -> dict[tuple[str, str], LatencyCurve | None]:
-    """Per (service, GPU type), the replicas' latency alone against their SM activity over the history."""
-    pooled: dict[tuple[str, str], list[tuple[np.ndarray, np.ndarray]]] = {}
+def _by_service_type(rows, series) -> dict[tuple[str, str], list[dict[str, np.ndarray]]]:
+    """The GPUs' series pooled per (service, GPU type): what the round fits its per-service models on."""
+    pooled: dict[tuple[str, str], list[dict[str, np.ndarray]]] = {}
     for gpu, gtype, svc, _replica in rows:
-        ser = series[gpu.id]
-        pooled.setdefault((svc.name, gtype.name), []).append((ser["sm"], ser["latency"]))
-    return {k: fit_latency(np.concatenate([x for x, _ in v]), np.concatenate([y for _, y in v]))
+        pooled.setdefault((svc.name, gtype.name), []).append(series[gpu.id])
+    return pooled
+
+
+def _latency_curves(pooled) -> dict[tuple[str, str], LatencyCurve | None]:
+    """Per (service, GPU type), the replicas' latency alone against their SM activity over the history."""
+    return {k: fit_latency(np.concatenate([s["sm"] for s in v]), np.concatenate([s["latency"] for s in v]))
             for k, v in pooled.items()}
 
 
-def _split_filled(rows, series) -> dict[int, dict[str, np.ndarray]]:
+def _split_filled(rows, series, pooled) -> dict[int, dict[str, np.ndarray]]:
     """Each GPU's series with the online split's gap minutes estimated from the replica's request rate.
 
     The curves are fitted per (service, GPU type) on the minutes the monitors could split
     (:mod:`scheduler_core.online_split`): under MPS a real GPU has none while an offline job runs.
     """
-    pooled: dict[tuple[str, str], list[dict[str, np.ndarray]]] = {}
-    for gpu, gtype, svc, _replica in rows:
-        pooled.setdefault((svc.name, gtype.name), []).append(series[gpu.id])
     curves = {k: fit_split(v) for k, v in pooled.items()}
     out, gpus, minutes = {}, 0, 0
     for gpu, gtype, svc, _replica in rows:
@@ -108,8 +109,9 @@ def _split_filled(rows, series) -> dict[int, dict[str, np.ndarray]]:
 def _gpu_candidates(s, now: dt.datetime, running: dict, policy: ForecastPolicy) -> list[GpuCandidate]:
     rows = inventory.served_gpus(s)
     measured = repo.recent_online_series(s, [g.id for g, _, _, _ in rows], now - HISTORY)
-    curves = _latency_curves(rows, measured)  # on measured minutes only
-    series = _split_filled(rows, measured)
+    pooled = _by_service_type(rows, measured)
+    curves = _latency_curves(pooled)  # on measured minutes only
+    series = _split_filled(rows, measured, pooled)
     on_gpu = {r.gpu_id: r for r in running.values()}
     out = []
     for gpu, gtype, svc, replica in rows:

@@ -367,14 +367,15 @@ def jct_bound(trace_path, gpus, types_text, hours, jobs, arrival_hours, mean_job
     # The baselines: every policy that is not MuxFlow or one of its ablations.
     best = min(((v, k) for k, v in policies.items() if not k.startswith("muxflow")), default=None)
     head = f"{'cap':>6}  {'bound (s)':>10}  {'jobs finishing':>14}"
+    ratio = f"bound / {best[1]}" if best else ""
     if best:
-        head += f"  {'bound / ' + best[1]:>{max(9, len(best[1]) + 8)}}"
+        head += f"  {ratio}"
     click.echo(head)
     for r in doc["bounds"]:
         cap = "none" if r["cap"] is None else f"{r['cap']:g}"
         line = f"{cap:>6}  {r['jct_censored_s']:>10.0f}  {r['finished']:>14}"
         if best:
-            line += f"  {r['jct_censored_s'] / best[0]:>{max(9, len(best[1]) + 8)}.3f}"
+            line += f"  {r['jct_censored_s'] / best[0]:>{len(ratio)}.3f}"
         click.echo(line)
     if policies:
         click.echo("simulated JCT (censored): " + ", ".join(f"{k} {v:.0f} s" for k, v in sorted(policies.items())))
