@@ -1,7 +1,9 @@
 # muxflow — `make run` runs the main job, `make test` runs the tests. Both set up
 # the virtual environment first (fresh clone → working in one command).
 SHELL := /bin/bash
-PYTHON ?= python3
+# A Python every user can run (jobs run the venv's workloads as their owners, the service account runs
+# Dagster from it): .ci/pick_python.sh; PYTHON=… to choose.
+PYTHON ?= $(shell bash .ci/pick_python.sh)
 VENV ?= .venv
 PY := $(VENV)/bin/python
 STAMP := $(VENV)/.installed-stamp
@@ -36,13 +38,22 @@ ui: install
 xcuda:
 	$(MAKE) -C executors/xcuda
 
+# The tests never read the user's instance: whatever the checkout holds (`make run`'s .dagster_home/muxflow.json
+# and .muxflow/) and whatever the shell exports, they run with DAGSTER_HOME a fresh, empty folder of their own and
+# none of the deployment's settings variables (MUXFLOW_SETTINGS, MUXFLOW_DATABASE_URL, MUXFLOW_CLUSTER, …, SLURM_CONF:
+# pipelines.settings.environment_variables); each test names its own store and settings.
+TEST_DAGSTER_HOME := $(CURDIR)/test-artifacts/dagster_home
+TEST_ENV = rm -rf "$(TEST_DAGSTER_HOME)" && mkdir -p "$(TEST_DAGSTER_HOME)" \
+	&& settings_vars=$$($(PY) -c 'from pipelines.settings import environment_variables as v; print(*v())') \
+	&& unset $$settings_vars && export DAGSTER_HOME="$(TEST_DAGSTER_HOME)" &&
+
 # The dev Slurm cluster is brought up for the tests and taken down after them if it
 # was not running before (.ci/with_slurm.sh); pytest's exit status is make's.
 # PYTEST_ARGS=… narrows the run (e.g. PYTEST_ARGS=tests/live).
 test: install xcuda
 	bash .ci/ensure_postgres.sh
 	bash .ci/ensure_browser.sh
-	bash .ci/with_slurm.sh $(PY) -m pytest -q $(PYTEST_ARGS)
+	$(TEST_ENV) bash .ci/with_slurm.sh $(PY) -m pytest -q $(PYTEST_ARGS)
 
 # The live Slurm tests of sites' concerns (users, versions, node faults) on Slurm 24.11 from Debian 13, in a
 # debootstrap tree cached under /var/cache/muxflow (built once, ~1 min; docs/SLURM.md "Slurm 24.11").
@@ -50,11 +61,11 @@ test: install xcuda
 SLURM_COMPAT_TESTS := tests/live/test_site_users_live.py tests/live/test_rest_versions_live.py \
 	tests/live/test_site_faults_live.py
 test-slurm-compat: install
-	MUXFLOW_SLURM_RELEASES=24.11 bash .ci/with_slurm.sh $(PY) -m pytest -q $(SLURM_COMPAT_TESTS)
+	$(TEST_ENV) MUXFLOW_SLURM_RELEASES=24.11 bash .ci/with_slurm.sh $(PY) -m pytest -q $(SLURM_COMPAT_TESTS)
 
 # NVML node-agent tests on a GPU node (fail, not skip, if the driver is missing).
 test-gpu: install
-	MUXFLOW_REQUIRE_GPU=1 $(PY) -m pytest -q -rs tests/gpu
+	$(TEST_ENV) MUXFLOW_REQUIRE_GPU=1 $(PY) -m pytest -q -rs tests/gpu
 
 bench: install
 	$(VENV)/bin/muxflow bench round

@@ -55,6 +55,8 @@ class ClusterResource(ConfigurableResource):
     slurm_user: str | None = None  # X-SLURM-USER-NAME (default: the token's sun claim)
     slurm_conf: str | None = None  # for `scontrol requeuehold` (no REST requeue); default $SLURM_CONF
     slurm_retry_deadline_s: float = 60.0
+    slurm_plan_key_file: str | None = None  # the key that signs plans (docs/SECURITY.md)
+    slurm_reference_jwt_file: str | None = None  # the unprivileged account reference workloads run as
     xcuda_kp: float = 1.0  # xCUDA's PID gains, sent with every placement (executors/xcuda/README.md)
     xcuda_ki: float = 20.0
     xcuda_kd: float = 0.0
@@ -86,6 +88,7 @@ class ClusterResource(ConfigurableResource):
             return SlurmConfig.build(
                 url=self.slurm_url, api_version=self.slurm_api_version, jwt_file=self.slurm_jwt_file,
                 user=self.slurm_user, conf=self.slurm_conf, retry_deadline_s=self.slurm_retry_deadline_s,
+                plan_key_file=self.slurm_plan_key_file, reference_jwt_file=self.slurm_reference_jwt_file,
                 name_gpus=self.slurm_name_gpus, gains=(self.xcuda_kp, self.xcuda_ki, self.xcuda_kd),
                 profiling=self.profiling, sampling=self.sampling)
         except SlurmConfigError as exc:

@@ -1,11 +1,19 @@
 """Explicit configuration of the Dagster deployment (one object, passed to ``build_definitions``).
 
-Where it comes from, first match wins:
+Where it comes from, each layer over the one before (as every tool that reads both a file and the
+environment does: flags > environment > file > defaults):
 
-1. ``MUXFLOW_SETTINGS`` — path of a JSON file with any of the fields below;
-2. ``$DAGSTER_HOME/muxflow.json`` — written by the main job (``make run``), so
-   that ``make ui`` shows the cluster the main job ran;
-3. ``MUXFLOW_*`` environment variables, each overriding its default.
+1. the defaults below;
+2. a settings file: ``MUXFLOW_SETTINGS`` (the path of a JSON file with any of the fields below), else
+   ``$DAGSTER_HOME/muxflow.json`` where it exists (written by the main job, ``make run``, so that
+   ``make ui`` shows the cluster the main job ran);
+3. every ``MUXFLOW_*`` variable that is set (``ENV_VARS``, ``MUXFLOW_DATABASE_URL``, ``SLURM_CONF``;
+   ``MUXFLOW_PROFILING_*`` / ``MUXFLOW_SAMPLING_*`` merged over the file's ``profiling`` / ``sampling``);
+4. the command line's flags (``flags``: the CLI's ``muxflow --db``).
+
+A variable that overrides a value the file set to something else is said once per process on stderr
+(``settings: MUXFLOW_CLUSTER=slurm overrides cluster=simulated from /path/muxflow.json``; passwords in URLs
+masked).
 
 Nothing here connects to anything: resources open the store and the cluster
 when a run uses them.
@@ -17,15 +25,18 @@ import dataclasses
 import datetime as dt
 import json
 import os
+import re
+import sys
+import tempfile
 from dataclasses import dataclass
-from collections.abc import Callable
+from collections.abc import Callable, Mapping
 from pathlib import Path
 from typing import Any
 
 from executors.profiling.settings import ProfilingSettings, SamplingSettings, overrides_from_env
 from executors.profiling.settings import SettingsError as ProfilingSettingsError
 from executors.slurm.config import SlurmConfig, SlurmConfigError
-from executors.store.db import resolve_url
+from executors.store.db import ENV_URL, default_url
 from scheduler_core.round_clock import RoundClock
 
 SETTINGS_FILE = "muxflow.json"
@@ -47,6 +58,12 @@ class MuxflowSettings:
     slurm_user: str | None = None  # X-SLURM-USER-NAME (default: the token's sun claim)
     slurm_conf: str | None = None  # slurm.conf for `scontrol requeuehold` (no REST requeue); default $SLURM_CONF
     slurm_retry_deadline_s: float = 60.0
+    # The key that signs each plan MuxFlow writes into a job's comment (the nodes' Prologs and agents hold the same
+    # key; docs/SECURITY.md). Mode 0600, owned by the account MuxFlow runs as.
+    slurm_plan_key_file: str | None = None
+    # A token of an unprivileged account MuxFlow's own reference workloads (co-location samples) run as on the
+    # profile partition: never MuxFlow's identity, root or SlurmUser (docs/SECURITY.md).
+    slurm_reference_jwt_file: str | None = None
     xcuda_gains: tuple[float, float, float] = (1.0, 20.0, 0.0)  # kp, ki, kd sent with every placement
     # Place shares naming the planned GPU (mps:<model>g<i>:<pct>) on per-GPU-typed nodes. Slurm 22.05 cannot
     # move such a share to another GPU later: only where jobs do not move (docs/SLURM.md).
@@ -125,7 +142,8 @@ class MuxflowSettings:
         return SlurmConfig.build(
             url=self.slurm_url or default_url, api_version=self.slurm_api_version, jwt_file=self.slurm_jwt_file,
             user=self.slurm_user, conf=self._slurm_conf(default_url, default_conf),
-            retry_deadline_s=self.slurm_retry_deadline_s,
+            retry_deadline_s=self.slurm_retry_deadline_s, plan_key_file=self.slurm_plan_key_file,
+            reference_jwt_file=self.slurm_reference_jwt_file,
             name_gpus=self.slurm_name_gpus, gains=self.xcuda_gains, profiling=self.profiling, sampling=self.sampling)
 
     def _slurm_conf(self, default_url: str | None, default_conf: str | None) -> str | None:
@@ -142,6 +160,7 @@ class MuxflowSettings:
             kind=self.cluster, seed=self.seed, slurm_url=self.slurm_url, warmup_minutes=self.warmup_minutes,
             slurm_api_version=self.slurm_api_version, slurm_jwt_file=self.slurm_jwt_file, slurm_user=self.slurm_user,
             slurm_conf=self.slurm_conf, slurm_retry_deadline_s=self.slurm_retry_deadline_s,
+            slurm_plan_key_file=self.slurm_plan_key_file, slurm_reference_jwt_file=self.slurm_reference_jwt_file,
             xcuda_kp=kp, xcuda_ki=ki, xcuda_kd=kd, slurm_name_gpus=self.slurm_name_gpus,
             profiling=dict(self.profiling), sampling=dict(self.sampling),
         )
@@ -160,21 +179,26 @@ class MuxflowSettings:
 
     @classmethod
     def from_json(cls, d: dict) -> MuxflowSettings:
-        known = {f.name for f in dataclasses.fields(cls)}
-        unknown = sorted(set(d) - known)
-        if unknown:
-            raise SettingsError(f"unknown settings: {', '.join(unknown)}")
-        d = dict(d)
-        for name in ("gpu_types", "xcuda_gains"):
-            if name in d:
-                d[name] = tuple(d[name])
-        for name in ("rounds_start", "rounds_end"):
-            if d.get(name) is not None:
-                d[name] = _parse_time(d[name], name)
         try:
-            return cls(**d)
+            return cls(**_from_json_values(d))
         except TypeError as exc:
             raise SettingsError(str(exc)) from exc
+
+
+def _from_json_values(d: Mapping[str, Any]) -> dict[str, Any]:
+    """The fields of a settings file's JSON object as MuxflowSettings takes them (tuples, times); unknown keys refused."""
+    known = {f.name for f in dataclasses.fields(MuxflowSettings)}
+    unknown = sorted(set(d) - known)
+    if unknown:
+        raise SettingsError(f"unknown settings: {', '.join(unknown)}")
+    out = dict(d)
+    for name in ("gpu_types", "xcuda_gains"):
+        if isinstance(out.get(name), list):
+            out[name] = tuple(out[name])
+    for name in ("rounds_start", "rounds_end"):
+        if out.get(name) is not None:
+            out[name] = _parse_time(out[name], name)
+    return out
 
 
 def _parse_time(v: str | dt.datetime, name: str = "rounds_start") -> dt.datetime:
@@ -196,9 +220,19 @@ def _flag(v: str) -> bool:
 
 
 def write_settings(settings: MuxflowSettings, dagster_home: Path) -> Path:
+    """``dagster_home``/muxflow.json, mode 0600 (an operator's file: its db_url may hold a password), replaced
+    whole (a reader never sees half of it)."""
     dagster_home.mkdir(parents=True, exist_ok=True)
     path = dagster_home / SETTINGS_FILE
-    path.write_text(json.dumps(settings.to_json(), indent=2) + "\n")
+    fd, tmp = tempfile.mkstemp(dir=dagster_home, prefix=f".{SETTINGS_FILE}.")  # created 0600
+    try:
+        with os.fdopen(fd, "w") as f:
+            os.fchmod(f.fileno(), 0o600)
+            f.write(json.dumps(settings.to_json(), indent=2) + "\n")
+        os.replace(tmp, path)
+    except BaseException:
+        Path(tmp).unlink(missing_ok=True)
+        raise
     return path
 
 
@@ -215,39 +249,132 @@ ENV_VARS: dict[str, tuple[str, Callable[[str], Any]]] = {  # variable -> (settin
     "MUXFLOW_SLURM_API_VERSION": ("slurm_api_version", str), "MUXFLOW_SLURM_JWT_FILE": ("slurm_jwt_file", str),
     "MUXFLOW_SLURM_USER": ("slurm_user", str), "SLURM_CONF": ("slurm_conf", str),
     "MUXFLOW_SLURM_RETRY_DEADLINE_S": ("slurm_retry_deadline_s", float),
+    "MUXFLOW_SLURM_PLAN_KEY_FILE": ("slurm_plan_key_file", str),
+    "MUXFLOW_SLURM_REFERENCE_JWT_FILE": ("slurm_reference_jwt_file", str),
     "MUXFLOW_XCUDA_GAINS": ("xcuda_gains", lambda v: tuple(float(x) for x in v.split(","))),
     "MUXFLOW_ROUND_PERIOD_S": ("round_period_s", int), "MUXFLOW_SENSOR_INTERVAL_S": ("sensor_interval_s", int),
     "MUXFLOW_SENSORS_RUNNING": ("sensors_running", _flag), "MUXFLOW_SLURM_NAME_GPUS": ("slurm_name_gpus", _flag),
 }
 
 
-def load_settings(environ: dict[str, str] | None = None) -> MuxflowSettings:
+PROFILING_PREFIX, SAMPLING_PREFIX = "MUXFLOW_PROFILING_", "MUXFLOW_SAMPLING_"
+
+
+def environment_variables() -> list[str]:
+    """Every variable ``load_settings`` reads (``make test`` unsets them: the tests' settings are their own)."""
+    names = ["MUXFLOW_SETTINGS", ENV_URL, *ENV_VARS, *RENAMED]
+    for prefix, cls in ((PROFILING_PREFIX, ProfilingSettings), (SAMPLING_PREFIX, SamplingSettings)):
+        names += [prefix + f.name.upper() for f in dataclasses.fields(cls)]
+    return names
+
+
+def settings_file(environ: Mapping[str, str] | None = None) -> Path | None:
+    """The settings file in effect: ``MUXFLOW_SETTINGS``, else ``$DAGSTER_HOME/muxflow.json`` where it exists."""
     env = os.environ if environ is None else environ
-    path = env.get("MUXFLOW_SETTINGS")
-    if not path and env.get("DAGSTER_HOME"):
+    if env.get("MUXFLOW_SETTINGS"):
+        return Path(env["MUXFLOW_SETTINGS"])
+    if env.get("DAGSTER_HOME"):
         candidate = Path(env["DAGSTER_HOME"]) / SETTINGS_FILE
-        path = str(candidate) if candidate.exists() else None
-    if path:
-        try:
-            data = json.loads(Path(path).read_text())
-        except (OSError, json.JSONDecodeError) as exc:
-            raise SettingsError(f"cannot read settings file {path}: {exc}") from exc
-        data.setdefault("db_url", resolve_url(None, env))
-        return MuxflowSettings.from_json(data)
+        if candidate.exists():
+            return candidate
+    return None
+
+
+_URL_PASSWORD = re.compile(r"(://[^/:@\s]*):[^@/\s]*@")
+
+
+def mask_secrets(text: str) -> str:
+    """``text`` with the password of every URL in it masked: ``postgresql+psycopg2://user:***@host/db``."""
+    return _URL_PASSWORD.sub(r"\1:***@", text)
+
+
+_NOTICES_SHOWN: set[str] = set()  # what this process has said already
+
+
+def _notice(message: str) -> None:
+    """One line on stderr, once per process (every command and code location loads the settings more than once)."""
+    if message in _NOTICES_SHOWN:
+        return
+    _NOTICES_SHOWN.add(message)
+    print(f"settings: {message}", file=sys.stderr, flush=True)
+
+
+def _shown(v: Any) -> str:
+    if isinstance(v, (list, tuple)):
+        return ",".join(_shown(x) for x in v)
+    if isinstance(v, dt.datetime):
+        return v.isoformat()
+    return mask_secrets(str(v))
+
+
+def _same(name: str, a: Any, b: Any) -> bool:
+    if name == "db_url" and isinstance(a, str) and isinstance(b, str):  # one SQLite file, relative or not
+        a, b = (_absolute_sqlite(u) for u in (a, b))
+    if isinstance(a, list):
+        a = tuple(a)
+    if isinstance(b, list):
+        b = tuple(b)
+    return a == b
+
+
+def _absolute_sqlite(url: str) -> str:
+    prefix = "sqlite:///"
+    if url.startswith(prefix) and url[len(prefix):] not in ("", ":memory:"):
+        return prefix + str(Path(url[len(prefix):]).resolve())
+    return url
+
+
+def load_settings(environ: Mapping[str, str] | None = None, *,
+                  flags: Mapping[str, Any] | None = None) -> MuxflowSettings:
+    """The deployment's settings: defaults < the settings file < the environment < ``flags`` (the command line's
+    options; None: not given). An environment variable that overrides a value the file set is said once."""
+    env = os.environ if environ is None else environ
     for old in RENAMED:
         if env.get(old):
             raise SettingsError(f"{old} is no longer read: set MUXFLOW_SLURM_URL (http(s)://host:port, or "
                                 f"unix:/path/to/slurmrestd.sock for a unix socket)")
-    d: dict = {"db_url": resolve_url(None, env)}
+    path = settings_file(env)
+    d: dict[str, Any] = {}
+    if path is not None:
+        try:
+            data = json.loads(path.read_text())
+        except (OSError, json.JSONDecodeError) as exc:
+            raise SettingsError(f"cannot read settings file {path}: {exc}") from exc
+        if not isinstance(data, dict):
+            raise SettingsError(f"settings file {path}: expected a JSON object of settings")
+        d = {k: v for k, v in _from_json_values(data).items() if v is not None}  # null: not set
+
+    def say(var: str, setting: str, before: Any, value: Any) -> None:
+        """``var`` sets ``setting`` to ``value``: said when the file had set it to something else."""
+        if before is not None and not _same(setting, before, value):
+            _notice(f"{var}={mask_secrets(env[var].strip())} overrides {setting}={_shown(before)} from {path}")
+
+    if env.get(ENV_URL):
+        say(ENV_URL, "db_url", d.get("db_url"), env[ENV_URL])
+        d["db_url"] = env[ENV_URL]
+    d.setdefault("db_url", default_url())
     for var, (name, fn) in ENV_VARS.items():
         if var in env:
             try:
-                d[name] = fn(env[var])
+                value = fn(env[var])
             except ValueError as exc:
                 raise SettingsError(f"{var}={env[var]!r}: {exc}") from exc
+            say(var, name, d.get(name), value)
+            d[name] = value
+    for key, prefix, cls in (("profiling", PROFILING_PREFIX, ProfilingSettings),
+                             ("sampling", SAMPLING_PREFIX, SamplingSettings)):
+        try:
+            over = overrides_from_env(cls, prefix, env)
+        except ProfilingSettingsError as exc:
+            raise SettingsError(str(exc)) from exc
+        base = d.get(key, {})
+        if not isinstance(base, dict):
+            raise SettingsError(f"{key}: expected an object of {cls.__name__} fields, got {base!r}")
+        for name, value in over.items():
+            say(prefix + name.upper(), f"{key}.{name}", base.get(name), value)
+        d[key] = {**base, **over}
+    d.update({k: v for k, v in (flags or {}).items() if v is not None})
     try:
-        d["profiling"] = overrides_from_env(ProfilingSettings, "MUXFLOW_PROFILING_", env)
-        d["sampling"] = overrides_from_env(SamplingSettings, "MUXFLOW_SAMPLING_", env)
-    except ProfilingSettingsError as exc:
+        return MuxflowSettings(**d)
+    except TypeError as exc:
         raise SettingsError(str(exc)) from exc
-    return MuxflowSettings(**d)

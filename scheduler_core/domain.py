@@ -36,7 +36,8 @@ class JobState(str, enum.Enum):
 # requeue after a node failure).
 JOB_TRANSITIONS: dict[JobState, frozenset[JobState]] = {
     JobState.SUBMITTED: frozenset({JobState.PROFILING, JobState.FAILED}),
-    JobState.PROFILING: frozenset({JobState.PENDING, JobState.FAILED}),
+    # A job is profiled in its own Slurm job (a profiling window): it may end there.
+    JobState.PROFILING: frozenset({JobState.PENDING, JobState.DONE, JobState.FAILED}),
     JobState.PENDING: frozenset({JobState.PLACED, JobState.RUNNING, JobState.FAILED}),
     JobState.PLACED: frozenset(
         {JobState.RUNNING, JobState.MIGRATING, JobState.PENDING, JobState.EVICTED, JobState.FAILED}

@@ -96,7 +96,17 @@ def decide(state: JobState, view: ClusterView) -> Decision:
         return NOTHING
     if state in (JobState.SUBMITTED, JobState.PROFILING):
         # Not placed yet: only its end matters (the user cancelled it, or it is gone); its profiling stops.
-        # A held or waiting job is the profiler's and the pick-up's business, not the sync's.
+        # A held, waiting or running job is the profiler's and the pick-up's business, not the sync's: a job is
+        # profiled in its own Slurm job (a profiling window), and may end there, to DONE or FAILED as it ended.
+        if state == JobState.PROFILING and view.started_utc is not None and seen in (Seen.COMPLETED, Seen.FAILED):
+            if seen == Seen.COMPLETED:
+                return Decision((Step(JobState.DONE, "finished in the cluster during its profiling window "
+                                                     f"({view.reason or 'COMPLETED'}, exit code 0)", view.ended_utc),),
+                                exit_code=view.exit_code)
+            code = "" if view.exit_code is None else f", exit code {view.exit_code}"
+            return Decision((Step(JobState.FAILED, "failed in the cluster during its profiling window "
+                                                   f"({view.reason or seen.value}{code})", view.ended_utc),),
+                            exit_code=view.exit_code)
         if seen in ENDED or seen == Seen.ABSENT:
             what = "no longer known to the cluster" if seen == Seen.ABSENT else (
                 "cancelled in the cluster" if seen == Seen.CANCELLED else "ended in the cluster")

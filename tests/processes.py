@@ -59,11 +59,19 @@ class Processes:
     log_dir: Path
     procs: list[Proc] = field(default_factory=list)
 
-    def start(self, name: str, argv: Sequence[str], *, env: dict | None = None, cwd: Path | None = None) -> Proc:
+    def start(self, name: str, argv: Sequence[str], *, env: dict | None = None, cwd: Path | None = None,
+              user: str | None = None) -> Proc:
+        """``user``: run as that account (its own uid and group, no other groups), as a service would."""
         log = self.log_dir / f"{name}.log"
+        creds = {}
+        if user is not None:
+            import pwd
+
+            pw = pwd.getpwnam(user)
+            creds = {"user": pw.pw_uid, "group": pw.pw_gid, "extra_groups": []}
         with open(log, "wb") as fh:
             p = subprocess.Popen(list(argv), cwd=cwd, env=env, stdout=fh, stderr=subprocess.STDOUT,
-                                 stdin=subprocess.DEVNULL, start_new_session=True)
+                                 stdin=subprocess.DEVNULL, start_new_session=True, **creds)
         proc = Proc(name, p, log)
         self.procs.append(proc)
         return proc

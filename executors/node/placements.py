@@ -2,9 +2,9 @@
 
 Two sources, polled on a thread of their own so that the sampling thread only reads the last view:
 
-- :class:`SlurmPlacements` (a real cluster, the dev cluster): the node's running Slurm jobs whose
-  admin comment carries a plan (``muxflow-job=<id> muxflow-gpu=<index> muxflow-pct=<pct>
-  muxflow-mem=<bytes>``, ``executors.slurm.backend.plan_comment``). Slurm is what really runs.
+- :func:`slurm_reader` (a real cluster, the dev cluster): the node's running Slurm jobs whose comment carries
+  a placement plan signed with the deployment's plan key (:mod:`executors.slurm.plan`; a plan the key does not
+  verify, or one written for another Slurm job, is no plan). Slurm is what really runs.
 - :class:`StorePlacements` (the simulated cluster, no Slurm): the latest dispatched round's
   placements of RUNNING jobs on this node's GPUs.
 
@@ -167,9 +167,9 @@ class JobInfoLoader:
 
 
 def slurm_reader(client_factory: Callable[[], object], node: str, jobs: Callable[[int], JobInfo | None],
-                 partition: str | None = None) -> Callable[[], dict[int, tuple[OfflineOnGpu, ...]]]:
-    """Running Slurm jobs on ``node`` with a plan comment, by planned GPU index."""
-    from executors.slurm.backend import parse_plan_comment
+                 key: bytes, partition: str | None = None) -> Callable[[], dict[int, tuple[OfflineOnGpu, ...]]]:
+    """Running Slurm jobs on ``node`` with a verified placement plan in their comment, by planned GPU index."""
+    from executors.slurm.backend import placed_plan
     from executors.slurm.models import RUNNING
 
     ignored: set[int] = set()
@@ -188,12 +188,10 @@ def slurm_reader(client_factory: Callable[[], object], node: str, jobs: Callable
                 continue
             if partition is not None and partition not in j.partition.split(","):
                 continue
-            plan = parse_plan_comment(j.admin_comment)
-            try:
-                job_id, index = int(plan["job"]), int(plan["gpu"])
-                pct = int(plan.get("pct") or j.mps_pct)
-            except (KeyError, ValueError):
-                continue  # not a job MuxFlow placed (an online replica, a profiling run, someone else's)
+            plan = placed_plan(j, key)
+            if plan is None:
+                continue  # not a job MuxFlow placed (an online replica, a profiling window, a forged plan)
+            job_id, index, pct = plan.job_id, plan.gpu_index, plan.sm_pct or j.mps_pct
             info = jobs(job_id)
             if info is None or (info.slurm_job_id is not None and info.slurm_job_id != j.job_id):
                 if j.job_id not in ignored:
@@ -201,7 +199,7 @@ def slurm_reader(client_factory: Callable[[], object], node: str, jobs: Callable
                     log.warning("Slurm job %d on %s GPU %d carries a plan for job %d, which this store does not "
                                 "know as that Slurm job: ignored", j.job_id, node, index, job_id)
                 continue
-            mem = int(plan["mem"]) if plan.get("mem", "").isdigit() else info.mem_bytes
+            mem = plan.mem_bytes or info.mem_bytes
             started = j.start_time_utc.timestamp() if j.start_time_utc is not None else None
             out.setdefault(index, []).append(OfflineOnGpu(job_id, j.job_id, pct, mem, info.traits, started))
         return {i: tuple(sorted(v, key=lambda o: o.job_id)) for i, v in out.items()}

@@ -18,12 +18,23 @@ the kept snapshots.
   while that scrape is fresh.
 
 A failed or missing scrape is never a zero: the window has no value and says why.
+
+**The endpoint is its owner's** (the root agent fetches what the replica's owner serves), so a scrape
+trusts nothing of the answer (docs/NODE_AGENT.md "What the agent trusts"): only ``http``/``https``
+URLs, no redirect followed, no proxy or credentials from the agent's environment, one deadline for
+the whole fetch (``timeout_s``: connection, headers and body; an answer that trickles in is cut), at
+most :data:`MAX_BODY_BYTES` read (more is a failed scrape), and a page whose MuxFlow series are not
+plain counters — NaN, infinite, negative or beyond 2**53, a histogram whose buckets are not
+cumulative or lack ``+Inf``, more than :data:`MAX_BUCKETS` buckets, several series (label sets) of
+one name, a malformed line of those series — is a failed scrape too: a labelled gap, never a number.
+Lines of other metrics are skipped unread.
 """
 
 from __future__ import annotations
 
 import logging
 import math
+import socket
 import threading
 import time
 from collections import deque
@@ -36,6 +47,12 @@ log = logging.getLogger(__name__)
 REQUESTS = "muxflow_serve_requests"      # prometheus_client's family names (samples add _total, _sum …)
 LATENCY = "muxflow_serve_latency_seconds"
 BUSY = "muxflow_serve_busy_seconds"
+_SERIES = (REQUESTS + "_total", BUSY + "_total", LATENCY + "_sum", LATENCY + "_count", LATENCY + "_bucket")
+_PREFIXES = (REQUESTS + "_total", BUSY + "_total", LATENCY + "_")
+
+MAX_BODY_BYTES = 4 << 20       # a metrics page larger than this is not one: the scrape fails, reading no more
+MAX_BUCKETS = 64               # latency histogram buckets (the reference service has 29)
+MAX_COUNTER = float(2 ** 53)   # a counter beyond this (exact doubles end here) is not a request count
 
 
 def check_metrics_url(url: str, field: str = "endpoint") -> str:
@@ -91,28 +108,67 @@ class Snapshot:
     solo: bool                                 # no offline job on the replica's GPU at this scrape
 
 
+def _counter(name: str, value: float) -> float:
+    if not (math.isfinite(value) and 0.0 <= value <= MAX_COUNTER):
+        raise ValueError(f"{name} is {value!r}: not a counter (finite, 0 … 2**53)")
+    return value
+
+
 def parse_exposition(text: str) -> dict:
-    """The counters of a ``/metrics`` page; ValueError naming what is missing."""
+    """The counters of a ``/metrics`` page; ValueError naming what is missing or wrong.
+
+    Only the lines of MuxFlow's series are parsed (others are skipped unread); each must be one series of plain
+    counters (see the module's docstring), else the whole page is refused."""
     from prometheus_client.parser import text_string_to_metric_families
 
-    vals: dict = {"buckets": []}
-    for fam in text_string_to_metric_families(text):
-        for smp in fam.samples:
-            if smp.name == REQUESTS + "_total":
-                vals["requests"] = float(smp.value)
-            elif smp.name == BUSY + "_total":
-                vals["busy_s"] = float(smp.value)
-            elif smp.name == LATENCY + "_sum":
-                vals["sum"] = float(smp.value)
-            elif smp.name == LATENCY + "_count":
-                vals["count"] = float(smp.value)
-            elif smp.name == LATENCY + "_bucket":
-                vals["buckets"].append((float(smp.labels["le"]), float(smp.value)))
+    lines = [ln for ln in (raw.strip() for raw in text.splitlines()) if ln.startswith(_PREFIXES)]
+    if len(lines) > 4 * MAX_BUCKETS + 16:
+        raise ValueError(f"{len(lines)} lines of {REQUESTS}/{LATENCY} series: not one replica's counters")
+    seen: dict[str, set[tuple]] = {}
+    vals: dict = {}
+    buckets: dict[float, float] = {}
+    try:
+        samples = [smp for fam in text_string_to_metric_families("\n".join(lines) + "\n") for smp in fam.samples]
+    except Exception as exc:  # the parser's own errors: ValueError, IndexError, KeyError…
+        raise ValueError(f"malformed {REQUESTS}/{LATENCY} line ({exc.__class__.__name__}: {exc})") from None
+    for smp in samples:
+        if smp.name not in _SERIES:
+            continue
+        labels = dict(smp.labels)
+        le_text = labels.pop("le", None) if smp.name == LATENCY + "_bucket" else None
+        seen.setdefault(smp.name, set()).add(tuple(sorted(labels.items())))
+        if len(seen[smp.name]) > 1:
+            raise ValueError(f"several series of {smp.name} (label sets {sorted(seen[smp.name])[:3]}…): which is "
+                             "the replica's is ambiguous")
+        value = _counter(smp.name, float(smp.value))
+        if smp.name == LATENCY + "_bucket":
+            try:
+                le = float(le_text) if le_text is not None else math.nan
+            except ValueError:
+                le = math.nan
+            if math.isnan(le) or le < 0:
+                raise ValueError(f"{smp.name} with le={le_text!r}: not a bucket bound")
+            if le in buckets:
+                raise ValueError(f"{smp.name} has two buckets le={le_text!r}")
+            if len(buckets) >= MAX_BUCKETS:
+                raise ValueError(f"{smp.name} has more than {MAX_BUCKETS} buckets")
+            buckets[le] = value
+            continue
+        key = {REQUESTS + "_total": "requests", BUSY + "_total": "busy_s", LATENCY + "_sum": "sum",
+               LATENCY + "_count": "count"}[smp.name]
+        if key in vals:
+            raise ValueError(f"{smp.name} appears twice")
+        vals[key] = value
     missing = [k for k in ("requests", "sum", "count") if k not in vals]
-    if missing or not vals["buckets"]:
+    if missing or not buckets:
         raise ValueError(f"no {', '.join(missing) or 'latency buckets'} in the page "
                          f"(expected {REQUESTS}_total and the {LATENCY} histogram)")
-    vals["buckets"] = tuple(sorted(vals["buckets"]))
+    ordered = tuple(sorted(buckets.items()))
+    if not math.isinf(ordered[-1][0]):
+        raise ValueError(f"{LATENCY}_bucket has no le=\"+Inf\" bucket")
+    if any(b[1] < a[1] for a, b in zip(ordered, ordered[1:])):
+        raise ValueError(f"{LATENCY}_bucket counts are not cumulative")
+    vals["buckets"] = ordered
     return vals
 
 
@@ -173,12 +229,81 @@ def window_stats(snaps: list[Snapshot], start_s: float, end_s: float) -> WindowS
     return WindowStats(qps, 1000.0 * lsum / lcount, None if p99 is None else 1000.0 * p99, reqs)
 
 
-def fetch_http(url: str, timeout_s: float) -> str:
-    import httpx
+class ScrapeError(Exception):
+    """The endpoint answered, but not a page to read (a status other than 200, a redirect, too large a body)."""
 
-    r = httpx.get(url, timeout=timeout_s)
-    r.raise_for_status()
-    return r.text
+
+class ConnectError(OSError):
+    """The endpoint could not be reached."""
+
+
+def fetch_http(url: str, timeout_s: float, max_bytes: int = MAX_BODY_BYTES) -> str:
+    """``GET url``, the answer's body as text: http(s) only, no redirect followed, no proxy or credentials from the
+    environment, ``timeout_s`` for the whole exchange (a watchdog shuts the socket down at the deadline, so an
+    answer that trickles in a byte at a time is cut too), at most ``max_bytes`` read (ScrapeError beyond)."""
+    import http.client
+    import ssl
+
+    parts = urlsplit(url)
+    if parts.scheme not in ("http", "https") or not parts.hostname:
+        raise ValueError(f"only http(s)://host URLs are scraped, not {url!r}")
+    port = parts.port  # ValueError on a malformed port
+    if parts.scheme == "https":
+        conn: http.client.HTTPConnection = http.client.HTTPSConnection(
+            parts.hostname, port, timeout=timeout_s, context=ssl.create_default_context())
+    else:
+        conn = http.client.HTTPConnection(parts.hostname, port, timeout=timeout_s)
+    target = (parts.path or "/") + (f"?{parts.query}" if parts.query else "")
+    cut = threading.Event()
+
+    def deadline() -> None:
+        cut.set()
+        sock = conn.sock
+        if sock is not None:
+            try:
+                sock.shutdown(socket.SHUT_RDWR)  # wakes a read blocked in another thread
+            except OSError:
+                pass
+
+    watchdog = threading.Timer(timeout_s, deadline)
+    watchdog.daemon = True
+    watchdog.start()
+    body = bytearray()
+    try:
+        try:
+            conn.connect()
+        except OSError as exc:
+            if cut.is_set() or isinstance(exc, TimeoutError):
+                raise
+            raise ConnectError(f"{parts.hostname}:{port or conn.default_port}: {exc.strerror or exc}") from exc
+        conn.request("GET", target, headers={"Accept": "text/plain", "Accept-Encoding": "identity",
+                                             "Connection": "close", "User-Agent": "muxflow-node-agent"})
+        resp = conn.getresponse()
+        if resp.status != 200:
+            redirect = ": a redirect, not followed" if 300 <= resp.status < 400 else ""
+            raise ScrapeError(f"HTTP {resp.status} {resp.reason}{redirect}")
+        length = resp.getheader("Content-Length") or ""
+        if length.strip().isdigit() and int(length) > max_bytes:
+            raise ScrapeError(f"the answer has more than {max_bytes} bytes ({int(length)}): not a metrics page")
+        while True:
+            chunk = resp.read(min(1 << 16, max_bytes + 1 - len(body)))
+            if not chunk:
+                break
+            body += chunk
+            if len(body) > max_bytes:
+                raise ScrapeError(f"the answer has more than {max_bytes} bytes: not a metrics page")
+    except Exception as exc:
+        if cut.is_set():
+            raise TimeoutError(f"no complete answer within {timeout_s:g} s") from exc
+        if isinstance(exc, TimeoutError):
+            raise TimeoutError(f"no answer within {timeout_s:g} s") from exc
+        raise
+    finally:
+        watchdog.cancel()
+        conn.close()
+    if cut.is_set():
+        raise TimeoutError(f"no complete answer within {timeout_s:g} s")
+    return body.decode("utf-8", errors="replace")
 
 
 class ReplicaScraper:

@@ -16,6 +16,7 @@ from dataclasses import dataclass
 from pathlib import Path
 
 from executors.node.agent import AgentConfig, EvictionEvent, GpuBinding, NodeAgent, StoreSink
+from executors.node.attribution import default_task_prolog
 from executors.node.detector import ErrorDetector, FakeMpsControl, MpsControl, SubprocessMpsControl
 from executors.node.evictor import CallbackEvictor, Evictor, SlurmEvictor, store_jobs_on_gpu
 from executors.node.online import OnlineAccounting
@@ -30,7 +31,8 @@ from executors.node.placements import (
 from executors.node.sampler import GpuSampler, NvmlSampler, SimulatedSampler
 from executors.node.scrape import ReplicaScraper, Scrapers
 from executors.node.simgpu import Replica, SimulatedGpu
-from executors.node.prolog_watch import PrologWatch, PrologWatchThread
+from executors.node.profile_windows import ProfileWindows, ProfileWindowsThread, slurm_windows
+from executors.node.prolog_watch import PrologWatch, PrologWatchThread, slurm_job_facts
 from executors.node.xcuda_check import Violation, XcudaCheck, XcudaWatch
 from executors.store import inventory
 from executors.store import models as m
@@ -47,6 +49,7 @@ class SourceConfig:
 
     placements: str = "store"          # 'slurm' | 'store' | 'none'
     slurm_client: Callable[[], object] | None = None   # a SlurmRestClient factory, for 'slurm'
+    plan_key: bytes = b""              # verifies the plans in Slurm jobs' comments, for 'slurm' (executors.slurm.plan)
     poll_s: float = 5.0                # placement poll period (s)
     scrape_s: float = 5.0              # endpoint scrape period (s)
     scrape_timeout_s: float = 2.0
@@ -63,6 +66,18 @@ class SourceConfig:
     # executors.node.prolog_watch): slurmd skips the Prolog of a requeued job restarted on its node.
     prolog: str | None = None
     plan_dir: str | None = None
+    # The TaskProlog script Slurm runs (slurm.conf's TaskProlog=): only a process running it under the job's
+    # slurmstepd is the job's TaskProlog, for the Prolog watch and the xCUDA check (None: slurm.conf's, else
+    # task_prolog.sh beside the Prolog; executors.node.attribution.task_prolog_of).
+    task_prolog: str | None = None
+    # Measure the node's profiling windows (jobs profiled in their own Slurm jobs) into their runs' rows, reading
+    # each job's iteration report under this directory (the node scripts' @JOB_DIR@; executors.node.profile_windows).
+    job_dir: str | None = None
+    window_report_s: float = 1.0
+
+
+def _task_prolog(src: SourceConfig) -> str | None:
+    return src.task_prolog or default_task_prolog(src.prolog)
 
 
 def node_gpus(store, node: str) -> list[tuple[m.Gpu, m.GpuType]]:
@@ -118,7 +133,10 @@ def _placements(store, node: str, pairs, src: SourceConfig, catalog) -> Placemen
     if src.placements == "slurm":
         if src.slurm_client is None:
             raise ValueError("placements from Slurm need a Slurm REST client (MUXFLOW_SLURM_URL)")
-        return PolledPlacements(slurm_reader(src.slurm_client, node, jobs, src.partition), src.poll_s,
+        if not src.plan_key:
+            raise ValueError("placements from Slurm need the plan key (slurm_plan_key_file, "
+                             "MUXFLOW_SLURM_PLAN_KEY_FILE): plans in jobs' comments are signed with it")
+        return PolledPlacements(slurm_reader(src.slurm_client, node, jobs, src.plan_key, src.partition), src.poll_s,
                                 "Slurm").start()
     if src.placements == "store":
         index_of = {g.id: g.gpu_index for g, _ in pairs}
@@ -151,8 +169,14 @@ def build_agent(
                           sampler=sampler, seed=seed, clock=clock)
         if src.prolog and src.plan_dir:
             watch = PrologWatch(src.prolog, src.plan_dir, node, proc_root=src.proc_root,
-                                offline_partition=src.partition or "offline")
+                                offline_partition=src.partition or "offline", task_prolog=_task_prolog(src),
+                                slurm_job=None if src.slurm_client is None else slurm_job_facts(src.slurm_client))
             agent.stoppers.append(PrologWatchThread(watch).start().close)
+        if src.job_dir and src.placements == "slurm":
+            windows = ProfileWindows(store, node, slurm_windows(src.slurm_client, node, src.plan_key),
+                                     Path(src.job_dir), {g.gpu_index: t.name for g, t in pairs}, simulated,
+                                     report_s=src.window_report_s, seed=seed)
+            agent.stoppers.append(ProfileWindowsThread(windows, src.window_report_s).start().close)
         return agent
     except BaseException:
         for close in closers:
@@ -244,7 +268,8 @@ def _xcuda_watch(agent: NodeAgent, evictor: SlurmEvictor, sink, placements: Plac
     process of the job."""
     gpu_id_of = {g.gpu_index: g.id for g, _ in pairs}
     gpu_pids = getattr(agent.sampler, "compute_pids", None)
-    check = XcudaCheck(placements, list(gpu_id_of), gpu_pids, src.proc_root, src.xcuda_grace_s)
+    check = XcudaCheck(placements, list(gpu_id_of), gpu_pids, src.proc_root, src.xcuda_grace_s,
+                       task_prolog=_task_prolog(src))
 
     def evict(v: Violation) -> None:
         loop = agent.loops[v.gpu_index]

@@ -8,16 +8,21 @@ the agent compares what runs with the plan:
 
 - the offline Slurm jobs placed on this node's GPUs come from the placements
   (:mod:`executors.node.placements`);
-- a job's processes are those whose ``SLURM_JOB_ID`` (``/proc/<pid>/environ``) is the job's,
-  and their descendants (a child started with a cleared environment is still the job's: the
-  process tree is what Slurm's ``proctrack/linuxproc`` follows too);
+- a job's processes are those under its root ``slurmstepd: [<job>.<step>]`` (the process tree is
+  what Slurm's ``proctrack/linuxproc`` follows too: a child started with a cleared or forged
+  environment is still the job's), and those outside every job's tree whose ``SLURM_JOB_ID``
+  (``/proc/<pid>/environ``, else an ancestor's) is the job's and that run as the job's user (the
+  environment is the process's own: no user passes his processes off as another user's job);
 - on real GPUs only the processes with a context on a GPU count (NVML's compute processes:
   a shell that loads no CUDA needs no xCUDA); on simulated GPUs every process of the job;
-- Slurm's own hooks for the job never count (:func:`executors.node.attribution.in_slurm_hook`):
-  the Prolog and the Epilog (slurmd marks them ``SLURM_SCRIPT_CONTEXT=prolog_slurmd|epilog_slurmd``,
-  which their children inherit) and the TaskProlog (by its name, for at most 60 s: it may wait for
-  its plan, :mod:`executors.node.prolog_watch`), and their children; all run with the job's
-  ``SLURM_JOB_ID`` and without xCUDA, and can take long on a loaded node;
+- Slurm's own hooks for the job never count (:func:`executors.node.attribution.in_slurm_hook`),
+  nor their children; all run with the job's ``SLURM_JOB_ID`` and without xCUDA, and can take long
+  on a loaded node. Each is known by what its user cannot forge, not by its name or environment:
+  the Prolog and the Epilog are root's processes, children of root's slurmd (or of this agent, which
+  runs the Prolog slurmd skipped), marked ``SLURM_SCRIPT_CONTEXT=prolog_slurmd|epilog_slurmd``; the
+  TaskProlog is the configured script run under the job's root slurmstepd
+  (:func:`executors.node.attribution.task_prolog_of`), for at most 60 s (it may wait for its plan,
+  :mod:`executors.node.prolog_watch`), and on real GPUs never for a process on a GPU (it uses none);
 - a process counts once it is ``grace_s`` old (a task's first moment, before its exec);
 - such a process whose ``/proc/<pid>/maps`` has no ``libxcuda.so`` is a violation: the job is
   evicted (requeue-hold, as SysMonitor's evictions; Slurm's SIGTERM makes the runtime checkpoint) with that reason,
@@ -37,7 +42,14 @@ from collections.abc import Callable, Iterable
 from dataclasses import dataclass
 from pathlib import Path
 
-from executors.node.attribution import in_slurm_hook, proc_slurm_job
+from executors.node.attribution import (
+    SLURMSTEPD,
+    in_slurm_hook,
+    proc_slurm_job,
+    proc_uid,
+    slurm_conf_task_prolog,
+    stepd_title,
+)
 
 log = logging.getLogger(__name__)
 
@@ -94,8 +106,48 @@ def read_procs(proc_root: Path) -> dict[int, Proc]:
     return out
 
 
+def step_jobs(procs: dict[int, Proc], proc_root: Path) -> dict[int, int]:
+    """pid → Slurm job for the processes under a root ``slurmstepd: [<job>.<step>]`` (the tree Slurm's
+    ``proctrack/linuxproc`` follows), the step daemons themselves left out, and the extern step's (its ``sleep``
+    holds the job's cgroup; what pam_slurm_adopt puts there is not in its tree anyway)."""
+    roots: dict[int, int] = {}
+    for pid, p in procs.items():
+        if p.comm == SLURMSTEPD:
+            title = stepd_title(pid, procs, proc_root)
+            if title is not None and title[1] != "extern" and proc_uid(pid, proc_root) == 0:
+                roots[pid] = title[0]
+    if not roots:
+        return {}
+    memo: dict[int, int | None] = {}
+
+    def find(pid: int) -> int | None:
+        chain = []
+        while pid in procs and pid not in memo and pid not in roots and len(chain) < 256:
+            chain.append(pid)
+            pid = procs[pid].ppid
+        found = roots[pid] if pid in roots else memo.get(pid)
+        for c in chain:
+            memo[c] = found
+        return found
+
+    return {pid: j for pid in procs if pid not in roots and (j := find(pid)) is not None}
+
+
 def job_of_processes(procs: dict[int, Proc], wanted: set[int], proc_root: Path) -> dict[int, int]:
-    """pid → Slurm job id for the processes of the ``wanted`` jobs: by ``SLURM_JOB_ID``, else the nearest ancestor's."""
+    """pid → Slurm job id for the processes of the ``wanted`` jobs.
+
+    A process under a job's root slurmstepd is that job's, whatever its environment says. Any other process (one
+    that left the tree: a double fork to init) is the job of its ``SLURM_JOB_ID`` (else its nearest ancestor's),
+    but only if it runs as the job's user — the uid of the job's processes under its slurmstepd — when that tree is
+    seen here: ``SLURM_JOB_ID`` is the process's own to set, and a user must not pass his processes off as
+    another user's job (to have it evicted, or to escape the check of his own)."""
+    tree = step_jobs(procs, proc_root)
+    users: dict[int, set[int]] = {}
+    for pid, j in tree.items():
+        if j in wanted:
+            uid = proc_uid(pid, proc_root)
+            if uid is not None and uid != 0:
+                users.setdefault(j, set()).add(uid)
     own: dict[int, int | None] = {}
 
     def job(pid: int) -> int | None:
@@ -114,7 +166,12 @@ def job_of_processes(procs: dict[int, Proc], wanted: set[int], proc_root: Path) 
 
     out = {}
     for pid in procs:
-        j = job(pid)
+        if pid in tree:
+            j: int | None = tree[pid]
+        else:
+            j = job(pid)
+            if j in users and proc_uid(pid, proc_root) not in users[j]:
+                j = None  # claims a job that runs here as another user: not that job's
         if j in wanted:
             out[pid] = j
     return out
@@ -135,13 +192,20 @@ class XcudaCheck:
     """Which placed offline jobs have a process without xCUDA, from ``/proc`` (and NVML's GPU processes)."""
 
     def __init__(self, placements, gpu_indices: Iterable[int], gpu_pids: Callable[[], set[int]] | None = None,
-                 proc_root: Path | str = "/proc", grace_s: float = 5.0, lib: str = XCUDA_LIB):
+                 proc_root: Path | str = "/proc", grace_s: float = 5.0, lib: str = XCUDA_LIB,
+                 task_prolog: str | None = None, agent_pid: int | None = None):
+        """``task_prolog``: the TaskProlog script Slurm runs (default: slurm.conf's ``TaskProlog=``; None found: a
+        script named ``task_prolog.sh``). ``agent_pid``: the process whose Prolog runs count as slurmd's (default:
+        this one, on the real ``/proc``)."""
         self.placements = placements
         self.gpu_indices = list(gpu_indices)
         self.gpu_pids = gpu_pids
         self.proc_root = Path(proc_root)
         self.grace_s = grace_s
         self.lib = lib
+        self.task_prolog = task_prolog if task_prolog is not None else slurm_conf_task_prolog()
+        self.agent_pid = agent_pid if agent_pid is not None else (
+            os.getpid() if self.proc_root == Path("/proc") else None)
         self._unreadable: set[int] = set()
 
     def violations(self) -> list[Violation]:
@@ -156,9 +220,11 @@ class XcudaCheck:
             p = procs[pid]
             if sid in found or p.state in ("Z", "X") or p.age_s < self.grace_s:
                 continue
-            if in_slurm_hook(pid, procs, self.proc_root):  # the Prolog, TaskProlog, Epilog: not the job's code
-                continue
             if on_gpu is not None and pid not in on_gpu:
+                continue
+            # the Prolog, TaskProlog, Epilog: not the job's code (a TaskProlog uses no GPU: on real GPUs, not exempt)
+            if in_slurm_hook(pid, procs, self.proc_root, task_prolog=self.task_prolog, agent_pid=self.agent_pid,
+                             task_prolog_exempt=on_gpu is None):
                 continue
             ok = loads_xcuda(pid, self.proc_root, self.lib)
             if ok is None:

@@ -43,6 +43,7 @@ class _Run:
 class LocalProfileExecutor:
     kind = "local"
     persistent = False
+    report_owner = os.geteuid()  # the runs are this process's: a report of anyone else's is not theirs
 
     def __init__(self, env: dict[str, str] | None = None, slots: int = 1):
         if slots < 1:

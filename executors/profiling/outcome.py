@@ -102,3 +102,31 @@ def features_from(probe: dict[str, Any], device: str | None = None) -> ProfileOu
                f"(p95 {1000 * float(it.get('p95_s') or 0):.2f} ms), {label}")
     return ProfileOutcome(True, summary, f, "measured" if measured_gpu else "simulated",
                           "nvml" if measured_gpu else "simulated-metrics", measured)
+
+
+def classify_window(report: dict[str, Any] | None, *, slurm_state: str | None, exit_code: int | None,
+                    node: str | None, started: bool) -> ProfileOutcome:
+    """Decide a closed profiling window (:mod:`executors.profiling.windows`) from the node agent's report of it and
+    how the job's window ended in Slurm (``HELD``: MuxFlow closed it; an end state: the job itself ended)."""
+    ended = slurm_state not in (None, "HELD", "PENDING")
+    crashed = ended and (slurm_state != "COMPLETED" or exit_code not in (None, 0))
+    n = _iterations(report)
+    if crashed:
+        code = f", exit code {exit_code}" if exit_code not in (None, 0) else ""
+        return ProfileOutcome(False, f"the job ended {slurm_state}{code} in its profiling window after {n} "
+                                     "iteration(s)")
+    if report is None:
+        if not started:
+            return ProfileOutcome(False, f"the job did not start in its profiling window (Slurm: {slurm_state})")
+        return ProfileOutcome(False, f"no measurements of the window from the node agent on {node or 'its node'} "
+                                     "(is `muxflow node-agent` running there?)")
+    if report.get("report_error") and not n:
+        return ProfileOutcome(False, f"its iteration report was refused: {report['report_error']}")
+    it = report.get("iteration_report") or {}
+    elapsed = float(report.get("elapsed_s") or 0.0)
+    if not it.get("iterations") or not it.get("mean_s"):
+        return ProfileOutcome(False, f"reported no iterations in its {elapsed:.0f} s profiling window (does it use "
+                                     "executors.runtime.Runtime?)")
+    if report.get("metrics_error") or not report.get("metrics"):
+        return ProfileOutcome(False, f"no GPU metrics for the window: {report.get('metrics_error') or 'none taken'}")
+    return features_from(report)

@@ -22,6 +22,7 @@ import logging
 import os
 import signal
 import socket
+import stat
 import sys
 import time
 from pathlib import Path
@@ -45,11 +46,26 @@ PROBE_FILE = "probe.json"
 ITERATION_FILE = "iteration.json"
 
 
-def read_json(path: Path) -> dict[str, Any] | None:
+def read_json(path: Path, owner: int | None = None, max_bytes: int = 16 << 20) -> dict[str, Any] | None:
+    """A JSON object from ``path``, or None. With ``owner``: only from a regular file (not a link) that uid owns, so a
+    report another user planted in a shared run directory is never read as the run's."""
     try:
-        data = json.loads(path.read_text())
+        fd = os.open(path, os.O_RDONLY | os.O_NOFOLLOW | os.O_NONBLOCK | os.O_CLOEXEC)
+    except OSError:
+        return None
+    try:
+        st = os.fstat(fd)
+        if not stat.S_ISREG(st.st_mode) or st.st_size > max_bytes:
+            return None
+        if owner is not None and st.st_uid != owner:
+            log.warning("%s is owned by uid %d, not %d: not read", path, st.st_uid, owner)
+            return None
+        with os.fdopen(os.dup(fd), "rb") as f:
+            data = json.loads(f.read(max_bytes).decode("utf-8"))
     except (OSError, ValueError):
         return None
+    finally:
+        os.close(fd)
     return data if isinstance(data, dict) else None
 
 

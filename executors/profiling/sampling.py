@@ -253,7 +253,7 @@ class ColocationSampler:
     def _finished(self, run_id: int, st, summary: SamplingSummary) -> None:
         with self.store.session() as s:
             run = s.get(m.SamplingRun, run_id)
-            rep = read_json(Path(run.run_dir) / REPORT_FILE)
+            rep = read_json(Path(run.run_dir) / REPORT_FILE, owner=getattr(self.executor, "report_owner", None))
             mem = float((run.report or {}).get("service_mem_bytes") or 0.0)
             if rep is None:
                 tail = run_log_tail(Path(run.run_dir))

@@ -1,26 +1,20 @@
-"""Profiling and sampling jobs on the Slurm ``profile`` partition, through slurmrestd.
+"""MuxFlow's own reference workloads on the Slurm ``profile`` partition, through slurmrestd (co-location sampling).
 
 Each run is one batch job with a whole GPU of the run's type (``--gres=gpu:<type>:1``, or
 ``--gres=gpu:1`` on a node of that type where the nodes have one gres Type per GPU:
-profiling is solo, sampling controls the GPU's sharing itself), a time limit a
-minute above the run's bound, output into the run directory, and the run's key
-in its comment (``muxflow-profile-run=<run directory>``), by which a run submitted just
-before a crash is found again instead of being submitted twice.
+sampling controls the GPU's sharing itself), a time limit a minute above the run's bound, output
+into the run directory, and the run's key in its comment (``muxflow-profile-run=<run directory>``),
+by which a run submitted just before a crash is found again instead of being submitted twice.
 
-The profiling copy of a job runs the job's own batch script, read with
-``scontrol write batch_script`` (slurmrestd 22.05 does not serve scripts), in
-the job's working directory. It runs as the identity MuxFlow talks to
-slurmrestd with, not as the job's owner: the script and its working directory
-must be readable by that account, and the variables a user passed with
-``sbatch --export`` are not there (slurmrestd does not return a job's
-environment; docs/PROFILING.md).
+The client this executor is given acts as the unprivileged reference account (``slurm_reference_jwt_file``):
+the runs are MuxFlow's code, but never run with MuxFlow's identity. Users' jobs are not run here: they are
+profiled in their own Slurm jobs (:mod:`executors.profiling.windows`).
 """
 
 from __future__ import annotations
 
 import logging
 import math
-import os
 from collections.abc import Mapping
 
 from executors.profiling.runs import (
@@ -30,15 +24,12 @@ from executors.profiling.runs import (
     ExecStatus,
     ExecutorError,
     ExecutorUnavailable,
-    JobScript,
     RunSpec,
-    command_script,
 )
 from executors.slurm.retry import Retry, SlurmUnavailable
 from executors.slurm.client import SlurmNotFound
 from executors.slurm.errors import SlurmError
 from executors.slurm.models import PENDING, Node
-from executors.slurm.scontrol import ScontrolError, run_scontrol
 from executors.slurm.spec import JobSpec
 from executors.slurm.sync import view_of
 from scheduler_core.job_sync import ClusterView
@@ -61,40 +52,16 @@ def whole_gpu_request(nodes: list[Node], partition: str, model: str) -> tuple[st
     return "gpu:1", best.name
 
 
-class ScontrolScripts:
-    """``scontrol write batch_script <id> -``: a job's batch script, as submitted."""
-
-    def __init__(self, slurm_conf: str | None = None, scontrol: str = "scontrol", timeout_s: float = 30.0,
-                 env: Mapping[str, str] | None = None):
-        self.scontrol = scontrol
-        self.timeout_s = timeout_s
-        self.env = dict(os.environ if env is None else env)
-        if slurm_conf:
-            self.env["SLURM_CONF"] = slurm_conf
-
-    def __call__(self, slurm_job_id: int) -> str:
-        argv = [self.scontrol, "write", "batch_script", str(int(slurm_job_id)), "-"]
-        try:
-            rc, stdout, msg = run_scontrol(argv, self.env, self.timeout_s)
-        except ScontrolError as exc:
-            raise ExecutorUnavailable(str(exc)) from exc
-        if rc != 0:
-            if any(w in msg.lower() for w in ("contact", "connect", "timed out", "refused")):
-                raise ExecutorUnavailable(f"{' '.join(argv)}: {msg}")
-            raise ExecutorError(f"cannot read the batch script of Slurm job {slurm_job_id}: {msg}")
-        if not stdout.startswith("#!"):
-            raise ExecutorError(f"Slurm job {slurm_job_id} has no batch script to profile")
-        return stdout
-
-
 class SlurmProfileExecutor:
     kind = "slurm"
     persistent = True
 
-    def __init__(self, client, scripts=None, partition: str = "profile", retry_deadline_s: float = 30.0,
-                 environment: Mapping[str, str] | None = None):
+    def __init__(self, client, partition: str = "profile", retry_deadline_s: float = 30.0,
+                 environment: Mapping[str, str] | None = None, report_owner: int | None = None):
         self.client = client
-        self.scripts = scripts or ScontrolScripts()
+        # the uid the runs' reports must belong to (the reference account's): a shared run directory's other files
+        # are not the run's
+        self.report_owner = report_owner
         self.partition = partition
         self.retry = Retry(retry_deadline_s)
         self.environment = dict(environment or {"PATH": "/usr/local/bin:/usr/bin:/bin"})
@@ -151,14 +118,3 @@ class SlurmProfileExecutor:
         """One job listing: each job as the job-state sync reads it (absent: purged, or never there)."""
         by_id = {j.job_id: j for j in self._call("list Slurm jobs", self.client.list_jobs)}
         return {sid: view_of(by_id.get(sid)) for sid in slurm_job_ids}
-
-    def job_script(self, slurm_job_id: int | None, command: str) -> JobScript:
-        if slurm_job_id is None:
-            if not command.strip():
-                raise ExecutorError("the job has neither a Slurm job nor a command to profile")
-            return JobScript(command_script(command), None)
-        try:
-            j = self._call(f"read Slurm job {slurm_job_id}", lambda: self.client.get_job(slurm_job_id))
-        except SlurmNotFound:
-            raise ExecutorError(f"Slurm job {slurm_job_id} no longer exists") from None
-        return JobScript(self.scripts(slurm_job_id), j.working_dir or None)

@@ -279,7 +279,7 @@ class SoloProfiler:
                 continue
             now = self.now()
             if st.phase == PHASE_FINISHED:
-                probe = read_json(Path(run_dir) / PROBE_FILE)
+                probe = read_json(Path(run_dir) / PROBE_FILE, owner=getattr(self.executor, "report_owner", None))
                 out = classify(probe, bound_s=bound_s, slurm_state=st.state, slurm_exit=st.exit_code,
                                log_tail="" if probe else run_log_tail(Path(run_dir)))
                 self._record_finished(run_id, out, probe, st, summary)

@@ -25,6 +25,10 @@ sets ``MUXFLOW_PROFILE_ITERS`` or ``MUXFLOW_PROFILE_SECONDS``, or given as
 stops cleanly after N measured iterations or T seconds and writes the
 iteration report (mean/p50/p95). A checkpoint signal ends it the same way,
 with ``stopped_by: signal``.
+
+Observing (``MUXFLOW_ITERATION_REPORT``, a job's profiling window on the profile partition): the job runs
+as always (resume, checkpoints, the signal's checkpoint and exit) and its iterations are timed into that
+report besides.
 """
 
 from __future__ import annotations
@@ -67,9 +71,14 @@ class Runtime:
             raise TypeError(f"profiling: expected a ProfilingMode or None, got {type(mode).__name__}")
         self.profile: ProfileSession | None = ProfileSession(mode, clock, wall) if mode else None
         self.timer = self.profile.timer if self.profile else IterationTimer(clock, keep=TIMER_KEEP)
+        observe = ProfilingMode.observer_from_env() if profiling is FROM_ENV and mode is None else None
+        self.observer: ProfileSession | None = ProfileSession(observe, clock, wall) if observe else None
         if self.profile is not None:
             log.info("profiling mode: dry run, stop after %s iterations / %s s", mode.max_iterations, mode.max_seconds)
             atexit.register(self.finish_profile)
+        if self.observer is not None:
+            log.info("iterations timed into %s (profiling window)", observe.report_path)
+            atexit.register(self.finish_observing)
         for sig in signals:
             signal.signal(sig, self._on_signal)
 
@@ -100,7 +109,16 @@ class Runtime:
             self._profile_step(step)
             return
         self.timer.mark()
+        if self.observer is not None:
+            try:
+                self.observer.iteration_done(step)
+                self.observer.maybe_progress()
+            except OSError as exc:  # the report cannot be written: the job trains on, unobserved
+                log.warning("iteration report: %s; no longer reported", exc)
+                atexit.unregister(self.finish_observing)
+                self.observer = None
         if self.stop_requested is not None:
+            self.finish_observing()
             self.store.save(step, state())
             log.info("signal %d: checkpointed step %d, exiting for requeue", self.stop_requested, step)
             sys.stdout.flush()
@@ -123,6 +141,17 @@ class Runtime:
         atexit.unregister(self.finish_profile)
         log.info("profiling done (%s): %d iterations, mean %.4fs", reason, rep["iterations"], rep["mean_s"] or 0.0)
         self._exit(EXIT_PROFILED)
+
+    def finish_observing(self) -> dict[str, Any] | None:
+        """The observed window's final report (at the checkpoint signal, or at exit); idempotent."""
+        if self.observer is None or self.observer.stopped_by is not None:
+            return None
+        atexit.unregister(self.finish_observing)
+        try:
+            return self.observer.finish(STOP_SIGNAL if self.stop_requested is not None else STOP_FINISHED)
+        except OSError as exc:  # the report's directory is gone (the window ended): the job goes on regardless
+            log.warning("cannot write the iteration report: %s", exc)
+            return None
 
     def finish_profile(self) -> dict[str, Any] | None:
         """Write the final report if the job ends before a limit (called at exit too); idempotent."""

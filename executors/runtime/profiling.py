@@ -19,6 +19,12 @@ Setting either of the first two turns profiling mode on. While it runs the
 report is rewritten at most once per ``progress_interval_s`` with ``final:
 false``, so whoever watches the job sees that iterations are being reported
 even if the job is later killed.
+
+**Observing** (``MUXFLOW_ITERATION_REPORT`` alone, what a node's TaskProlog sets for a job in its profiling
+window on the profile partition): the job is not a dry run. It trains, resumes from and writes checkpoints as
+always and never stops by itself; the runtime only times its iterations and keeps the same report up to date
+in that file (``observed: true``), so the node agent can measure the window. MuxFlow ends the window by
+requeueing the job, whose checkpoint on the signal keeps the window's progress.
 """
 
 from __future__ import annotations
@@ -40,6 +46,8 @@ ENV_ITERS = "MUXFLOW_PROFILE_ITERS"
 ENV_SECONDS = "MUXFLOW_PROFILE_SECONDS"
 ENV_WARMUP = "MUXFLOW_PROFILE_WARMUP"
 ENV_REPORT = "MUXFLOW_PROFILE_REPORT"
+ENV_ITERATION_REPORT = "MUXFLOW_ITERATION_REPORT"
+OBSERVE_KEEP = 10_000  # iterations an observed window times at most (a window left open must not grow forever)
 STDOUT_MARKER = "MUXFLOW-ITERATION-REPORT "
 
 # Why a profiling run stopped.
@@ -60,9 +68,13 @@ class ProfilingMode:
     warmup_iterations: int = 2
     report_path: Path | None = None
     progress_interval_s: float = 1.0
+    observe: bool = False  # time and report only: the job runs on, as without profiling
 
     def __post_init__(self) -> None:
-        if self.max_iterations is None and self.max_seconds is None:
+        if self.observe:
+            if self.report_path is None or self.max_iterations is not None or self.max_seconds is not None:
+                raise ProfilingConfigError(f"observing needs {ENV_ITERATION_REPORT} and no iteration or time limit")
+        elif self.max_iterations is None and self.max_seconds is None:
             raise ProfilingConfigError(f"profiling mode needs {ENV_ITERS} or {ENV_SECONDS} (or both)")
         if self.max_iterations is not None and self.max_iterations < 1:
             raise ProfilingConfigError(f"{ENV_ITERS}: must be >= 1, got {self.max_iterations}")
@@ -86,6 +98,16 @@ class ProfilingMode:
             warmup_iterations=_parse(ENV_WARMUP, warm, int) if warm else 2,
             report_path=Path(report) if report else None,
         )
+
+    @classmethod
+    def observer_from_env(cls, env: Mapping[str, str] | None = None) -> ProfilingMode | None:
+        """Observing, when the environment names an iteration report and asks for no dry run; else None."""
+        env = os.environ if env is None else env
+        path = env.get(ENV_ITERATION_REPORT, "").strip()
+        if not path or env.get(ENV_ITERS, "").strip() or env.get(ENV_SECONDS, "").strip():
+            return None
+        warm = env.get(ENV_WARMUP, "").strip()
+        return cls(observe=True, report_path=Path(path), warmup_iterations=_parse(ENV_WARMUP, warm, int) if warm else 2)
 
     def to_env(self) -> dict[str, str]:
         env = {ENV_WARMUP: str(self.warmup_iterations)}
@@ -132,7 +154,13 @@ class ProfileSession:
         return self.clock() - self.started
 
     def iteration_done(self, step: int | None = None) -> str | None:
-        """Record the iteration that just finished; the reason to stop now, or None to go on."""
+        """Record the iteration that just finished; the reason to stop now, or None to go on (always, observing)."""
+        if self.mode.observe:
+            if self.timer.count < OBSERVE_KEEP:
+                self.timer.mark()
+                self.iteration_end_wall.append(self.wall())
+                self.last_step = step
+            return None
         self.timer.mark()
         self.iteration_end_wall.append(self.wall())
         self.last_step = step
@@ -167,6 +195,7 @@ class ProfileSession:
             "window_end_unix": window_end,
             "started_unix": self.started_wall,
             "last_step": self.last_step,
+            "observed": self.mode.observe,
             "max_iterations": self.mode.max_iterations,
             "max_seconds": self.mode.max_seconds,
             "host": socket.gethostname(),
@@ -177,7 +206,7 @@ class ProfileSession:
         rep = self.report(stopped_by, final)
         if self.mode.report_path is not None:
             write_json_atomic(self.mode.report_path, rep)
-        if final:
+        if final and not self.mode.observe:  # a dry run's last word; an observed job's output is its own
             import json
 
             print(STDOUT_MARKER + json.dumps(rep, sort_keys=True), flush=True)

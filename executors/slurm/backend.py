@@ -5,11 +5,9 @@ through ``scontrol requeuehold``, which no REST version offers):
 
 - **START**: the held job gets node list = the planned GPU's node, ``--gres=mps:<pct>`` (with
   ``name_gpus``, ``mps:<type>:<pct>`` naming the planned GPU where the node has one gres Type per GPU),
-  an admin comment carrying the plan (``muxflow-job=… muxflow-gpu=<index> muxflow-pct=…
-  muxflow-mem=… muxflow-kp=… muxflow-ki=… muxflow-kd=…``; only Slurm's administrators can write
-  it: the root Prolog sets the MPS caps from it and hands it to the TaskProlog, which turns it into
-  CUDA_*/XCUDA_* variables), eligible now and released — one update (on v0.0.38 the admin comment
-  goes first, through ``scontrol``).
+  the signed plan in its comment (:mod:`executors.slurm.plan`: GPU, share, memory quota, xCUDA's gains;
+  the root Prolog verifies it, sets the MPS caps from it and hands it to the TaskProlog, which turns it
+  into CUDA_*/XCUDA_* variables), eligible now and released — one update.
 - **MIGRATE**: signal ``USR1`` (the runtime helper checkpoints), ``requeuehold`` (Slurm
   sends SIGTERM, then SIGKILL after KillWait), wait until it is pending again, then
   the START update for the new GPU and share, sent no earlier than the second after the requeue (slurmd
@@ -37,13 +35,13 @@ from __future__ import annotations
 import datetime as dt
 import logging
 import math
-import re
 import time
 from collections.abc import Callable
 from dataclasses import dataclass, field
 
 from executors import round_runner
 from executors.cluster import DispatchResult, IntervalReport, RunningJob
+from executors.slurm import plan as plans
 from executors.slurm.errors import SlurmError, SlurmRestError
 from executors.slurm.hostlist import parse_gres, split_per_gpu_type
 from executors.slurm.models import PENDING, RUNNING, Job, Node
@@ -59,7 +57,6 @@ from scheduler_core.domain import Action, PlanAction, RoundResult
 log = logging.getLogger(__name__)
 
 SOURCE = "measured"
-_FIELD = re.compile(r"muxflow-([a-z]+)=([^ ;]+)")
 
 
 class ActionFailed(RuntimeError):
@@ -89,24 +86,19 @@ class XcudaGains:
                 raise ValueError(f"xcuda gains: {name} must be a number within [0, {hi:g}], got {v!r}")
             object.__setattr__(self, name, float(v))
 
-    def comment_fields(self) -> list[str]:
-        # repr: the shortest text that reads back as the same double (xCUDA parses it with strtod)
-        return [f"muxflow-{name}={getattr(self, name)!r}" for name in _GAIN_MAX]
+
+def placement_plan(job_id: int, slurm_job_id: int, gpu_index: int, pct: int, mem_bytes: int | None,
+                   gains: XcudaGains | None = None) -> plans.Plan:
+    """What a placement tells the node (executors.slurm.plan; docs/SLURM.md "Node scripts")."""
+    g = gains or XcudaGains()
+    return plans.Plan(slurm_job_id=slurm_job_id, job_id=job_id, kind="place", gpu_index=gpu_index, sm_pct=pct,
+                      mem_bytes=int(mem_bytes) if mem_bytes else None, kp=g.kp, ki=g.ki, kd=g.kd)
 
 
-def plan_comment(job_id: int, gpu_index: int, pct: int, mem_bytes: int | None,
-                 gains: XcudaGains | None = None) -> str:
-    """The plan in the job's admin comment, for the node scripts (docs/SLURM.md "Node scripts")."""
-    parts = [f"muxflow-job={job_id}", f"muxflow-gpu={gpu_index}", f"muxflow-pct={pct}"]
-    if mem_bytes:
-        parts.append(f"muxflow-mem={int(mem_bytes)}")
-    if gains is not None:
-        parts += gains.comment_fields()
-    return " ".join(parts)
-
-
-def parse_plan_comment(comment: str | None) -> dict[str, str]:
-    return dict(_FIELD.findall(comment or ""))
+def placed_plan(job: Job, key: bytes) -> plans.Plan | None:
+    """The verified placement plan in a Slurm job's comment, or None (no plan, another kind, not MuxFlow's)."""
+    p = plans.try_decode(job.comment, key, job.job_id)
+    return p if p is not None and p.kind == "place" else None
 
 
 def _mps_gres(text: str | None) -> set[tuple[str | None, int]]:
@@ -131,6 +123,9 @@ class SlurmCluster:
     # its requeue: :meth:`_past_requeue_second`), with a margin for the two clocks' skew.
     wall_clock: Callable[[], float] = time.time
     requeue_margin_s: float = 0.1
+    # The key that signs the plans this cluster writes and reads back (executors.slurm.plan), or what reads it
+    # (the deployment's key file, read when a plan is first written or read).
+    plan_key: bytes | Callable[[], bytes] = b""
 
     # -- store lookups -------------------------------------------------------------------
     # What a plan's actions need from the store is read once per dispatch (:meth:`_lookups`),
@@ -209,16 +204,16 @@ class SlurmCluster:
                 continue
             if j.state not in (RUNNING, PENDING, "CONFIGURING", "REQUEUED"):
                 continue
-            plan = parse_plan_comment(j.admin_comment)
-            if "job" not in plan or "gpu" not in plan:
+            plan = placed_plan(j, self._key())
+            if plan is None:
                 continue
             node = j.nodes[0] if j.nodes else (j.required_nodes[0] if j.required_nodes else None)
             # A typed share names the GPU Slurm accounts it on; an untyped one only the comment does.
             named = split_per_gpu_type(j.mps_share_type)
-            gpu_id = gpus.get((node, named[1] if named else int(plan["gpu"]))) if node else None
+            gpu_id = gpus.get((node, named[1] if named else plan.gpu_index)) if node else None
             if gpu_id is None:
                 continue
-            out[int(plan["job"])] = RunningJob(int(plan["job"]), gpu_id, j.mps_pct)
+            out[plan.job_id] = RunningJob(plan.job_id, gpu_id, j.mps_pct)
         return out
 
     def dispatch(self, actions: list[PlanAction], now_utc: dt.datetime) -> list[DispatchResult]:
@@ -259,20 +254,30 @@ class SlurmCluster:
             return self._place(act.job_id, sid, node, index, pct, mem, migrate=True)
         raise ActionFailed(f"unknown action {act.action}")
 
-    @staticmethod
-    def _placed_as_planned(j: Job, node: str, share: str, comment: str) -> bool:
+    def _key(self) -> bytes:
+        if callable(self.plan_key):
+            try:
+                self.plan_key = self.plan_key()
+            except ValueError as exc:  # SlurmConfigError: no key file, or one open to others
+                raise ActionFailed(str(exc)) from exc
+        if not self.plan_key:
+            raise ActionFailed("no plan key: set slurm_plan_key_file (MUXFLOW_SLURM_PLAN_KEY_FILE; docs/SECURITY.md)")
+        return self.plan_key
+
+    def _placed_as_planned(self, j: Job, node: str, share: str, plan: plans.Plan) -> bool:
         """Released on the planned node with the planned share (GPU and percentage) and exactly the planned
-        admin comment (GPU, gains…)."""
+        plan in its comment (GPU, gains…)."""
         where = j.nodes if j.state == RUNNING else j.required_nodes
         return (not j.held and not j.finished and tuple(where) == (node,)
                 and _mps_gres(j.gres_per_node) == _mps_gres(share)
-                and parse_plan_comment(j.admin_comment) == parse_plan_comment(comment))
+                and placed_plan(j, self._key()) == plan)
 
     def _place(self, job_id: int, sid: int, node: str, index: int, pct: int, mem: int, *, migrate: bool) -> str:
-        comment = plan_comment(job_id, index, pct, mem, self.gains)
+        plan = placement_plan(job_id, sid, index, pct, mem, self.gains)
+        comment = plans.encode(plan, self._key())
         j = self._get(sid)
         share = self._share(node, index, pct, j)
-        if self._placed_as_planned(j, node, share, comment):
+        if self._placed_as_planned(j, node, share, plan):
             return f"slurm job {sid} already on {node} GPU {index} at {share} (reconciled)"
         if j.finished:
             raise ActionFailed(f"slurm job {sid} is {j.state}; nothing to place")
@@ -286,7 +291,7 @@ class SlurmCluster:
             # from an empty request, which slurmrestd cannot send (docs/SLURM.md).
             self.retry.call(f"clear the GRES of Slurm job {sid}", lambda: self.client.clear_gres(sid))
         self._past_requeue_second(j)
-        update = JobUpdate(nodelist=node, gres_per_node=share, hold=False, eligible_now=True, admin_comment=comment)
+        update = JobUpdate(nodelist=node, gres_per_node=share, hold=False, eligible_now=True, comment=comment)
         self.retry.call(f"place Slurm job {sid}", lambda: self.client.update_job(sid, update))
         return f"slurm job {sid} placed on {node} GPU {index} at {share}"
 
@@ -356,13 +361,15 @@ class SlurmBackend:
     source: str = SOURCE
     gains: XcudaGains = field(default_factory=XcudaGains)  # xCUDA's PID gains, sent with every placement
     name_gpus: bool = False  # name the planned GPU in each share (SlurmCluster.name_gpus; docs/SLURM.md)
+    plan_key: bytes | Callable[[], bytes] = b""  # signs the plans (executors.slurm.plan), or reads the key
 
     def _client(self):
         return self.client_factory()
 
     def cluster(self, store, round_id: int | None = None) -> SlurmCluster:
         return SlurmCluster(store, self._client(), Retry(self.retry_deadline_s), round_id=round_id,
-                            partition=self.partition, gains=self.gains, name_gpus=self.name_gpus)
+                            partition=self.partition, gains=self.gains, name_gpus=self.name_gpus,
+                            plan_key=self.plan_key)
 
     def sync_jobs(self, store, now: dt.datetime):
         """Job states follow Slurm: started, finished, requeued, evicted jobs held and queued (executors.slurm.sync)."""

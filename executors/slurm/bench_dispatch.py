@@ -41,12 +41,13 @@ from sqlalchemy import event  # the write counter listens on the store's engine
 
 from executors.machine import describe
 from executors.round_runner import latest_round_window
+from executors.slurm import plan as plans
 from executors.slurm.backend import (
     SlurmBackend,
     XcudaGains,
     dispatch_status,
-    parse_plan_comment,
-    plan_comment,
+    placed_plan,
+    placement_plan,
     register_slurm_nodes,
 )
 from executors.slurm.client import SlurmRestClient
@@ -202,7 +203,8 @@ def run_dispatch_bench(placements: int, *, db_url: str | None = None, state_dir:
         out["setup"] = setup
 
         # -- the measurement ---------------------------------------------------------
-        backend = SlurmBackend(lambda: client, retry_deadline_s=60.0, gains=XcudaGains())
+        # The benchmark's jobs never start (no Prolog verifies their plans): a key of its own signs them.
+        backend = SlurmBackend(lambda: client, retry_deadline_s=60.0, gains=XcudaGains(), plan_key=plans.new_key())
         writes = StoreWrites()
         client.requests.clear()
         writes.attach(store.engine)
@@ -230,7 +232,8 @@ def run_dispatch_bench(placements: int, *, db_url: str | None = None, state_dir:
         again = backend.dispatch(store, round_id, result, dt.datetime.now(dt.UTC))
         out["redispatch"] = {"wall_s": round(time.perf_counter() - t, 3), "actions_sent": sum(again),
                              "rest_requests": sum(client.requests.values())}
-        out["verified"] = _verify(client, store, round_id, where, prefix, backend.gains, dispatch_status)
+        out["verified"] = _verify(client, store, round_id, where, prefix, backend.gains, backend.plan_key,
+                                  dispatch_status)
     except SlurmError as exc:
         raise BenchError(f"Slurm: {exc}") from exc
     finally:
@@ -249,8 +252,8 @@ def run_dispatch_bench(placements: int, *, db_url: str | None = None, state_dir:
     return out
 
 
-def _verify(client, store, round_id: int, where: dict, prefix: str, gains, dispatch_status) -> dict:
-    """Every planned job exactly once in Slurm, released on its planned node/share/admin comment; one done row each."""
+def _verify(client, store, round_id: int, where: dict, prefix: str, gains, key: bytes, dispatch_status) -> dict:
+    """Every planned job exactly once in Slurm, released on its planned node/share/signed plan; one done row each."""
 
     with store.session() as s:
         sid_of = {j: sid for j, (sid, _mem) in jobstore.slurm_ids_and_memory(s, list(where)).items()}
@@ -261,9 +264,8 @@ def _verify(client, store, round_id: int, where: dict, prefix: str, gains, dispa
     wrong = []
     for job_id, (node, index, _gpu, pct) in where.items():
         j = jobs.get(sid_of.get(job_id))
-        want = parse_plan_comment(plan_comment(job_id, index, pct, MEM_BYTES, gains))
         if (j is None or j.held or j.finished or j.required_nodes != (node,) or j.mps_pct != pct
-                or parse_plan_comment(j.admin_comment) != want):
+                or placed_plan(j, key) != placement_plan(job_id, j.job_id, index, pct, MEM_BYTES, gains)):
             wrong.append(f"job {job_id}: " + ("missing in Slurm" if j is None else
                                               f"{j.state} held={j.held} on {j.required_nodes} mps={j.mps_pct}"))
     return {"placed_as_planned": len(where) - len(wrong), "wrong": wrong[:5], "wrong_count": len(wrong),

@@ -8,7 +8,6 @@ raised as :class:`SlurmRestError` carrying Slurm's own messages.
 
 from __future__ import annotations
 
-import dataclasses
 import json
 import logging
 from collections import Counter
@@ -167,18 +166,7 @@ class SlurmRestClient:
         return self.api.parse_jobs(data)
 
     def update_job(self, job_id: int, update: JobUpdate) -> None:
-        """One update; where the API version cannot set the admin comment, the fallback's ``scontrol`` sets it
-        first (the job is still held then: a placement releases it in the REST update that follows)."""
-        if update.admin_comment is not None and not self.api.updates_admin_comment:
-            setter = getattr(self.requeue_fallback, "set_admin_comment", None)
-            if setter is None:
-                raise SlurmUnsupported(f"slurmrestd {self.api.name} cannot set a job's admin comment and no "
-                                       "fallback is configured (use ScontrolRequeue)")
-            setter(int(job_id), update.admin_comment)
-            if (update.nodelist, update.gres_per_node, update.hold, update.comment) == (None,) * 4 \
-                    and not update.eligible_now:
-                return
-            update = dataclasses.replace(update, admin_comment=None)
+        """One update of a pending job (every field in one request)."""
         self.request("POST", self.api.job_path(job_id), body=self.api.build_update(update))
 
     def hold(self, job_id: int) -> None:

@@ -18,6 +18,7 @@ from executors.profiling.settings import SettingsError as ProfilingSettingsError
 from executors.slurm.api import AUTO
 from executors.slurm.backend import SlurmBackend, XcudaGains
 from executors.slurm.client import SlurmRestClient
+from executors.slurm.plan import KeyFileError, read_key
 from executors.slurm.scontrol import ScontrolRequeue
 from executors.slurm.settings import SlurmRestSettings
 
@@ -38,6 +39,8 @@ class SlurmConfig:
     conf: str | None = None  # slurm.conf for `scontrol` (requeue-hold, admin comment on 22.05); else $SLURM_CONF
     timeout_s: float = 15.0  # one REST request
     retry_deadline_s: float = 60.0  # how long Slurm may not answer before a plan is left pending
+    plan_key_file: str | None = None  # the key that signs the plans written into jobs' comments (plan.py)
+    reference_jwt_file: str | None = None  # token of the unprivileged account reference workloads run as
     name_gpus: bool = False  # shares name the planned GPU (docs/SLURM.md: only where jobs do not move)
     gains: XcudaGains = field(default_factory=XcudaGains)  # xCUDA's PID gains, sent with every placement
     profiling: ProfilingSettings = field(default_factory=ProfilingSettings)  # the profile partition's dry runs
@@ -100,11 +103,37 @@ class SlurmConfig:
         """A new REST client (close it, or use it as a context manager)."""
         return SlurmRestClient(self.rest_settings(), requeue_fallback=ScontrolRequeue(self.conf_path))
 
+    def reference_client(self) -> SlurmRestClient:
+        """A REST client acting as the unprivileged account MuxFlow's reference workloads run as (its token in
+        ``reference_jwt_file``): what submits co-location sampling runs, so that they never run as MuxFlow."""
+        if not self.reference_jwt_file:
+            raise SlurmConfigError("slurm_reference_jwt_file is not set (MUXFLOW_SLURM_REFERENCE_JWT_FILE)")
+        if not self.url or self.socket:
+            raise SlurmConfigError("slurm_reference_jwt_file needs slurm_url over TCP (http(s)://host:port): on a "
+                                   "unix socket slurmrestd acts as the connecting process's user, not the token's")
+        try:
+            settings = SlurmRestSettings(api_version=self.api_version, url=self.url, token_file=self.reference_jwt_file,
+                                         timeout_s=self.timeout_s)
+        except ValueError as exc:
+            raise SlurmConfigError(str(exc).replace("slurm rest:", "slurm:")) from exc
+        return SlurmRestClient(settings)
+
     @property
     def conf_path(self) -> str | None:
         return self.conf or os.environ.get("SLURM_CONF") or None
 
+    def plan_key(self) -> bytes:
+        """The key that signs plans (executors.slurm.plan), read from ``plan_key_file`` and refused when others could
+        read or change it."""
+        if not self.plan_key_file:
+            raise SlurmConfigError("slurm_plan_key_file is not set (MUXFLOW_SLURM_PLAN_KEY_FILE): MuxFlow signs every "
+                                   "plan it writes into a job's comment with it (docs/SECURITY.md)")
+        try:
+            return read_key(self.plan_key_file)
+        except KeyFileError as exc:
+            raise SlurmConfigError(f"slurm_plan_key_file: {exc}") from exc
+
     def backend(self) -> SlurmBackend:
         """Dispatch and job-state sync on this cluster (a new client for every use)."""
         return SlurmBackend(self.client, retry_deadline_s=self.retry_deadline_s, gains=self.gains,
-                            name_gpus=self.name_gpus)
+                            name_gpus=self.name_gpus, plan_key=self.plan_key)

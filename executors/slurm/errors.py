@@ -77,6 +77,10 @@ class SlurmAuthError(SlurmRestError):
     """slurmrestd rejected the credentials (HTTP 401/403)."""
 
 
+class TokenFileError(SlurmError):
+    """The JWT file cannot be used: missing, or open to others (a job or user who reads it acts as MuxFlow)."""
+
+
 class SlurmTransportError(SlurmError):
     """slurmrestd could not be reached (socket missing, connection refused, timeout)."""
 

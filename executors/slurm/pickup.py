@@ -214,12 +214,15 @@ def _insert_once(store, row: m.OfflineJob) -> int | None:
 
 
 def submit_held(store, client, spec: JobSpec, script: str, *, mps_pct: int, working_dir: str,
-                environment: dict[str, str], known_job_types: set[str] | None) -> tuple[int, PickupReport]:
+                environment: dict[str, str], known_job_types: set[str] | None,
+                sbatch=None) -> tuple[int, PickupReport | None]:
     """``muxflow submit`` on Slurm: what ``sbatch -p offline --gres=mps:N --comment="muxflow: …"`` does.
 
     The spec is validated first (nothing is sent when it is bad: :class:`SubmissionError`),
-    then the script is submitted held with the spec in its comment and picked up at once,
-    like any other submission. A failure after the submission loses nothing: the job waits
+    then the script is submitted held with the spec in its comment and, with a ``client`` to read Slurm, picked
+    up at once, like any other submission. ``sbatch`` (:class:`executors.slurm.scontrol.SbatchAsCaller`) submits it
+    as the caller, with the caller's environment: the job is the caller's, never MuxFlow's; without one the client
+    submits it (MuxFlow's own jobs: benchmarks, tests). A failure after the submission loses nothing: the job waits
     held in Slurm and the next pick-up imports it.
     """
     with store.session() as s:
@@ -228,10 +231,11 @@ def submit_held(store, client, spec: JobSpec, script: str, *, mps_pct: int, work
         raise SubmissionError("mps", f"must be within 1..100, got {mps_pct}")
     if not script.startswith("#!"):
         raise SubmissionError("script", "must start with an interpreter line such as #!/bin/sh")
-    res = client.submit(SlurmJobSpec(name=spec.name, script=script, partition=OFFLINE_PARTITION, hold=True,
-                                     gres_per_node=f"mps:{mps_pct}", comment=submission_comment(spec),
-                                     working_dir=working_dir, environment=environment))
-    return res.job_id, import_submissions(store, client, known_job_types, only=[res.job_id])
+    job = SlurmJobSpec(name=spec.name, script=script, partition=OFFLINE_PARTITION, hold=True,
+                       gres_per_node=f"mps:{mps_pct}", comment=submission_comment(spec), working_dir=working_dir,
+                       environment=environment)
+    sid = int(sbatch(job)) if sbatch is not None else client.submit(job).job_id
+    return sid, (import_submissions(store, client, known_job_types, only=[sid]) if client is not None else None)
 
 
 def _cancel_rejected(client, job: Job, reason: str, cancelled: set[int]) -> None:

@@ -121,7 +121,8 @@ class JobSpec:
 
 @dataclass(frozen=True)
 class JobUpdate:
-    """Changes to a pending job: where it may run, its GRES, and hold (True) / release (False).
+    """Changes to a pending job: where it may run, its partition, its GRES, its comment (where MuxFlow writes the
+    signed plan, executors.slurm.plan), and hold (True) / release (False).
 
     ``eligible_now`` clears a begin-time delay: Slurm holds a requeued job
     back for about two minutes (EligibleTime = requeue + 120 s), which a
@@ -133,13 +134,12 @@ class JobUpdate:
     hold: bool | None = None
     comment: str | None = None
     eligible_now: bool = False
-    # Only Slurm's administrators (root, SlurmUser, operators) can write it: where MuxFlow keeps its plan.
-    admin_comment: str | None = None
+    partition: str | None = None
 
     @property
     def empty(self) -> bool:
         return (self.nodelist is None and self.gres_per_node is None and self.hold is None and self.comment is None
-                and not self.eligible_now and self.admin_comment is None)
+                and not self.eligible_now and self.partition is None)
 
     def __post_init__(self) -> None:
         if self.empty:

@@ -349,6 +349,8 @@ class ProfilingRun(RunRecord, Base):
     job_id: Mapped[int] = mapped_column(ForeignKey("offline_jobs.id", ondelete="CASCADE"), index=True)
     gpu_type: Mapped[str] = mapped_column(ForeignKey("gpu_types.name"))
     bound_s: Mapped[float] = mapped_column(Float)
+    # The GPU (on ``node``) a profiling window of the job's own Slurm job holds (executors.profiling.windows).
+    gpu_index: Mapped[int | None] = mapped_column(Integer, nullable=True)
     __table_args__ = (
         CheckConstraint(f"state IN ({RUN_STATES_SQL})", name="state_valid"),
         CheckConstraint("bound_s > 0", name="bound_positive"),

@@ -92,3 +92,18 @@ def recent_runs(s: Session, kind: type[m.RunRecord], since_utc: dt.datetime | No
     if since_utc is not None:
         q = q.where(kind.finished_utc >= since_utc)
     return list(s.scalars(q))[::-1]
+
+
+def record_window_report(s: Session, run_id: int, slurm_job_id: int, node: str, gpu_index: int,
+                         started_utc: dt.datetime, report: dict) -> bool:
+    """The node agent's report of a profiling window, into its run's row: only while the run is open and belongs
+    to that Slurm job (a late report of a closed window changes nothing). Whether it was written."""
+    run = s.get(m.ProfilingRun, run_id)
+    if run is None or run.state not in OPEN_RUN_STATES or run.slurm_job_id != slurm_job_id:
+        return False
+    run.report = report
+    run.node, run.gpu_index = node, gpu_index
+    run.started_utc = run.started_utc or started_utc
+    if run.state == "submitted":
+        run.state = "running"
+    return True

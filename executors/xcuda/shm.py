@@ -26,16 +26,34 @@ The layout is ``src/xcuda_shm.h`` (128 bytes, little-endian)::
 Write protocol: seq += 1 (odd), payload, checksum, seq += 1 (even). Readers
 accept a copy only when seq is even and unchanged and the checksum matches, so
 a torn copy (Python gives no memory-ordering guarantee) is never used.
+
+**Who can write it.** /dev/shm is world-writable: a user could plant the record's name
+before the agent starts (a file of his, a symlink) and forge what other users' jobs pace
+by. So the writer (the root agent) only ever writes a file it created itself, owned by
+its uid, mode 0644, with no other name: a planted or damaged file is *replaced* (a fresh
+file created under a random name with ``O_EXCL``, then renamed over it: never opened
+for writing, symlinks never followed), and the directory must be one that no other user
+can swap records in (:func:`check_record_dir`: not a symlink, owned by root or the
+agent, not writable by group or others unless sticky, as /dev/shm is; likewise every
+directory above it). In a sticky directory nobody but the owner (and root) can remove
+or rename the agent's file once it is there. xCUDA's reader (``src/shm_read.c``) in turn
+refuses a record that is a symlink, not a regular file, owned by anyone but root (or
+the reader's own uid), or writable by group or others: it falls back as without one.
 """
 
 from __future__ import annotations
 
+import logging
 import mmap
 import os
+import secrets
+import stat
 import struct
 import time
 from dataclasses import dataclass
 from pathlib import Path
+
+log = logging.getLogger(__name__)
 
 MAGIC = int.from_bytes(b"MXFXCUDA", "little")
 VERSION = 1
@@ -125,18 +143,127 @@ def decode(buf: bytes) -> Record:
     return Record(seq, ts, idx, GpuSample(u_sm, c_sm, t_sm, c_h, target, occ, util, mem, flags))
 
 
+class RecordPathError(PermissionError):
+    """A record path the writer will not use: another user could swap or forge what is there."""
+
+
+def _mode(st: os.stat_result) -> str:
+    return oct(stat.S_IMODE(st.st_mode))
+
+
+def check_record_dir(directory: str | os.PathLike[str]) -> Path:
+    """The records' directory, resolved, if no other user can replace what is in it; RecordPathError says why not.
+
+    The directory and every one above it must be owned by root or this process's uid and not writable by group or
+    others — unless sticky (``/dev/shm``, ``/tmp``: there only an entry's owner can remove or rename it). The
+    directory itself must not be a symbolic link (whoever controls the link controls the records)."""
+    d = Path(directory)
+    try:
+        st = os.lstat(d)
+    except FileNotFoundError:
+        raise RecordPathError(f"xCUDA record directory {d} does not exist") from None
+    if stat.S_ISLNK(st.st_mode):
+        raise RecordPathError(f"xCUDA record directory {d} is a symbolic link: refused (records go only in a real "
+                              "directory of root's)")
+    real = Path(os.path.realpath(d))
+    me = os.geteuid()
+    for p in (real, *real.parents):
+        st = os.lstat(p)
+        if not stat.S_ISDIR(st.st_mode):
+            raise RecordPathError(f"xCUDA record directory {d}: {p} is not a directory")
+        if st.st_uid not in (0, me):
+            raise RecordPathError(f"xCUDA record directory {d}: {p} is owned by uid {st.st_uid}, not root or this "
+                                  f"agent (uid {me}): its owner could replace the records")
+        if st.st_mode & (stat.S_IWGRP | stat.S_IWOTH) and not st.st_mode & stat.S_ISVTX:
+            raise RecordPathError(f"xCUDA record directory {d}: {p} is writable by group or others without the "
+                                  f"sticky bit (mode {_mode(st)}): anyone could replace the records")
+    return real
+
+
+def _trusted(st: os.stat_result) -> bool:
+    """A record this writer may keep writing: a regular file of its uid, writable by nobody else, with one name."""
+    return (stat.S_ISREG(st.st_mode) and st.st_uid == os.geteuid()
+            and not st.st_mode & (stat.S_IWGRP | stat.S_IWOTH) and st.st_nlink == 1)
+
+
+def _what(st: os.stat_result | None, err: OSError | None) -> str:
+    if st is None:
+        return f"cannot be opened ({err.strerror if err is not None and err.strerror else err})"
+    kind = "a regular file" if stat.S_ISREG(st.st_mode) else "not a regular file"
+    return f"{kind} owned by uid {st.st_uid}, mode {_mode(st)}, {st.st_nlink} name(s)"
+
+
+def open_record(path: str | os.PathLike[str], mode: int = 0o644) -> int:
+    """A read-write descriptor of the record at ``path``, a file only this writer can write.
+
+    The directory is checked (:func:`check_record_dir`); an existing record is kept only if it is this writer's
+    own (a regular file of its uid, not writable by others, one name: readers that hold it keep reading it);
+    anything else there — another user's file, a symlink, a FIFO, a second name of a file — is replaced by a
+    fresh file, never written into. A directory in its place is refused."""
+    path = Path(path)
+    directory = check_record_dir(path.parent)
+    target = directory / path.name
+    mode &= ~0o022  # nobody else writes a record
+    st: os.stat_result | None = None
+    err: OSError | None = None
+    try:
+        fd = os.open(target, os.O_RDWR | os.O_CLOEXEC | os.O_NOFOLLOW | os.O_NONBLOCK)
+    except FileNotFoundError:
+        fd = -1
+    except OSError as exc:  # a symlink (ELOOP), a directory, a file of root's while this agent is not root…
+        fd, err = -1, exc
+    else:
+        st = os.fstat(fd)
+        if _trusted(st):
+            os.fchmod(fd, mode)
+            return fd
+        os.close(fd)
+        fd = -1
+    planted = st is not None or err is not None
+    if err is not None and os.path.isdir(target) and not os.path.islink(target):
+        raise RecordPathError(f"xCUDA record {target} is a directory (not this agent's record): remove it")
+    for _ in range(8):
+        tmp = directory / f".{path.name}.{secrets.token_hex(8)}"
+        try:
+            fd = os.open(tmp, os.O_RDWR | os.O_CREAT | os.O_EXCL | os.O_NOFOLLOW | os.O_CLOEXEC, 0o600)
+            break
+        except FileExistsError:
+            continue
+    else:
+        raise RecordPathError(f"cannot create a fresh xCUDA record in {directory}")
+    try:
+        os.fchmod(fd, mode)  # readable by the jobs' users whatever the umask
+        os.ftruncate(fd, RECORD_SIZE)
+        os.rename(tmp, target)  # atomic: the name is never another's file, nor missing, for a reader
+    except OSError as exc:
+        os.close(fd)
+        try:
+            os.unlink(tmp)
+        except OSError:
+            pass
+        if isinstance(exc, IsADirectoryError | NotADirectoryError) or os.path.isdir(target):
+            raise RecordPathError(f"xCUDA record {target} is a directory (not this agent's record): remove it") from exc
+        if isinstance(exc, PermissionError):
+            raise RecordPathError(f"xCUDA record {target} is not this agent's ({_what(st, err)}) and cannot be "
+                                  f"replaced ({exc.strerror}): remove it, or run the agent as its owner") from exc
+        raise
+    if planted:
+        log.warning("xCUDA record %s was not this agent's (%s): replaced by a fresh one", target, _what(st, err))
+    return fd
+
+
 class ShmWriter:
     """Owns one GPU's record file and updates it with the seqlock protocol.
 
-    One writer per file (the node agent); any number of xCUDA readers.
+    One writer per file (the node agent); any number of xCUDA readers. The file is one only this writer can write
+    (:func:`open_record`): whatever another user planted at ``path`` is replaced, never written into.
     """
 
     def __init__(self, path: str | os.PathLike[str], gpu_index: int = 0, mode: int = 0o644):
         self.path = Path(path)
         self.gpu_index = gpu_index
-        fd = os.open(self.path, os.O_RDWR | os.O_CREAT | os.O_CLOEXEC, mode)
+        fd = open_record(self.path, mode)
         try:
-            os.fchmod(fd, mode)  # readable by the jobs' users whatever the umask
             if os.fstat(fd).st_size < RECORD_SIZE:
                 os.ftruncate(fd, RECORD_SIZE)
             self._map = mmap.mmap(fd, RECORD_SIZE, mmap.MAP_SHARED, mmap.PROT_READ | mmap.PROT_WRITE)

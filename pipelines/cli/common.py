@@ -8,6 +8,7 @@ and leaves the store as it was.
 from __future__ import annotations
 
 import functools
+import os
 import math
 from pathlib import Path
 
@@ -64,6 +65,8 @@ def open_store(db: str | None) -> Store:
     ctx = click.get_current_context(silent=True)
     if db is None and ctx is not None:  # no --db of the command's own: the group's (which folds in the environment)
         db = (ctx.find_root().obj or {}).get("db")
+    if db is None:  # the deployment's: MUXFLOW_DATABASE_URL over the settings file's db_url over the default
+        db = settings().db_url
     url = resolve_url(db)
     path = url.split("///", 1)[-1] if url.startswith("sqlite") else ""
     if path and path != ":memory:" and not Path(path).is_file():
@@ -113,12 +116,19 @@ def guard(fn):
     return wrapper
 
 
+def settings_flags() -> dict:
+    """The settings given on the command line (``muxflow --db``): over the environment and the settings file."""
+    ctx = click.get_current_context(silent=True)
+    return dict((ctx.find_root().obj or {}).get("settings_flags", {})) if ctx is not None else {}
+
+
 def settings():
-    """The deployment's settings (pipelines.settings: MUXFLOW_SETTINGS, $DAGSTER_HOME/muxflow.json, MUXFLOW_*)."""
+    """The deployment's settings (pipelines.settings): the command line's flags over the MUXFLOW_* variables over the
+    settings file (MUXFLOW_SETTINGS, else $DAGSTER_HOME/muxflow.json) over the defaults."""
     from pipelines.settings import SettingsError, load_settings
 
     try:
-        return load_settings()
+        return load_settings(flags=settings_flags())
     except SettingsError as exc:
         raise CliError(f"settings: {exc}") from exc
 
@@ -146,8 +156,13 @@ def slurm_config(state_dir: str | None = None, **given):
 
     layout = DevCluster(state_dir).load_layout()
     try:
-        conf = settings().slurm_config(default_url=f"unix:{layout.rest_socket}" if layout else None,
-                                       default_conf=str(layout.slurm_conf) if layout else None)
+        s = settings()
+        conf = s.slurm_config(default_url=f"unix:{layout.rest_socket}" if layout else None,
+                              default_conf=str(layout.slurm_conf) if layout else None)
+        if layout is not None and s.slurm_url is None and conf.plan_key_file is None:
+            # the dev cluster's plan key: the nodes' copy for root (the node agent), MuxFlow's for its account
+            key = layout.node_plan_key_file if os.geteuid() == 0 else layout.plan_key_file
+            conf = replace(conf, plan_key_file=str(key))
         conf = replace(conf, **{k: v for k, v in given.items() if v is not None})
         conf.rest_settings(token="")  # a URL is set and valid
         return conf

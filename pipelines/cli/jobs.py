@@ -76,10 +76,11 @@ def _held_for_pickup(known: set[int]) -> list[tuple[int, str, str]]:
     """Slurm submissions the store has not imported yet, when the CLI is configured for Slurm (else none)."""
     from executors.job_status import held_for_pickup
     from executors.slurm.errors import SlurmError
+    from pipelines.cli.common import settings_flags
     from pipelines.settings import SettingsError, load_settings
 
     try:
-        conf = load_settings()
+        conf = load_settings(flags=settings_flags())
     except SettingsError:
         return []
     if conf.cluster != "slurm":

@@ -41,6 +41,9 @@ def main(ctx: click.Context, db_url: str | None, verbose: bool) -> None:
     logging.basicConfig(level=logging.INFO if verbose else logging.WARNING, format="%(levelname)s %(name)s: %(message)s")
     ctx.ensure_object(dict)
     ctx.obj["db"] = resolve_url(db_url)
+    # The command line's settings, over the environment's and the settings file's (pipelines.settings).
+    given = ctx.get_parameter_source("db_url") is click.core.ParameterSource.COMMANDLINE
+    ctx.obj["settings_flags"] = {"db_url": db_url} if given else {}
 
 
 for command in (

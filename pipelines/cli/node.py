@@ -73,6 +73,13 @@ log = logging.getLogger(__name__)
                    "Needs --plan-dir.")
 @click.option("--plan-dir", type=click.Path(file_okay=False), default=None,
               help="Where the Prolog writes the per-job plan files (the node scripts' @PLAN_DIR@).")
+@click.option("--task-prolog", type=click.Path(dir_okay=False), default=None,
+              help="The TaskProlog script Slurm runs (slurm.conf's TaskProlog=): only a process running it under its "
+                   "job's slurmstepd counts as a job's TaskProlog, for --prolog and the xCUDA check (default: "
+                   "TaskProlog= of $SLURM_CONF or /etc/slurm/slurm.conf, else task_prolog.sh beside --prolog).")
+@click.option("--job-dir", type=click.Path(file_okay=False), default=None,
+              help="Measure the node's profiling windows, reading each job's iteration report in its directory "
+                   "under this one (the node scripts' @JOB_DIR@; with --placements slurm).")
 @click.option("--time-scale", type=click.FloatRange(min=1e-3), default=1.0, hidden=True,
               help="Agent seconds per real second (tests: 60 makes a minute pass in one second).")
 @click.option("--seed", type=SEED, default=0, hidden=True)
@@ -81,7 +88,8 @@ def node_agent(node: str | None, simulated: bool, db_url: str | None, interval_m
                ring_seconds: float, sm_config: Path | None, placements_from: str, poll_s: float, scrape_s: float,
                scrape_timeout_s: float, solo_window_s: float, partial_every_s: float, sim_noise_pct: float,
                sim_xcuda_target: float, sim_mps_split_gaps: bool, xcuda_check_s: float, prolog: str | None,
-               plan_dir: str | None, time_scale: float, seed: int) -> None:
+               plan_dir: str | None, task_prolog: str | None, job_dir: str | None, time_scale: float,
+               seed: int) -> None:
     """Run the node agent for the GPUs of one node until SIGTERM/SIGINT."""
     from executors.node.agent import AgentConfig
     from executors.node.wiring import SourceConfig, build_agent
@@ -111,11 +119,17 @@ def node_agent(node: str | None, simulated: bool, db_url: str | None, interval_m
 
     if placements_from == "auto":
         placements_from = "slurm" if scontrol else "store"
-    slurm = slurm_config().client if placements_from == "slurm" else None
-    sources = SourceConfig(placements=placements_from, slurm_client=slurm,
+    slurm, plan_key = None, b""
+    if placements_from == "slurm":
+        conf = slurm_config()
+        try:
+            slurm, plan_key = conf.client, conf.plan_key()
+        except ValueError as exc:  # SlurmConfigError: no plan key, or a key file open to others
+            raise click.ClickException(str(exc)) from exc
+    sources = SourceConfig(placements=placements_from, slurm_client=slurm, plan_key=plan_key,
                            poll_s=poll_s, scrape_s=scrape_s, scrape_timeout_s=scrape_timeout_s,
                            solo_window_s=solo_window_s, noise_pct=sim_noise_pct, xcuda_check_s=xcuda_check_s,
-                           prolog=prolog, plan_dir=plan_dir,
+                           prolog=prolog, plan_dir=plan_dir, task_prolog=task_prolog, job_dir=job_dir,
                            sim_xcuda_target_util=sim_xcuda_target if sim_xcuda_target > 0 else None,
                            sim_mps_split_gaps=sim_mps_split_gaps)
 

@@ -5,6 +5,7 @@ docs/SLURM.md describes the cluster's layout and how to point MuxFlow at a real 
 
 from __future__ import annotations
 
+import logging
 import os
 import sys
 
@@ -14,6 +15,7 @@ from executors.slurm.dev.cluster import DevCluster, DevClusterError, DevStatus
 from executors.slurm.dev.state import log_tail
 from pipelines.cli.common import HELP, CliError, CliFailure, db_option, open_store, slurm_config
 
+log = logging.getLogger(__name__)
 _state_dir = click.option("--state-dir", envvar="MUXFLOW_SLURM_DIR", default=None, type=click.Path(),
                           help="Where the dev cluster keeps everything (default /tmp/muxflow-slurm).")
 
@@ -251,26 +253,61 @@ def submit(state_dir, db_url, script_path, name, job_type, mem_text, gpu_types, 
 
     from executors.submission import JobSpec, SubmissionError, parse_size_bytes
 
+    from executors.slurm.scontrol import ScontrolError
+
     store = open_store(db_url)
     script = Path(script_path)
     try:
         spec = JobSpec(name=name, command=str(script), job_type=job_type, mem_bytes=parse_size_bytes(mem_text),
                        allowed_gpu_types=tuple(t.strip().lower() for t in gpu_types.split(",") if t.strip()),
                        checkpoint_dir=checkpoint_dir, total_steps=steps, priority=priority)
-        sid, rep = submit_to_slurm(store, slurm_config(state_dir).client(), spec, script.read_text(),
+        sid, rep = submit_to_slurm(store, slurm_config(state_dir), spec, script.read_text(),
                                    mps_pct=mps_pct, working_dir=str(script.resolve().parent))
     except SubmissionError as exc:
         raise CliError(str(exc)) from exc
-    if rep.rejected:
+    except ScontrolError as exc:
+        raise CliFailure(f"slurm: {exc}") from exc
+    if rep is not None and rep.rejected:
         raise CliError(f"Slurm job {sid}: {rep.rejected[0][1]}")
-    click.echo(f"submitted Slurm job {sid} (held for placement); imported {len(rep.imported)} job(s)")
+    click.echo(f"submitted Slurm job {sid} (held for placement); "
+               + (f"imported {len(rep.imported)} job(s)" if rep is not None else "the pick-up sensor imports it"))
 
 
-def submit_to_slurm(store, client, spec, script: str, *, mps_pct: int, working_dir: str):
-    """Submit ``spec`` held through slurmrestd and pick it up (``muxflow submit`` and ``muxflow slurm submit``).
+def submit_to_slurm(store, conf, spec, script: str, *, mps_pct: int, working_dir: str):
+    """Submit ``spec`` held with the caller's own ``sbatch`` (the job is the caller's, and runs as the caller), then
+    pick it up with MuxFlow's client where this process has one (``muxflow submit`` and ``muxflow slurm submit``).
 
-    Any job type label goes (or none): on a real cluster profiling measures the job itself."""
-    from executors.slurm.pickup import submit_held
+    Any job type label goes (or none): on a real cluster profiling measures the job itself. Returns the Slurm job
+    id and the pick-up's report (None when this process cannot read Slurm as MuxFlow: the pick-up sensor imports
+    the job). :class:`CliError` when the caller is MuxFlow's own Slurm account."""
+    import getpass
 
-    return submit_held(store, client, spec, script, mps_pct=mps_pct, working_dir=working_dir,
-                       environment={"PATH": os.environ.get("PATH", "/usr/bin:/bin")}, known_job_types=None)
+    from executors.slurm.errors import SlurmError
+    from executors.slurm.pickup import import_submissions, submit_held
+    from executors.slurm.scontrol import SbatchAsCaller
+
+    account = service_account(conf)
+    if account is not None and account == getpass.getuser():
+        raise CliError(f"submit: this runs sbatch as you, and you are MuxFlow's own Slurm account ({account}): the "
+                       "job would run with its rights; submit it as the user who owns it (docs/SECURITY.md)")
+    sid, _ = submit_held(store, None, spec, script, mps_pct=mps_pct, working_dir=working_dir, environment={},
+                         known_job_types=None, sbatch=SbatchAsCaller(conf.conf_path))
+    try:
+        with conf.client() as client:
+            return sid, import_submissions(store, client, None, only=[sid])
+    except (SlurmError, OSError, ValueError) as exc:
+        log.info("Slurm job %s: not picked up from here (%s); the pick-up sensor imports it", sid, exc)
+        return sid, None
+
+
+def service_account(conf) -> str | None:
+    """The Slurm account MuxFlow acts as (its settings' user, else its token's), where this process can tell."""
+    from executors.slurm.jwt import unverified_claims
+
+    if conf.user:
+        return conf.user
+    try:
+        token = conf.rest_settings().current_token() if conf.url and not conf.socket else None
+        return str(unverified_claims(token).get("sun") or "") or None if token else None
+    except (OSError, ValueError):
+        return None

@@ -34,10 +34,10 @@ def submit(ctx, name, command_, script_path, job_type, mem_text, gpu_types, chec
     """Submit an offline job (or a whole trace). All or nothing.
 
     On a Slurm cluster (settings: cluster "slurm", see pipelines/settings.py) the job goes
-    through Slurm as `muxflow slurm submit` sends it: submitted held to the offline
-    partition with its spec in the comment, then picked up into the store. There the job
-    type is an optional free label. A job needing more memory than every allowed GPU type
-    has is refused.
+    through Slurm as `muxflow slurm submit` sends it: your own `sbatch` submits it held to the
+    offline partition with its spec in the comment (the job is yours and runs as you), then it
+    is picked up into the store. There the job type is an optional free label. A job needing
+    more memory than every allowed GPU type has is refused.
     """
     from executors.simulated.calibration import default_catalog
     from executors.submission import JobSpec, parse_size_bytes, spec_from_trace
@@ -104,7 +104,8 @@ def submit(ctx, name, command_, script_path, job_type, mem_text, gpu_types, chec
         click.echo(f"submitted job {job_id} ({name})")
         return
 
-    from executors.slurm.errors import SlurmError
+    from executors.slurm.scontrol import ScontrolError
+    from pipelines.cli.common import slurm_config
     from pipelines.cli.slurm import submit_to_slurm
 
     if script_path is not None:
@@ -115,13 +116,16 @@ def submit(ctx, name, command_, script_path, job_type, mem_text, gpu_types, chec
         workdir = script_path.resolve().parent
     else:
         script, workdir = f"#!/bin/sh\n{command_}\n", Path.cwd()
-    client = cluster_backend(conf).client_factory()
+    cluster_backend(conf)  # the settings name a usable Slurm
     try:
-        sid, rep = submit_to_slurm(store, client, spec, script, mps_pct=30 if mps_pct is None else mps_pct,
+        sid, rep = submit_to_slurm(store, slurm_config(), spec, script, mps_pct=30 if mps_pct is None else mps_pct,
                                    working_dir=str(workdir))
-    except SlurmError as exc:
-        # not the input's fault; a job submitted before the error waits held for pick-up
+    except ScontrolError as exc:
+        # sbatch refused it, or Slurm does not answer: nothing was submitted
         raise CliFailure(f"slurm: {exc}") from exc
+    if rep is None:
+        click.echo(f"submitted {name} as Slurm job {sid}, held for placement; MuxFlow's pick-up imports it")
+        return
     if rep.rejected:
         raise CliError(f"Slurm job {sid}: {rep.rejected[0][1]}")
     if not rep.imported:

@@ -82,6 +82,23 @@ class LiveCluster:
     def client(self, transport: str = "local", user: str = "root") -> SlurmRestClient:
         return SlurmRestClient(self.cluster.rest_settings(self.layout, transport, user=user))
 
+    @property
+    def plan_key(self) -> bytes:
+        """The key the cluster's nodes verify plans with (root's copy: tests drive MuxFlow as root)."""
+        from executors.slurm.plan import read_key
+
+        return read_key(self.layout.node_plan_key_file)
+
+    def user_dir(self, name: str, user: str) -> Path:
+        """A fresh directory only ``user`` can read (mode 0700, theirs): a user's private job files."""
+        import pwd
+
+        pw = pwd.getpwnam(user)
+        d = self.layout.jobs_dir / f"{name}-{user}-{os.getpid()}-{time.monotonic_ns()}"
+        d.mkdir(mode=0o700)
+        os.chown(d, pw.pw_uid, pw.pw_gid)
+        return d
+
     def job_dir(self, name: str) -> Path:
         """A fresh directory every job user can write into."""
         d = self.layout.jobs_dir / f"{name}-{os.getpid()}-{time.monotonic_ns()}"
@@ -151,11 +168,11 @@ def private_tmp() -> Iterator[Path]:
 
 
 def _free_port_base(start: int) -> int:
-    """A base with slurmctld's (base) and the JWT slurmrestd's (base + 3) ports free."""
+    """A base with slurmctld's (base), slurmdbd's (base + 2) and the JWT slurmrestd's (base + 3) ports free."""
     for k in range(200):
         base = 7300 + ((start + k) % 200) * 4
         try:
-            for host, port in (("0.0.0.0", base), ("127.0.0.1", base + 3)):
+            for host, port in (("0.0.0.0", base), ("0.0.0.0", base + 2), ("127.0.0.1", base + 3)):
                 with socket.socket() as sk:
                     sk.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)
                     sk.bind((host, port))

@@ -73,7 +73,7 @@ def backend(dev_cluster, retry_deadline_s: float = 30.0, gains: XcudaGains | Non
     settings = dev_cluster.cluster.rest_settings(dev_cluster.layout, "local")
     fallback = dev_cluster.cluster.scontrol_fallback(dev_cluster.layout)
     return SlurmBackend(lambda: SlurmRestClient(settings, requeue_fallback=fallback),
-                        retry_deadline_s=retry_deadline_s, gains=gains or XcudaGains())
+                        retry_deadline_s=retry_deadline_s, gains=gains or XcudaGains(), plan_key=dev_cluster.plan_key)
 
 
 def register(store: Store, dev_cluster) -> dict[tuple[str, int], int]:

@@ -117,13 +117,14 @@ def test_submit_with_slurm_unreachable_says_so_and_stores_nothing(tmp_path: Path
     from pipelines.cli import main
 
     env = {"MUXFLOW_SETTINGS": None, "DAGSTER_HOME": None, "MUXFLOW_DATABASE_URL": store_url,
-           "MUXFLOW_CLUSTER": "slurm",
+           "MUXFLOW_CLUSTER": "slurm", "SLURM_CONF": str(tmp_path / "no-slurm.conf"),
            "MUXFLOW_SLURM_URL": f"unix:{tmp_path / 'none.sock'}"}
     out = CliRunner().invoke(main, ["submit", "--name", "j", "--command", "x", "--job-type", "A3C", "--mem", "1GiB",
                                     "--gpu-types", "t4", "--checkpoint-dir", "/ckpt/j", "--steps", "10"], env=env,
                              catch_exceptions=False)
-    assert out.exit_code == 1 and out.stderr.startswith("error: slurm: slurmrestd at unix:"), out.stderr
-    assert "none.sock" in out.stderr
+    # the user's own sbatch submits (the job is theirs): it cannot reach Slurm here
+    assert out.exit_code == 1 and out.stderr.startswith("error: slurm: sbatch: "), out.stderr
+    assert "no-slurm.conf" in out.stderr
     from executors.store.db import Store
     from executors.store.models import OfflineJob
 

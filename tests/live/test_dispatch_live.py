@@ -26,7 +26,8 @@ from pathlib import Path
 import pytest
 from sqlalchemy import func, select
 
-from executors.slurm.backend import XcudaGains, parse_plan_comment
+from executors.slurm import plan as plans
+from executors.slurm.backend import XcudaGains, placement_plan
 from executors.store import models as m
 from tests.live.conftest import cancel_quietly
 from tests.live.muxflow_helpers import (
@@ -83,8 +84,8 @@ def _check_placed(dev_cluster, jobs: dict[int, int], plan: dict[int, tuple[str, 
         where = j.nodes if j.state == "RUNNING" else j.required_nodes
         assert not j.held and not j.finished, (sid, j.state, j.state_reason)
         assert where == (node,) and j.mps_pct == pct, (sid, where, j.mps_pct, node, pct)
-        p = parse_plan_comment(j.admin_comment)
-        assert (p["job"], p["gpu"], p["pct"]) == (str(job_id), str(index), str(pct))
+        p = plans.decode(j.comment, dev_cluster.plan_key, sid)  # signed, for this very job
+        assert (p.kind, p.job_id, p.gpu_index, p.sm_pct) == ("place", job_id, index, pct)
 
 
 def _why_not_running(dev_cluster, prefix: str) -> str:
@@ -254,7 +255,7 @@ def test_migrate_and_evict(dev_cluster, private_tmp) -> None:
         with dev_cluster.client() as c:
             j = dev_cluster.wait_job(c, sa, lambda j: j.state == "RUNNING", "restart on the new node", timeout_s=60)
             assert j.nodes == ("mx-a10-1",) and j.mps_pct == 50 and j.restart_count >= 1
-            assert parse_plan_comment(j.admin_comment)["gpu"] == "3"
+            assert plans.decode(j.comment, dev_cluster.plan_key, sa).gpu_index == 3
             e = c.get_job(sb)
             assert e.held and e.state == "PENDING"
         cl = be.cluster(store)
@@ -476,7 +477,9 @@ def test_a_task_prolog_waiting_for_its_plan_gets_it_from_the_prolog_the_node_age
                              capture_output=True, text=True, timeout=30)
         assert out.returncode == 0, out.stderr
 
-    scontrol("update", f"jobid={sid}", "NodeList=mx-a10-1", "TresPerNode=gres/mps:30", "AdminComment=muxflow-job=1")
+    # a plan the Prolog cannot verify yet (it starts without one), then the real one
+    scontrol("update", f"jobid={sid}", "NodeList=mx-a10-1", "TresPerNode=gres/mps:30",
+             "Comment=muxflow-plan=1 (to come)")
     scontrol("release", str(sid))
     with dev_cluster.client() as c:
         dev_cluster.wait_job(c, sid, lambda j: j.state == "RUNNING", "start without a plan", timeout_s=60)
@@ -484,8 +487,8 @@ def test_a_task_prolog_waiting_for_its_plan_gets_it_from_the_prolog_the_node_age
     dev_cluster.wait_for("the TaskProlog to wait for its plan", lambda: any(k[0] == sid for k in waiting.waiting()),
                          timeout_s=20)
     assert not (d / f"env.{sid}").exists()
-    scontrol("update", f"jobid={sid}", f"AdminComment=muxflow-job=1 muxflow-gpu=3 muxflow-pct=30 "
-                                       f"muxflow-mem={2 * 1024**3}")
+    scontrol("update", f"jobid={sid}", "Comment=" + plans.encode(placement_plan(_job_id, sid, 3, 30, 2 * 1024**3),
+                                                                 dev_cluster.plan_key))
     watch = PrologWatchThread(waiting, interval_s=0.2).start()
     try:
         dev_cluster.wait_for("the task to start", (d / f"env.{sid}").exists, timeout_s=30)

@@ -1,5 +1,11 @@
 """The real loop, end to end, on a dev Slurm cluster of its own: from plain ``sbatch --gres=mps:N`` to DONE.
 
+Identities as a site deploys them (docs/SECURITY.md): the jobs are the real non-root user ``mxuser1``'s, submitted
+from a directory only ``mxuser1`` can read; MuxFlow's scheduler (the Dagster daemon and webserver) runs as the
+``muxflow`` account, a Slurm Operator (not SlurmUser, not root), with its own token, plan key and store; the node
+agents run as root on the nodes, as deployed. MuxFlow never runs the users' code: each job is profiled in its own
+Slurm job, as ``mxuser1``.
+
 What runs (as an operator deploys it, docs/DEPLOY.md), all real processes:
 
 - a two-node Slurm cluster (slurmctld, two slurmd in network namespaces, slurmrestd; per-GPU gres
@@ -11,10 +17,10 @@ What runs (as an operator deploys it, docs/DEPLOY.md), all real processes:
   what really runs — the Slurm jobs on each GPU at their shares, and each replica's real request rate;
 - ``dagster-daemon`` (the round sensor every ``PERIOD_S`` seconds, the pick-up, profiling, job-state
   and eviction sensors) and ``dagster-webserver``;
-- six reference training jobs submitted with plain ``sbatch -p offline --gres=mps:N`` by the test.
+- six reference training jobs submitted with plain ``sbatch -p offline --gres=mps:N`` as ``mxuser1``.
 
-It checks: every job is placed by a round and runs on its planned node, GPU and share with the xCUDA
-environment; a request burst on one replica drives its GPU to Overlimit and the agent evicts the job
+It checks: every job is profiled in its own window, as its user; every job is placed by a round and runs on its
+planned node, GPU and share with the xCUDA environment; a request burst on one replica drives its GPU to Overlimit and the agent evicts the job
 there on that sample; the job is requeued, placed again by a later round and resumes from its checkpoint
 (every job ends with the same step and loss as an uninterrupted run); every job ends DONE; the SQL
 reports on PostgreSQL cover the run; the Dagster UI (headless Chromium) shows a round with placements.
@@ -27,8 +33,11 @@ from __future__ import annotations
 import datetime as dt
 import json
 import os
+import pwd
+import shutil
 import subprocess
 import sys
+import tempfile
 import time
 import urllib.request
 from pathlib import Path
@@ -58,7 +67,9 @@ BURST_QPS = 400.0  # the scripted burst: far above what the simulated GPU's repl
 JOBS = [("cnn", 3000, 30), ("transformer", 1600, 25), ("recommender", 2400, 40),
         ("cnn", 700, 20), ("transformer", 1600, 35), ("recommender", 2400, 30)]
 EVERY = 50         # checkpoint interval (steps)
-DEADLINE_S = 420   # the whole loop, submission to every job DONE
+DEADLINE_S = 480   # the whole loop, submission to every job DONE
+USER = "mxuser1"   # the jobs' owner, a real non-root user
+SERVICE = "muxflow"  # the account MuxFlow's scheduler runs as: a Slurm Operator
 
 
 def _env(extra: dict) -> dict:
@@ -105,18 +116,48 @@ def _no_job_failed(store: Store, rows: dict, procs: Processes) -> None:
 
 
 def _job_script(d: Path, k: int, family: str, steps: int) -> Path:
-    """What a user writes: print where it runs, then train (checkpointing on SIGTERM/SIGUSR1, resuming)."""
+    """What a user writes: print where (and as whom) it runs, then train (checkpointing on SIGTERM/SIGUSR1,
+    resuming). The script and everything it writes are the user's alone."""
     script = d / f"train-{k}.sh"
     script.write_text(f"""#!/bin/bash
 set -e
-env | grep -E '^(CUDA_[A-Z_]*|LD_PRELOAD|XCUDA_[A-Z_]*|MUXFLOW_PLANNED_GPU|SLURMD_NODENAME|SLURM_JOB_ID|SLURM_RESTART_COUNT)=' \\
+{{ env | grep -E '^(CUDA_[A-Z_]*|LD_PRELOAD|XCUDA_[A-Z_]*|MUXFLOW_PLANNED_GPU|MUXFLOW_PROFILING_RUN|SLURMD_NODENAME|SLURM_JOB_ID|SLURM_RESTART_COUNT)=' || true; echo UID=$(id -u); }} \\
   > {d}/.env-$SLURM_JOB_ID && mv {d}/.env-$SLURM_JOB_ID {d}/env-$SLURM_JOB_ID-${{SLURM_RESTART_COUNT:-0}}
 cd {REPO}
 exec {PY} -m executors.workloads.train --family {family} --size tiny --steps {steps} --every {EVERY} \\
   --ckpt {d}/ckpt-{k} --out {d}/result-$SLURM_JOB_ID.json --threads 1
 """)
-    script.chmod(0o755)
+    pw = pwd.getpwnam(USER)
+    os.chown(script, pw.pw_uid, pw.pw_gid)
+    script.chmod(0o700)
     return script
+
+
+def _starts(work: Path, sid: int) -> list[dict[str, str]]:
+    """Every start of a job, in order: the environment (and uid) each start of its script recorded."""
+    files = sorted(work.glob(f"env-{sid}-*"), key=lambda f: int(f.name.rsplit("-", 1)[1]))
+    return [dict(line.split("=", 1) for line in f.read_text().splitlines() if "=" in line) for f in files]
+
+
+def _placed_starts(work: Path, sid: int) -> list[dict[str, str]]:
+    """The starts on a placement (a profiling window's start carries MUXFLOW_PROFILING_RUN)."""
+    return [e for e in _starts(work, sid) if "MUXFLOW_PROFILING_RUN" not in e]
+
+
+def _service_home() -> Path:
+    """A directory of MuxFlow's account alone (its Dagster home, settings and reports): mode 0700, its own."""
+    pw = pwd.getpwnam(SERVICE)
+    home = Path(tempfile.mkdtemp(prefix="muxflow-e2e-", dir="/tmp"))
+    os.chown(home, pw.pw_uid, pw.pw_gid)
+    home.chmod(0o700)
+    return home
+
+
+def _give(path: Path, user: str) -> None:
+    """``path`` and everything under it to ``user`` (what root prepared for a service account)."""
+    pw = pwd.getpwnam(user)
+    for p in [path, *path.rglob("*")]:
+        os.lchown(p, pw.pw_uid, pw.pw_gid)
 
 
 def _reference_results(jobs: list[tuple[str, int, int]], d: Path) -> dict[tuple[str, int], dict]:
@@ -137,7 +178,7 @@ def test_real_loop_end_to_end_from_sbatch_to_done(dev_cluster, make_postgres_dat
     db = make_postgres_database()
     with make_private_cluster() as live, processes(tmp_path) as procs:
         lay = live.layout
-        work = live.job_dir("real-loop")  # job scripts, their output, checkpoints (every job user can write)
+        work = live.user_dir("real-loop", USER)  # the user's scripts, output, checkpoints: theirs alone (0700)
         slurm_env = {"SLURM_CONF": str(lay.slurm_conf)}
         env = _env({**slurm_env, "MUXFLOW_DATABASE_URL": db, "MUXFLOW_SLURM_URL": f"unix:{lay.rest_socket}"})
         store = Store(db)
@@ -183,6 +224,8 @@ def test_real_loop_end_to_end_from_sbatch_to_done(dev_cluster, make_postgres_dat
         thresholds = tmp_path / "sysmonitor.toml"
         thresholds.write_text("[healthy]\nsm_activity_pct = 70\n[unhealthy]\nsm_activity_pct = 75\n"
                               "[overlimit]\nsm_activity_pct = 80\n")
+        # root on the nodes, as deployed, with the nodes' copy of the plan key
+        agent_env = {**env, "MUXFLOW_SLURM_PLAN_KEY_FILE": str(lay.node_plan_key_file)}
         for node in ("mx-t4-1", "mx-a10-1"):
             procs.start(f"node-agent-{node}", [
                 PY, "-m", "pipelines.cli", "--db", db, "node-agent", "--node", node, "--simulated",
@@ -190,29 +233,39 @@ def test_real_loop_end_to_end_from_sbatch_to_done(dev_cluster, make_postgres_dat
                 "--scrape-interval", "1", "--placement-poll", "1", "--partial-every", "3",
                 "--sysmonitor-config", str(thresholds),
                 # a requeued job placed again on its node may start without its Prolog: the agent runs it
-                "--prolog", str(lay.node_script_dir / "prolog.sh"), "--plan-dir", str(lay.plan_dir)], env=env, cwd=REPO)
+                "--prolog", str(lay.node_script_dir / "prolog.sh"), "--plan-dir", str(lay.plan_dir),
+                # the profiling windows of this node: measured into their runs' rows
+                "--job-dir", str(lay.job_state_dir)], env=agent_env, cwd=REPO)
 
-        # -- Dagster: daemon (rounds every PERIOD_S, sensors) and webserver --------------------------------
-        home = tmp_path / "dagster_home"
+        # -- Dagster: daemon (rounds every PERIOD_S, sensors) and webserver, as MuxFlow's own account ---------
+        # Its Slurm identity is an Operator (its token, its plan key, the reference account's token for its own
+        # workloads: dev-up's files under <state>/muxflow, its alone); it can neither read a user's files nor act
+        # as SlurmUser or root.
+        service_home = _service_home()
+        home = service_home / "dagster_home"
         home.mkdir()
         (home / "dagster.yaml").write_text((REPO / "dagster.yaml").read_text())  # SQLite storage in the home
-        token = tmp_path / "jwt"
-        token.write_text(live.cluster.mint_token(lay, "root", 3600))  # profiling copies run as root's jobs
         today = dt.datetime.now(dt.timezone.utc).replace(hour=0, minute=0, second=0, microsecond=0)
         (home / "muxflow.json").write_text(json.dumps({
-            "db_url": db, "cluster": "slurm", "slurm_url": lay.rest_url, "slurm_jwt_file": str(token),
+            "db_url": db, "cluster": "slurm", "slurm_url": lay.rest_url, "slurm_jwt_file": str(lay.muxflow_jwt_file),
+            "slurm_plan_key_file": str(lay.plan_key_file), "slurm_reference_jwt_file": str(lay.reference_jwt_file),
             "slurm_conf": str(lay.slurm_conf), "round_period_s": PERIOD_S, "sensor_interval_s": SENSOR_S,
             "sensors_running": True, "rounds_start": today.isoformat(), "gpu_types": ["a10", "t4"],
-            "report_dir": str(tmp_path / "report"),
+            "report_dir": str(service_home / "report"), "profiling": {"poll_s": 0.5},
         }))
-        dagster_env = _env({**slurm_env, "DAGSTER_HOME": str(home), "MUXFLOW_SETTINGS": str(home / "muxflow.json")})
+        (home / "muxflow.json").chmod(0o600)
+        dagster_env = _env({**slurm_env, "DAGSTER_HOME": str(home), "MUXFLOW_SETTINGS": str(home / "muxflow.json"),
+                            "HOME": str(service_home)})
+        for k in ("MUXFLOW_SLURM_URL", "MUXFLOW_DATABASE_URL", "SLURM_JWT"):
+            dagster_env.pop(k, None)  # the settings file is the service's whole configuration
         from dagster import DagsterInstance
 
         with DagsterInstance.from_config(str(home)):
             pass  # create the instance's storage once: the daemon and the webserver would race to
+        _give(service_home, SERVICE)
         procs.start("dagster-daemon", [str(Path(PY).parent / "dagster-daemon"), "run", "-w",
-                                       str(REPO / "workspace.yaml")], env=dagster_env, cwd=REPO)
-        _server, ui_url = start_webserver(procs, dagster_env)
+                                       str(REPO / "workspace.yaml")], env=dagster_env, cwd=REPO, user=SERVICE)
+        _server, ui_url = start_webserver(procs, dagster_env, user=SERVICE)
 
         # -- the users: plain sbatch --------------------------------------------------------------------
         t_submit = time.monotonic()
@@ -224,9 +277,10 @@ def test_real_loop_end_to_end_from_sbatch_to_done(dev_cluster, make_postgres_dat
             label = f"type='{reference_job_types()[(family, 'tiny')]}' " if k < 4 else ""
             types = "t4" if k == 0 else "t4,a10"
             comment = f"muxflow: {label}mem=1GiB gpu-types={types} ckpt={work}/ckpt-{k} steps={steps}"
-            out = subprocess.run(["sbatch", "-p", "offline", f"--gres=mps:{share}", "-J", f"train-{k}",
-                                  "-o", str(work / f"out-%j-{k}.txt"), f"--comment={comment}", str(script)],
-                                 env=_env(slurm_env), capture_output=True, text=True, timeout=30)
+            out = subprocess.run(["runuser", "-u", USER, "--", "sbatch", "-p", "offline", f"--gres=mps:{share}", "-J",
+                                  f"train-{k}", "-o", str(work / f"out-%j-{k}.txt"), f"--comment={comment}",
+                                  str(script)], env=_env(slurm_env), capture_output=True, text=True, timeout=30,
+                                 cwd="/tmp")
             assert out.returncode == 0, out.stderr
             sid = int(out.stdout.split()[-1])
             sids[sid] = (family, steps, share)
@@ -237,12 +291,6 @@ def test_real_loop_end_to_end_from_sbatch_to_done(dev_cluster, make_postgres_dat
             with store.session() as s:
                 return {j.slurm_job_id: j for j in s.scalars(select(m.OfflineJob)
                                                              .where(m.OfflineJob.slurm_job_id.in_(list(sids))))}
-
-        _poll("every job picked up and profiled", lambda: len(rows := job_rows()) == len(sids) and all(
-            j.state not in ("SUBMITTED", "PROFILING") for j in rows.values()) and rows, 180, procs)
-        rows = job_rows()
-        _no_job_failed(store, rows, procs)
-        timeline["profiled_s"] = time.monotonic() - t_submit
 
         # -- a burst on one replica: Overlimit, eviction on that sample, requeue ------------------------
         # The victim is the first job seen running with a checkpoint on a T4, as soon as there is one (the first
@@ -268,10 +316,10 @@ def test_real_loop_end_to_end_from_sbatch_to_done(dev_cluster, make_postgres_dat
 
         def running_on(sid: int) -> int | None:
             """The GPU the job's latest start ran on, from the environment its script recorded."""
-            starts = sorted(work.glob(f"env-{sid}-*"), key=lambda f: int(f.name.rsplit("-", 1)[1]))
-            if not starts:
+            starts = _starts(work, sid)
+            if not starts or "MUXFLOW_PROFILING_RUN" in starts[-1]:
                 return None
-            seen = dict(line.split("=", 1) for line in starts[-1].read_text().splitlines())
+            seen = starts[-1]
             return gpus.get((seen.get("SLURMD_NODENAME"), int(seen.get("CUDA_VISIBLE_DEVICES", "-1"))), (None,))[0]
 
         def where_jobs_run() -> str:
@@ -284,8 +332,8 @@ def test_real_loop_end_to_end_from_sbatch_to_done(dev_cluster, make_postgres_dat
                                 len(list(ckpt_of[j.slurm_job_id].glob("ckpt-*.mxck")))))
             return f"jobs (slurm id, state, GPU, checkpoints): {out}; T4 replicas' GPUs: {sorted(vision)}"
 
-        vsid, vgpu = _poll("a running job with a checkpoint", victim, 120, procs, describe=where_jobs_run)
-        vjob = rows[vsid].id
+        vsid, vgpu = _poll("a running job with a checkpoint", victim, 240, procs, describe=where_jobs_run)
+        vjob = job_rows()[vsid].id
         t_burst = time.monotonic()
         _post_load(replicas[vgpu], BURST_QPS)
 
@@ -304,9 +352,26 @@ def test_real_loop_end_to_end_from_sbatch_to_done(dev_cluster, make_postgres_dat
         _poll(f"Slurm job {vsid} requeued held", lambda: (j := _slurm_job(live, vsid)).state == "PENDING"
               or j.restart_count > 0, 60, procs)
 
+        # -- every job profiled in its own Slurm job (meanwhile: the first ones were placed while others profiled)
+        _poll("every job picked up and profiled", lambda: len(rows := job_rows()) == len(sids) and all(
+            j.state not in ("SUBMITTED", "PROFILING") for j in rows.values()) and rows, 240, procs)
+        rows = job_rows()
+        _no_job_failed(store, rows, procs)
+        timeline["profiled_s"] = time.monotonic() - t_submit
+        # each job was profiled in its own Slurm job, in a window per GPU type it may use, as its user
+        uid = str(pwd.getpwnam(USER).pw_uid)
+        with store.session() as s:
+            for sid, j in rows.items():
+                runs = list(s.scalars(select(m.ProfilingRun).where(m.ProfilingRun.job_id == j.id)))
+                assert {r.slurm_job_id for r in runs} == {sid} and all(r.state == "done" for r in runs), runs
+                assert {r.gpu_type for r in runs} == set(j.allowed_gpu_types), (sid, runs)
+                windows = [e for e in _starts(work, sid) if "MUXFLOW_PROFILING_RUN" in e]
+                assert {int(e["MUXFLOW_PROFILING_RUN"]) for e in windows} == {r.id for r in runs}, (sid, windows)
+                assert all(e["UID"] == uid for e in windows), windows
+
         # -- every job placed by a round, its first start where the round put it -----------------------
-        def started() -> dict[int, Path] | None:
-            found = {sid: next(iter(sorted(work.glob(f"env-{sid}-*"))), None) for sid in sids}
+        def started() -> dict[int, dict[str, str]] | None:
+            found = {sid: next(iter(_placed_starts(work, sid)), None) for sid in sids}
             return found if all(found.values()) else None
 
         def why_not() -> str:
@@ -321,9 +386,9 @@ def test_real_loop_end_to_end_from_sbatch_to_done(dev_cluster, make_postgres_dat
         envs = _poll("every job started on its planned GPU", started, 240, procs, describe=why_not)
         timeline["all_started_s"] = time.monotonic() - t_submit
         with store.session() as s:
-            for sid, path in envs.items():
+            for sid, seen in envs.items():
                 job = rows[sid]
-                seen = dict(line.split("=", 1) for line in path.read_text().splitlines())
+                assert seen["UID"] == uid, (sid, seen)  # the placed job runs as its user too
                 first = s.scalars(select(m.JobTransition).where(m.JobTransition.job_id == job.id,
                                                                 m.JobTransition.to_state == "PLACED")
                                   .order_by(m.JobTransition.id)).first()
@@ -362,7 +427,7 @@ def test_real_loop_end_to_end_from_sbatch_to_done(dev_cluster, make_postgres_dat
         again = states.index(("EVICTED", "PENDING"))
         assert ("PENDING", "PLACED") in states[again:] and states[-1] == ("RUNNING", "DONE"), life
         assert len({p.round_id for p in placements}) >= 2, "the victim was placed again by a later round"
-        assert len(list(work.glob(f"env-{vsid}-*"))) >= 2, "the victim ran again"
+        assert len(_placed_starts(work, vsid)) >= 2, "the victim ran again"
         # The budgeted service's replicas were planned below their cap (its water level, from the replicas'
         # own load), the other service's at its flat allowance.
         shaped = [a for name, a in allowances if name == "svc-vision"]
@@ -402,7 +467,11 @@ def test_real_loop_end_to_end_from_sbatch_to_done(dev_cluster, make_postgres_dat
         }, indent=2, default=str))
         with live.client() as c:
             for sid in sids:
-                assert c.get_job(sid).state == "COMPLETED"
+                j = c.get_job(sid)
+                assert j.state == "COMPLETED" and j.user_name == USER
+            # MuxFlow submitted nothing of its own for the users' jobs (no profiling copy, no wrapper job)
+            assert not [j for j in c.list_jobs() if j.user_name == SERVICE]
+        shutil.rmtree(service_home, ignore_errors=True)
 
 
 def _post_load(base_url: str, qps: float) -> None:

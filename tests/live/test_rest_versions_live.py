@@ -17,7 +17,8 @@ from pathlib import Path
 import pytest
 
 from executors.slurm.api import API_VERSIONS, api_version, offered_versions
-from executors.slurm.backend import parse_plan_comment
+from executors.slurm import plan as plans
+from executors.slurm.backend import placement_plan
 from executors.slurm.client import SlurmRestClient
 from executors.slurm.spec import JobSpec, JobUpdate
 from tests.live.site_helpers import release_of, site_cluster, write_artifact  # noqa: F401
@@ -84,13 +85,13 @@ def test_every_offered_version_live(site_cluster) -> None:
                     c.request("DELETE", api.job_path(sid), params=body)
                 checks.append(f"golden {name} accepted")
             # the dispatcher's placement, read back through this version's parsers
-            plan = "muxflow-job=9 muxflow-gpu=1 muxflow-pct=40 muxflow-mem=1073741824"
+            plan = plans.encode(placement_plan(9, held, 1, 40, 1 << 30), live.plan_key)
             c.update_job(held, JobUpdate(nodelist="mx-t4-1", gres_per_node="mps:40", hold=False, eligible_now=True,
-                                         admin_comment=plan))
+                                         comment=plan))
             j = live.wait_job(c, held, lambda j: j.state == "RUNNING", "the placed job to run", timeout_s=60)
-            assert j.nodes == ("mx-t4-1",) and j.mps_pct == 40 and parse_plan_comment(j.admin_comment)["pct"] == "40"
+            assert j.nodes == ("mx-t4-1",) and j.mps_pct == 40 and plans.decode(j.comment, live.plan_key, held).sm_pct == 40
             assert j.start_time_utc is not None and not j.held and j.user_name == live.layout.service_user
-            checks.append("place with the plan in the admin comment, run on the node at the share")
+            checks.append("place with the signed plan in the comment, run on the node at the share")
             out = d / f"{held}.out"
             live.wait_for(f"job {held}'s script to set its USR1 trap",
                           lambda: out.exists() and "ready" in out.read_text(errors="replace"),

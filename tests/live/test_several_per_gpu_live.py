@@ -36,7 +36,8 @@ import subprocess
 import pytest
 
 from executors.round_runner import stored_result
-from executors.slurm.backend import dispatch_status, parse_plan_comment
+from executors.slurm import plan as plans
+from executors.slurm.backend import dispatch_status
 from executors.store import models as m
 from tests.live.conftest import cancel_quietly, make_private_cluster
 from tests.live.muxflow_helpers import (
@@ -141,9 +142,9 @@ def test_two_jobs_share_one_gpu_each_with_its_own_share_from_sbatch_to_completed
             assert j.nodes == (NODE,) and j.gres_per_node == f"gres:mps:t4g{i}:{pct}", (sid, j.nodes,
                                                                                         j.gres_per_node)
             assert scontrol_gres(live, sid) == [f"mps:t4g{i}:{pct}(IDX:{i})"], (sid, scontrol_gres(live, sid))
-            comment = parse_plan_comment(j.admin_comment)
-            assert (comment["job"], comment["gpu"], comment["pct"], comment["mem"]) == (
-                str(job_id), str(i), str(pct), str(mem)), j.admin_comment
+            comment = plans.decode(j.comment, live.plan_key, sid)
+            assert (comment.job_id, comment.gpu_index, comment.sm_pct, comment.mem_bytes) == (job_id, i, pct, mem), \
+                j.comment
             # the node: the Prolog's plan file of this job, and what its TaskProlog made of it
             plan = _plan_file(live, sid)
             assert (plan["job"], plan["gpu"], plan["pct"], plan["mem"]) == (str(job_id), str(i), str(pct), str(mem))

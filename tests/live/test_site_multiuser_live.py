@@ -29,7 +29,7 @@ import sys
 from sqlalchemy import func, select
 
 from executors.round_service import RoundService
-from executors.slurm.backend import parse_plan_comment
+from executors.slurm import plan as plans
 from executors.slurm.pickup import import_submissions
 from executors.store import models as m
 from scheduler_core.round_clock import RoundClock
@@ -136,7 +136,7 @@ def test_jobs_share_a_gpu_only_with_a_replica_of_their_user(site_cluster, privat
                 u1 = live.wait_job(c, sids[USERS[0]], lambda j: j.state == "RUNNING", "mxuser1's job to run", 60)
                 u2 = c.get_job(sids[USERS[1]])
             assert u1.user_name == USERS[0] and u1.nodes == (NODE,)
-            assert parse_plan_comment(u1.admin_comment)["gpu"] == str(gpu_u1)
+            assert plans.decode(u1.comment, live.plan_key, u1.job_id).gpu_index == gpu_u1
             assert u2.user_name == USERS[1] and u2.held and u2.state == "PENDING"  # still MuxFlow's, not released
             live.wait_for("the Prolog's caps on mxuser1's MPS server", lambda: _capped(live, gpu_u1), 60)
             assert _capped(live, gpu_u1) == [(servers[gpu_u1][USERS[0]].pid, pct_u1)]  # not mxuser2's server
@@ -159,7 +159,7 @@ def test_jobs_share_a_gpu_only_with_a_replica_of_their_user(site_cluster, privat
             pct_u2 = placed2[jobs[USERS[1]]].sm_pct
             with live.client() as c:
                 u2 = live.wait_job(c, sids[USERS[1]], lambda j: j.state == "RUNNING", "mxuser2's job to run", 60)
-            assert parse_plan_comment(u2.admin_comment)["gpu"] == str(LATER_GPU)
+            assert plans.decode(u2.comment, live.plan_key, u2.job_id).gpu_index == LATER_GPU
             live.wait_for("the Prolog's caps on mxuser2's MPS server", lambda: _capped(live, LATER_GPU), 60)
             assert _capped(live, LATER_GPU) == [(servers[LATER_GPU][USERS[1]].pid, pct_u2)]  # not mxuser1's
             for i in REPLICA_GPUS:  # mxuser1's GPUs only ever capped mxuser1's servers

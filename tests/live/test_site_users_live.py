@@ -12,7 +12,8 @@ import datetime as dt
 import os
 import subprocess
 
-from executors.slurm.backend import XcudaGains, parse_plan_comment
+from executors.slurm import plan as plans
+from executors.slurm.backend import XcudaGains
 from executors.slurm.pickup import import_submissions
 from executors.round_runner import stored_result
 from executors.store import models as m
@@ -56,7 +57,7 @@ def test_users_cannot_change_the_plan_and_caps_come_from_root(site_cluster, priv
         ("pick its node", USER, "scontrol", "update", "JobId={sid}", "ReqNodeList=mx-a10-1"),
         ("exclude nodes", USER, "scontrol", "update", "JobId={sid}", "ExcNodeList=mx-t4-1"),
         ("write a plan into its comment", USER, "scontrol", "update", "JobId={sid}",
-         f"Comment=muxflow-job=1 muxflow-gpu=0 muxflow-pct=100"),
+         "Comment=muxflow-plan=1 slurm={sid} job=1 kind=place gpu=0 pct=100 sig=" + "0" * 64),
         ("write a plan into its admin comment", USER, "scontrol", "update", "JobId={sid}",
          "AdminComment=muxflow-job=1 muxflow-gpu=0 muxflow-pct=100"),
         ("raise its priority", USER, "scontrol", "update", "JobId={sid}", "Nice=-100"),
@@ -68,13 +69,15 @@ def test_users_cannot_change_the_plan_and_caps_come_from_root(site_cluster, priv
     # An online job of the user cannot be moved into the offline partition (it would run unmanaged), nor carry
     # a MuxFlow plan.
     for what, argv in (("move an online job into the offline partition", ("Partition=offline",)),
-                       ("give an online job a plan", ("AdminComment=muxflow-job=1 muxflow-gpu=0 muxflow-pct=90",))):
+                       ("give an online job a plan", ("AdminComment=muxflow-job=1 muxflow-gpu=0 muxflow-pct=90",)),
+                       ("give an online job a plan in its comment",
+                        ("Comment=muxflow-plan=1 slurm={sid} job=1 kind=place gpu=0 pct=90 sig=" + "0" * 64,))):
         out = _attempt(live, online, table, what, USER, "scontrol", "update", "JobId={sid}", *argv)
         assert out.returncode != 0, (release, what, out.stderr)
     with live.client() as c:
         j = c.get_job(sid)
         assert j.held and j.partition == "offline" and j.mps_pct == 30 and j.admin_comment.startswith("muxflow")
-        assert j.required_nodes == () and "muxflow-pct" not in j.comment
+        assert j.required_nodes == () and not plans.is_plan_text(j.comment)
         assert c.get_job(online).partition == "online" and not c.get_job(online).admin_comment
         c.cancel(online)
 
@@ -113,9 +116,9 @@ def test_users_cannot_change_the_plan_and_caps_come_from_root(site_cluster, priv
 
         with live.client() as c:
             j = c.get_job(sid)
-        plan = parse_plan_comment(j.admin_comment)
+        plan = plans.decode(j.comment, live.plan_key, sid)
         assert j.state == "RUNNING" and j.nodes == ("mx-a10-1",) and j.mps_pct == PLAN_PCT
-        assert (plan["gpu"], plan["pct"]) == (str(PLAN_GPU), str(PLAN_PCT))
+        assert (plan.gpu_index, plan.sm_pct) == (PLAN_GPU, PLAN_PCT)
         env = read_env(d / f"env.{sid}")
         assert (env["CUDA_VISIBLE_DEVICES"], env["CUDA_MPS_ACTIVE_THREAD_PERCENTAGE"]) == (str(PLAN_GPU), str(PLAN_PCT))
         assert env["XCUDA_MEM_QUOTA_BYTES"] == str(2 * 1024**3) and env["LD_PRELOAD"].endswith("libxcuda.so")

@@ -49,14 +49,15 @@ def free_port() -> int:
         return int(s.getsockname()[1])
 
 
-def start_webserver(procs: Processes, env: dict) -> tuple[Proc, str]:
+def start_webserver(procs: Processes, env: dict, user: str | None = None) -> tuple[Proc, str]:
     """``dagster-webserver`` on the instance and settings of ``env`` (DAGSTER_HOME, MUXFLOW_SETTINGS), as
-    ``make ui`` runs it; returns once it answers."""
+    ``make ui`` runs it (as ``user``, where given); returns once it answers."""
     port = free_port()
     url = f"http://127.0.0.1:{port}"
     webserver = Path(sys.executable).parent / "dagster-webserver"
     proc = procs.start("dagster-webserver", [str(webserver), "-w", str(REPO_ROOT / "workspace.yaml"),
-                                             "-h", "127.0.0.1", "-p", str(port)], env=env, cwd=REPO_ROOT)
+                                             "-h", "127.0.0.1", "-p", str(port)], env=env, cwd=REPO_ROOT,
+                        user=user)
     deadline = time.monotonic() + STARTUP_TIMEOUT_S
     last = ""
     while time.monotonic() < deadline:

@@ -29,7 +29,6 @@ class ApiVersion(ABC):
     # Whether slurmrestd of this version can requeue a job itself.
     supports_requeue: ClassVar[bool] = False
     # Whether a job update can set the admin comment (else the client's scontrol fallback does).
-    updates_admin_comment: ClassVar[bool] = True
 
     def __init__(self, clock: Callable[[], float] = time.time):
         # Only for versions that must send "now" as a number (v0.0.40 begin_time).
@@ -118,7 +117,12 @@ class ApiVersion(ABC):
         return expand_hostlist(value)
 
     def exit_code(self, value: Any) -> int | None:
-        return as_int(value)
+        """The job's exit code from Slurm's wait status (v0.0.38 serves the raw status: exit 4 reads 1024); a job
+        killed by a signal gets minus the signal's number, as Python's ``subprocess`` reports it."""
+        status = as_int(value)
+        if status is None or status < 0:
+            return status
+        return -(status & 0x7F) if status & 0x7F else (status >> 8) & 0xFF
 
     def timestamp(self, value: Any) -> datetime | None:
         return epoch_to_utc(value)

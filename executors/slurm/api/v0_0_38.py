@@ -31,7 +31,6 @@ class V0038(ApiVersion):
     name: ClassVar[str] = "v0.0.38"
     verified_live: ClassVar[bool] = True
     supports_requeue: ClassVar[bool] = False
-    updates_admin_comment: ClassVar[bool] = False  # "Unknown key" (checked live): scontrol sets it instead
 
     def build_submit(self, spec: JobSpec) -> dict[str, Any]:
         job: dict[str, Any] = {
@@ -74,9 +73,8 @@ class V0038(ApiVersion):
             body["gres"] = update.gres_per_node
         if update.comment is not None:
             body["comment"] = update.comment
-        if update.admin_comment is not None:
-            raise PayloadError("admin_comment: v0.0.38 cannot update it (slurmrestd 22.05 answers \"Unknown key\"); "
-                               "the client sets it through scontrol")
+        if update.partition is not None:
+            body["partition"] = update.partition
         if update.eligible_now:
             body["begin_time"] = "now"  # a time string as for `sbatch --begin`; epoch numbers are refused
         if update.hold is not None:

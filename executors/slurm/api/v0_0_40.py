@@ -104,8 +104,8 @@ class V0040(ApiVersion):
             body["tres_per_node"] = _tres_per_node(update.gres_per_node)
         if update.comment is not None:
             body["comment"] = update.comment
-        if update.admin_comment is not None:
-            body["admin_comment"] = update.admin_comment
+        if update.partition is not None:
+            body["partition"] = update.partition
         if update.eligible_now:
             body["begin_time"] = _no_val(int(self.clock()))  # epoch seconds; 0 would mean "unchanged"
         if update.hold is not None:

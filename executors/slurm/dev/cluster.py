@@ -1,6 +1,7 @@
 """A real multi-node Slurm cluster on one machine, for development and the integration tests.
 
-``up`` starts munged, slurmctld, one slurmd per node (each in its own network
+``up`` starts munged, slurmdbd (accounting in MariaDB; ``sacctmgr`` then sets up the
+accounts, MuxFlow's as an Operator), slurmctld, one slurmd per node (each in its own network
 namespace) and two slurmrestd: one on a unix socket with rest_auth/local, one
 on 127.0.0.1 with rest_auth/jwt. It waits for each stage by polling with a
 deadline; a second ``up`` finds everything running and changes nothing.
@@ -12,6 +13,7 @@ from __future__ import annotations
 
 import os
 import pwd
+import secrets
 import socket
 import subprocess
 import time
@@ -20,20 +22,30 @@ from dataclasses import dataclass, field, replace
 from pathlib import Path
 
 from executors.slurm.client import SlurmRestClient
+from executors.slurm.dev import accounting
 from executors.slurm.dev import network as net
 from executors.slurm.dev import rootfs
-from executors.slurm.dev.install import JOB_USERS, SBIN_PATH, ensure_job_user, ensure_packages, ensure_service_user
+from executors.slurm.dev.install import (
+    JOB_USERS,
+    SBIN_PATH,
+    ensure_job_user,
+    ensure_mariadb,
+    ensure_packages,
+    ensure_service_user,
+)
 from executors.slurm.dev.layout import (
     DEFAULT_NODES,
     DEFAULT_STATE_DIR,
     DEFAULT_SUBNETS,
+    MUXFLOW_USER,
+    REFERENCE_USER,
     REST_USER,
     SERVICE_USER,
     DevClusterLayout,
     DevNode,
 )
 from executors.slurm.dev.procs import ProcRecord, ProcTable, descendants, terminate, wait_reaped
-from executors.slurm.dev.state import prepare_state
+from executors.slurm.dev.state import ensure_credentials, prepare_state
 from executors.slurm.errors import SlurmError
 from executors.slurm.jwt import mint_hs256
 from executors.slurm.models import Node, Partition
@@ -44,6 +56,7 @@ GOOD_SINFO_STATES = ("idle", "mixed", "allocated", "completing")
 
 
 NODE_SRC = Path(__file__).resolve().parents[1] / "node"
+PLAN_SRC = Path(__file__).resolve().parents[1] / "plan.py"
 REPO = Path(__file__).resolve().parents[3]
 XCUDA_LIB = Path(__file__).resolve().parents[2] / "xcuda" / "build" / "libxcuda.so"
 FAKE_MPS_CONTROL = Path(__file__).resolve().with_name("fake_mps_control.sh")
@@ -51,10 +64,19 @@ FAKE_MPS_CONTROL = Path(__file__).resolve().with_name("fake_mps_control.sh")
 
 def node_script_values(layout: DevClusterLayout) -> dict[str, str]:
     """What the dev cluster fills into the node scripts' ``@…@`` placeholders (a site fills its own, DEPLOY.md):
-    xCUDA, the plan directory, and a stand-in MPS control per node (its pipes under the state directory)."""
+    xCUDA, the plan directory, a stand-in MPS control per node (its pipes under the state directory), the nodes'
+    plan key, the per-job state directory and the plan tool."""
     return {"@XCUDA_LIB@": str(XCUDA_LIB), "@PLAN_DIR@": str(layout.plan_dir),
             "@MPS_CONTROL@": str(layout.node_script_dir / "nvidia-cuda-mps-control"),
-            "@MPS_PIPE_ROOT@": f"{layout.mps_pipe_root}/${{SLURMD_NODENAME}}"}
+            "@MPS_PIPE_ROOT@": f"{layout.mps_pipe_root}/${{SLURMD_NODENAME}}",
+            "@PLAN_KEY@": str(layout.node_plan_key_file), "@JOB_DIR@": str(layout.job_state_dir),
+            "@PLAN_TOOL@": str(layout.plan_tool)}
+
+
+def releaser_uids(slurm_user_uid: int, muxflow_uid: int | None) -> str:
+    """job_submit.lua's ``@RELEASER_UIDS@``: root, SlurmUser and MuxFlow's account may change MuxFlow's jobs."""
+    uids = [0, int(slurm_user_uid), *([] if muxflow_uid is None else [int(muxflow_uid)])]
+    return ", ".join(f"[{u}] = true" for u in dict.fromkeys(uids))
 
 
 def _fill(text: str, values: dict[str, str]) -> str:
@@ -63,9 +85,9 @@ def _fill(text: str, values: dict[str, str]) -> str:
     return text
 
 
-def install_node_scripts(layout: DevClusterLayout, slurm_user_uid: int) -> None:
-    """Install ``job_submit.lua`` next to slurm.conf, the Prolog/TaskProlog/Epilog and the stand-in MPS control
-    (docs/SLURM.md).
+def install_node_scripts(layout: DevClusterLayout, slurm_user_uid: int, muxflow_uid: int | None = None) -> None:
+    """Install ``job_submit.lua`` next to slurm.conf, the Prolog/TaskProlog/Epilog, the plan tool (a copy of
+    ``executors/slurm/plan.py``) and the stand-in MPS control (docs/SLURM.md).
 
     Each file is replaced atomically (temp file + rename): slurmd reads the scripts at
     every job start and slurmctld reloads the Lua script when it changes, so a running
@@ -77,10 +99,11 @@ def install_node_scripts(layout: DevClusterLayout, slurm_user_uid: int) -> None:
     files = {layout.node_script_dir / name: (_fill((NODE_SRC / name).read_text(), values), 0o755)
              for name in ("prolog.sh", "task_prolog.sh", "epilog.sh")}
     files[layout.node_script_dir / "nvidia-cuda-mps-control"] = (FAKE_MPS_CONTROL.read_text(), 0o755)
+    files[layout.plan_tool] = (PLAN_SRC.read_text(), 0o644)
     files[layout.job_submit_lua] = ((NODE_SRC / "job_submit.lua").read_text()
-                                    .replace("@SLURM_USER_UID@", str(int(slurm_user_uid))), 0o644)
+                                    .replace("@RELEASER_UIDS@", releaser_uids(slurm_user_uid, muxflow_uid)), 0o644)
     for dst, (text, mode) in files.items():
-        if dst.exists() and dst.read_text() == text:
+        if dst.exists() and dst.read_text() == text and (os.stat(dst).st_mode & 0o7777) == mode:
             continue
         tmp = dst.with_name(f".{dst.name}.{os.getpid()}.tmp")
         tmp.write_text(text)
@@ -104,6 +127,8 @@ class _Component:
     ready: Callable[[], str | None]  # None when ready, else why not yet
     env: dict[str, str] = field(default_factory=dict)
     before_start: Callable[[], None] | None = None
+    # once the component is ready, on every up; the argument: whether this up started it
+    after_ready: Callable[[bool], None] | None = None
 
 
 @dataclass(frozen=True)
@@ -133,7 +158,7 @@ class DevCluster:
                  bridge: str = "mxslurm0", port_base: int = 6917, echo: Callable[[str], None] = print,
                  nodes: tuple[DevNode, ...] = DEFAULT_NODES, release: rootfs.SlurmRelease | None = None):
         """``bridge`` names the network pieces and ``port_base`` the ports (slurmctld, slurmd = +1,
-        REST = +3): a second cluster with other values and state dir runs beside the first.
+        slurmdbd = +2, REST = +3): a second cluster with other values and state dir runs beside the first.
         ``nodes`` is the layout of a fresh start (a running cluster keeps its own). ``release``: run
         another Slurm release than the host's, from its Debian tree (:mod:`executors.slurm.dev.rootfs`)."""
         self.state_dir = Path(state_dir or os.environ.get("MUXFLOW_SLURM_DIR") or DEFAULT_STATE_DIR)
@@ -156,7 +181,7 @@ class DevCluster:
         host = socket.gethostname().split(".")[0]
         base = DevClusterLayout(state_dir=self.state_dir, controller_host=host, bridge=self.bridge,
                                 slurmctld_port=self.port_base, slurmd_port=self.port_base + 1,
-                                rest_port=self.port_base + 3, nodes=self.nodes)
+                                dbd_port=self.port_base + 2, rest_port=self.port_base + 3, nodes=self.nodes)
         if self.release is not None:
             base = replace(base, root_fs=str(self.release.path), rest_plugins=self.release.rest_plugins,
                            rest_user=REST_USER,
@@ -177,8 +202,8 @@ class DevCluster:
         return rootfs.wrap(Path(layout.root_fs) if layout.root_fs else None, [Path(b) for b in layout.binds], argv)
 
     def component_names(self, layout: DevClusterLayout) -> list[str]:
-        return ["munged", "slurmctld", *[f"slurmd-{n.name}" for n in layout.nodes],
-                "slurmrestd-local", "slurmrestd-jwt"]
+        return ["munged", *(["slurmdbd"] if layout.accounting else []), "slurmctld",
+                *[f"slurmd-{n.name}" for n in layout.nodes], "slurmrestd-local", "slurmrestd-jwt"]
 
     def scontrol_fallback(self, layout: DevClusterLayout):
         """The REST client's ``scontrol`` fallback (requeue; GRES and admin comment on v0.0.38) for this cluster."""
@@ -190,9 +215,20 @@ class DevCluster:
     def mint_token(self, layout: DevClusterLayout, user: str = "root", lifespan_s: int = 3600) -> str:
         return mint_hs256(layout.jwt_key.read_bytes(), user, issued_at_s=int(time.time()), lifespan_s=lifespan_s)
 
+    def service_rest_settings(self, layout: DevClusterLayout, *, timeout_s: float = 15.0) -> SlurmRestSettings:
+        """How MuxFlow's own account (``muxflow``, an Operator; not SlurmUser, not root) talks to the cluster: TCP
+        with the token ``dev-up`` keeps in ``<state>/muxflow/slurm.jwt`` (re-read on every request). That file is
+        ``muxflow``'s (0600) and the client refuses a token file another user owns: for processes running as
+        ``muxflow``, as MuxFlow's do."""
+        return SlurmRestSettings(api_version=layout.api_version, url=layout.rest_url, user_name=MUXFLOW_USER,
+                                 token_file=str(layout.muxflow_jwt_file), timeout_s=timeout_s)
+
     def rest_settings(self, layout: DevClusterLayout, transport: str = "local", *, user: str = "root",
                       timeout_s: float = 15.0) -> SlurmRestSettings:
-        """``local``: the unix socket (acts as the service user, SlurmUser); ``jwt``: TCP with a fresh token."""
+        """``local``: the unix socket (acts as the service user, SlurmUser); ``jwt``: TCP with a fresh token for
+        ``user``; ``service``: MuxFlow's Operator account (:meth:`service_rest_settings`)."""
+        if transport == "service":
+            return self.service_rest_settings(layout, timeout_s=timeout_s)
         if transport == "local" and self._socket_needs_token(layout):
             # slurmrestd cannot act as SlurmUser on its socket: the socket takes SlurmUser's tokens instead.
             return SlurmRestSettings(api_version=layout.api_version, unix_socket=str(layout.rest_socket),
@@ -204,7 +240,7 @@ class DevCluster:
         if transport == "jwt":
             return SlurmRestSettings(api_version=layout.api_version, url=layout.rest_url, user_name=user,
                                      token=self.mint_token(layout, user), timeout_s=timeout_s)
-        raise ValueError(f"transport must be 'local' or 'jwt', got {transport!r}")
+        raise ValueError(f"transport must be 'local', 'jwt' or 'service', got {transport!r}")
 
     @staticmethod
     def _socket_needs_token(layout: DevClusterLayout) -> bool:
@@ -242,7 +278,10 @@ class DevCluster:
         return None if any(p.up for p in pings) else f"controller not up: {pings}"
 
     # -- components ----------------------------------------------------------------
-    def _components(self, layout: DevClusterLayout) -> list[list[_Component]]:
+    def _components(self, layout: DevClusterLayout, db: str = "kept", template: str | None = None
+                    ) -> list[list[_Component]]:
+        """The stages of ``up``. ``db``: how this start found the accounting database: ``kept`` (a running
+        cluster's), ``template`` (copied, set up already) or ``empty`` (then kept as ``template`` once set up)."""
         env = self.slurm_env(layout)
         conf = str(layout.slurm_conf)
         logs = layout.log_dir
@@ -251,6 +290,10 @@ class DevCluster:
         def munge_ready() -> str | None:
             out = self._run(layout, "munge", "-n", "-S", str(layout.munge_socket), timeout_s=5)
             return None if out.returncode == 0 else (out.stderr.strip() or "munge -n failed")
+
+        def dbd_ready() -> str | None:
+            out = self._run(layout, "sacctmgr", "-n", "show", "cluster", timeout_s=5)
+            return None if out.returncode == 0 else ((out.stdout + out.stderr).strip() or "sacctmgr failed")
 
         def ctld_ready() -> str | None:
             out = self._run(layout, "scontrol", "ping")
@@ -267,6 +310,12 @@ class DevCluster:
              f"--seed-file={layout.munge_dir / 'munged.seed'}"]),
             [logs / "munged.out", layout.munge_dir / "munged.log"], munge_ready, env,
             rm_socket(layout.munge_socket))
+        # slurmdbd has no -f: it reads slurmdbd.conf next to $SLURM_CONF; started by root, it becomes SlurmUser
+        # itself once it has read it. Once it answers, sacctmgr sets up the cluster and its accounts (before
+        # slurmctld starts, so that slurmctld registers with its cluster already there).
+        dbd = _Component("slurmdbd", wrap(["slurmdbd", "-D"]),
+                         [logs / "slurmdbd.out", logs / "slurmdbd.log"], dbd_ready, env,
+                         after_ready=lambda started: self._bootstrap_accounting(layout, db, template, started))
         ctld = _Component("slurmctld", wrap(["slurmctld", "-D", "-f", conf]),
                           [logs / "slurmctld.out", logs / "slurmctld.log"], ctld_ready, env)
         slurmds = []
@@ -291,7 +340,28 @@ class DevCluster:
             "slurmrestd-jwt", wrap([*rest_args, "-a", "rest_auth/jwt", f"127.0.0.1:{layout.rest_port}"]),
             [logs / "slurmrestd-jwt.out"], lambda: self._rest_ready(layout, "jwt"),
             {**env, "SLURM_JWT": "daemon"})
-        return [[munged], [ctld], slurmds, [rest_local, rest_jwt]]
+        return [[munged], *([[dbd]] if layout.accounting else []), [ctld], slurmds, [rest_local, rest_jwt]]
+
+    def _bootstrap_accounting(self, layout: DevClusterLayout, db: str, template: str | None, started: bool) -> None:
+        """The cluster and its accounts in slurmdbd, when this up started slurmdbd (a database copied from the
+        template has them already)."""
+        if not started or db == "template":
+            return
+        run = lambda *argv: self._run(layout, *argv, timeout_s=30)  # noqa: E731
+        try:
+            load_file = layout.etc_dir / "accounts.cfg" if db == "empty" else None
+            done = accounting.bootstrap(run, layout, load_file=load_file)
+        except accounting.AccountingError as exc:
+            raise DevClusterError(f"setting up the accounts: {exc}", [layout.log_dir / "slurmdbd.log"]) from exc
+        if done:
+            self.echo("  accounting: added " + ", ".join(done))
+        if db == "empty" and template:
+            accounting.save_template(layout, template)
+
+    def _dbd_version(self, layout: DevClusterLayout) -> str | None:
+        """The release's Slurm version (``sacctmgr -V``: the same package version as slurmdbd's)."""
+        out = self._run(layout, "sacctmgr", "-V")
+        return (out.stdout.strip() or None) if out.returncode == 0 else None
 
     # -- up --------------------------------------------------------------------------
     def up(self, *, timeout_s: float = 120.0, install: bool = True) -> DevStatus:
@@ -303,29 +373,46 @@ class DevCluster:
         if self.release is not None:
             rootfs.ensure_rootfs(self.release, self.echo)
         pw = ensure_service_user(SERVICE_USER)
+        muxflow_pw = ensure_service_user(MUXFLOW_USER)
+        ensure_service_user(REFERENCE_USER)
         for name in JOB_USERS:
             ensure_job_user(name)
         if self.release is not None:
             ensure_service_user(REST_USER)
-            rootfs.sync_users(self.release.path, (SERVICE_USER, REST_USER, *JOB_USERS))
+            rootfs.sync_users(self.release.path, (SERVICE_USER, REST_USER, MUXFLOW_USER, REFERENCE_USER, *JOB_USERS))
         previous = self.load_layout()
         running = [r for r in self.procs.all() if r.running()]
+        storage_pass = None  # set when the accounting database is created anew
+        db, template = "kept", None
         if previous is None or not running:
             if previous is not None or self.procs.all():
                 self.down(quiet=True)  # leftovers of a crashed cluster: stray processes, stale network
             layout = self._new_layout(previous)
             self._check_ports(layout)
+            if layout.accounting:
+                ensure_mariadb(self.echo, install=install)
+                storage_pass = secrets.token_hex(24)
             rest_pw = pwd.getpwnam(layout.rest_user) if layout.rest_user else None
-            prepare_state(layout, pw.pw_uid, pw.pw_gid, (rest_pw.pw_uid, rest_pw.pw_gid) if rest_pw else None)
+            prepare_state(layout, pw.pw_uid, pw.pw_gid, (rest_pw.pw_uid, rest_pw.pw_gid) if rest_pw else None,
+                          storage_pass)
+            if storage_pass is not None:
+                version = self._dbd_version(layout)  # the client reads slurm.conf even for -V
+                template = accounting.template_name(version, cluster_name=layout.cluster_name) if version else None
+                db = "template" if accounting.create_database(layout, storage_pass, template) else "empty"
             self._forget_records()
             self.echo(f"starting the dev Slurm cluster in {self.state_dir} (subnet {layout.subnet})")
         else:
             layout = previous
-        install_node_scripts(layout, pw.pw_uid)  # a running cluster gets the current scripts too
+            if layout.accounting and not self._running(["slurmdbd"]):
+                ensure_mariadb(self.echo, install=install)  # slurmdbd is to be restarted: its database must answer
+        # A running cluster gets the current scripts too, and MuxFlow's credentials are renewed when they expire.
+        install_node_scripts(layout, pw.pw_uid, muxflow_pw.pw_uid)
+        for path in ensure_credentials(layout, (muxflow_pw.pw_uid, muxflow_pw.pw_gid), (MUXFLOW_USER, REFERENCE_USER)):
+            self.echo(f"  wrote {path}")
         net.network_up(layout)
         deadline = time.monotonic() + timeout_s
         started = 0
-        for stage in self._components(layout):
+        for stage in self._components(layout, db, template):
             fresh = []
             for comp in stage:
                 rec = self.procs.get(comp.name)
@@ -340,6 +427,8 @@ class DevCluster:
                 started += 1
             for comp in stage:  # wait for the whole stage, the already-running ones included
                 self._wait(comp, deadline, [r for c, r in fresh])
+                if comp.after_ready:
+                    comp.after_ready(any(c is comp for c, _ in fresh))
         if started == 0:
             self.echo(f"the dev Slurm cluster is already up ({self.state_dir}); nothing started")
         return self.status()
@@ -357,9 +446,14 @@ class DevCluster:
                 raise DevClusterError(f"timed out waiting for {comp.name}: {reason}", comp.logs)
             time.sleep(POLL_S)
 
+    def _running(self, names: list[str]) -> bool:
+        return all((rec := self.procs.get(n)) is not None and rec.running() for n in names)
+
     def _check_ports(self, layout: DevClusterLayout) -> None:
-        for host, port, what in (("0.0.0.0", layout.slurmctld_port, "slurmctld"),
-                                 ("127.0.0.1", layout.rest_port, "slurmrestd (JWT)")):
+        ports = [("0.0.0.0", layout.slurmctld_port, "slurmctld"), ("127.0.0.1", layout.rest_port, "slurmrestd (JWT)")]
+        if layout.accounting:
+            ports.append(("0.0.0.0", layout.dbd_port, "slurmdbd"))
+        for host, port, what in ports:
             with socket.socket() as s:
                 s.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)
                 try:
@@ -378,7 +472,8 @@ class DevCluster:
         layout = self.load_layout()
         records = {r.name: r for r in self.procs.all()}
         slurmds = sorted(n for n in records if n.startswith("slurmd-"))
-        stages = [["slurmrestd-jwt", "slurmrestd-local"], slurmds, ["slurmctld", "munged"]]
+        # slurmctld before slurmdbd (it sends what it still holds for accounting), munged last.
+        stages = [["slurmrestd-jwt", "slurmrestd-local"], slurmds, ["slurmctld", "slurmdbd", "munged"]]
         stages.append(sorted(set(records) - {n for st in stages for n in st}))
         problems: list[str] = []
         stopped: list[int] = []
@@ -406,6 +501,11 @@ class DevCluster:
             problems += net.network_down(layout)
             for sock in (layout.rest_socket, layout.munge_socket):
                 sock.unlink(missing_ok=True)
+            if layout.accounting and "slurmdbd" in records:
+                # The accounting database goes with the cluster (a fresh start creates a new one).
+                why = accounting.drop_database(layout)
+                if why is not None:
+                    say(f"  note: {why}")
         wait_reaped(stopped, 3.0)
         return problems
 

@@ -11,6 +11,7 @@ from __future__ import annotations
 
 import ipaddress
 import json
+import re
 from dataclasses import asdict, dataclass, field
 from pathlib import Path
 
@@ -19,6 +20,11 @@ from executors.slurm.hostlist import per_gpu_type
 DEFAULT_STATE_DIR = Path("/tmp/muxflow-slurm")
 SERVICE_USER = "muxflow-slurm"  # slurmctld (as SlurmUser) and slurmrestd run as this system user
 REST_USER = "muxflow-rest"  # slurmrestd of the releases that refuse to run as SlurmUser
+# MuxFlow's own identity on the cluster: a plain account with Slurm's AdminLevel=Operator (slurmdbd), neither
+# SlurmUser nor root; and the unprivileged account MuxFlow's reference workloads run as.
+MUXFLOW_USER = "muxflow"
+REFERENCE_USER = "mxref"
+SLURM_ACCOUNT = "mxdev"  # the accounting account every dev-cluster user belongs to
 DEFAULT_SUBNETS = ("10.213.7.0/24", "10.213.77.0/24", "172.29.213.0/24")
 NODE_HOST_OFFSET = 11  # node i gets the subnet's host number 11 + i; the bridge gets 1
 
@@ -78,6 +84,9 @@ class DevClusterLayout:
     slurmctld_port: int = 6917
     slurmd_port: int = 6918
     rest_port: int = 6920
+    # slurmdbd's port (accounting in MariaDB, so that MuxFlow's account can be an Operator); 0: a cluster
+    # started before the dev cluster ran slurmdbd (no accounting).
+    dbd_port: int = 6919
     service_user: str = SERVICE_USER
     # slurmrestd's user: SlurmUser on 22.05 (its unix socket then acts with SlurmUser's rights); from 23.11 on
     # slurmrestd refuses to run as SlurmUser, so another unprivileged user ("" = service_user).
@@ -230,6 +239,61 @@ class DevClusterLayout:
     def layout_file(self) -> Path:
         return self.state_dir / "cluster.json"
 
+    @property
+    def job_state_dir(self) -> Path:
+        """Root-owned (0755): the per-job directories the Prolog creates."""
+        return self.state_dir / "jobstate"
+
+    @property
+    def plan_tool(self) -> Path:
+        """The copy of ``executors/slurm/plan.py`` the Prolog runs (``python3 muxflow_plan.py prolog …``)."""
+        return self.node_script_dir / "muxflow_plan.py"
+
+    @property
+    def node_plan_key_file(self) -> Path:
+        """The nodes' copy of the plan-signing key (root, 0600), for the Prolog to verify plans."""
+        return self.etc_dir / "plan.key"
+
+    # -- MuxFlow's credentials (owned by MuxFlow's account, docs/SLURM.md "Accounts") --------------------
+    @property
+    def muxflow_dir(self) -> Path:
+        """MuxFlow's credentials, owned by its account (0700)."""
+        return self.state_dir / "muxflow"
+
+    @property
+    def muxflow_jwt_file(self) -> Path:
+        """A token for MuxFlow's account (an Operator): what MuxFlow talks to slurmrestd with."""
+        return self.muxflow_dir / "slurm.jwt"
+
+    @property
+    def reference_jwt_file(self) -> Path:
+        """A token for the reference workloads' account, with which MuxFlow submits them."""
+        return self.muxflow_dir / "reference.jwt"
+
+    @property
+    def plan_key_file(self) -> Path:
+        """MuxFlow's copy of the plan-signing key (its account, 0600)."""
+        return self.muxflow_dir / "plan.key"
+
+    # -- accounting (slurmdbd) -------------------------------------------------
+    @property
+    def accounting(self) -> bool:
+        return self.dbd_port != 0
+
+    @property
+    def slurmdbd_conf(self) -> Path:
+        """slurmdbd has no ``-f``: it reads ``slurmdbd.conf`` next to ``$SLURM_CONF``."""
+        return self.etc_dir / "slurmdbd.conf"
+
+    @property
+    def storage_loc(self) -> str:
+        """The MariaDB database (and its user's name) of this cluster: one per bridge, so clusters run side by side."""
+        return "muxflow_" + re.sub(r"[^A-Za-z0-9_]", "_", self.bridge)
+
+    @property
+    def storage_user(self) -> str:
+        return self.storage_loc
+
     def gpu_files(self, node: DevNode) -> list[Path]:
         return [self.gpu_dir / f"{node.name}-gpu{i}" for i in range(node.gpus)]
 
@@ -264,7 +328,7 @@ class DevClusterLayout:
             "ProctrackType=proctrack/linuxproc",
             "TaskPlugin=task/none",
             "JobAcctGatherType=jobacct_gather/none",
-            "AccountingStorageType=accounting_storage/none",
+            *self._accounting_lines(),
             "JobCompType=jobcomp/none",
             "SwitchType=switch/none",
             "MpiDefault=none",
@@ -298,6 +362,40 @@ class DevClusterLayout:
             lines.append(f"PartitionName={p} Nodes={node_names} Default={default} MaxTime=INFINITE State=UP")
         return "\n".join(lines) + "\n"
 
+    def _accounting_lines(self) -> list[str]:
+        if not self.accounting:
+            return ["AccountingStorageType=accounting_storage/none"]
+        # AccountingStoragePass names the munge socket the controller and the clients (sacctmgr) sign their
+        # messages to slurmdbd with; without it they use the system's socket and slurmdbd refuses them.
+        return ["AccountingStorageType=accounting_storage/slurmdbd", "AccountingStorageHost=127.0.0.1",
+                f"AccountingStoragePort={self.dbd_port}", f"AccountingStoragePass={self.munge_socket}"]
+
+    def render_slurmdbd_conf(self, storage_pass: str) -> str:
+        """slurmdbd.conf (SlurmUser's, mode 0600: it holds ``storage_pass``, the database user's password)."""
+        if not self.accounting:
+            raise ValueError("this layout has no slurmdbd (dbd_port=0)")
+        lines = [
+            "# Generated by `muxflow slurm dev-up`; rewritten on every fresh start.",
+            "AuthType=auth/munge",
+            f"AuthInfo=socket={self.munge_socket}",
+            "AuthAltTypes=auth/jwt",
+            f"AuthAltParameters=jwt_key={self.jwt_key}",
+            "DbdHost=localhost",
+            "DbdAddr=127.0.0.1",
+            f"DbdPort={self.dbd_port}",
+            f"SlurmUser={self.service_user}",
+            f"LogFile={self.log_dir / 'slurmdbd.log'}",
+            f"PidFile={self.run_dir / 'slurmdbd.pid'}",
+            "DebugLevel=info",
+            "StorageType=accounting_storage/mysql",
+            "StorageHost=127.0.0.1",
+            "StoragePort=3306",
+            f"StorageUser={self.storage_user}",
+            f"StoragePass={storage_pass}",
+            f"StorageLoc={self.storage_loc}",
+        ]
+        return "\n".join(lines) + "\n"
+
     def render_gres_conf(self) -> str:
         """Plain files stand in for GPUs; ``Flags=all_sharing`` on every mps line (DESIGN §4).
 
@@ -329,5 +427,6 @@ class DevClusterLayout:
         d["nodes"] = tuple(DevNode(**n) for n in d["nodes"])
         d["partitions"] = tuple(d["partitions"])
         d["binds"] = tuple(d.get("binds") or ())
+        d.setdefault("dbd_port", 0)  # written before the dev cluster ran slurmdbd
         d["state_dir"] = Path(d["state_dir"])
         return cls(**d)

@@ -1,8 +1,8 @@
 """A Slurm release other than the host's, in a Debian root file system the dev cluster runs its daemons in.
 
 Debian 12 ships Slurm 22.05; sites run newer releases (Debian 13 "trixie" ships 24.11). ``ensure_rootfs``
-builds a minimal trixie tree with Slurm, slurmrestd and munge by ``debootstrap`` (Debian's packages, nothing
-else), once: the tree is cached (``/var/cache/muxflow/slurm-<suite>``) and reused while its stamp names the
+builds a minimal trixie tree with Slurm, slurmrestd, slurmdbd and munge by ``debootstrap`` (Debian's packages,
+nothing else), once: the tree is cached (``/var/cache/muxflow/slurm-<suite>``) and reused while its stamp names the
 same packages. The dev cluster then starts each daemon and client command through ``chroot_exec.sh`` in a
 mount namespace of its own, with the cluster's state directory and the repository bound at the same paths
 (docs/SLURM.md "Slurm 24.11").
@@ -22,9 +22,10 @@ from pathlib import Path
 CACHE_ROOT = Path(os.environ.get("MUXFLOW_ROOTFS_CACHE", "/var/cache/muxflow"))
 MIRROR = "http://deb.debian.org/debian"
 CHROOT_EXEC = Path(__file__).resolve().with_name("chroot_exec.sh")
-# What the daemons, the node scripts (bash, python3 for the plan in the Prolog) and the tests' jobs need.
-PACKAGES = ("slurm-wlm", "slurmrestd", "slurm-client", "slurm-wlm-jwt-plugin", "munge", "iproute2", "util-linux", "procps",
-            "python3-minimal", "bash")
+# What the daemons, the node scripts (bash, python3 for the plan in the Prolog) and the tests' jobs need. A cached
+# tree is rebuilt when this list changes (its stamp names the packages): a tree from before slurmdbd gets it.
+PACKAGES = ("slurm-wlm", "slurmrestd", "slurmdbd", "slurm-client", "slurm-wlm-jwt-plugin", "munge", "iproute2",
+            "util-linux", "procps", "python3-minimal", "bash")
 
 
 class RootfsError(RuntimeError):

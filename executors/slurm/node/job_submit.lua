@@ -1,15 +1,17 @@
 -- MuxFlow job_submit.lua (installed next to slurm.conf by `muxflow slurm dev-up`; see docs/SLURM.md).
 --
 -- Every job for the offline partition is held (priority 0) at submission so that Slurm's own
--- scheduler never starts it: MuxFlow imports it (executors/slurm/pickup.py), places it on the
--- planned node with --gres=mps:<pct> and releases it. The job is tagged in admin_comment, which
--- only Slurm's administrators can write; MuxFlow later puts its plan there (GPU, share, memory
--- quota, xCUDA gains) and the root Prolog reads it from there.
+-- scheduler never starts it: MuxFlow imports it (executors/slurm/pickup.py), profiles it in its
+-- own profiling window and places it on the planned node with --gres=mps:<pct>, and releases it.
+-- The job is tagged in admin_comment, which only Slurm's administrators can write. MuxFlow writes
+-- its plan (GPU, share, memory quota, xCUDA gains) into the job's comment, signed (executors/slurm/
+-- plan.py); the root Prolog verifies it before it uses it. A comment that looks like a plan is
+-- refused from anyone else, at submission and later (a forged one would not verify anyway).
 -- A job without -p goes to the default partition, which is offline on the dev cluster.
 --
 -- From submission on, such a job is MuxFlow's until it ends or is cancelled: its user cannot
 -- change anything of it (partition, GRES/TRES, node lists, comments, hold/release, priority…),
--- and nobody but root and SlurmUser can move another job into the offline partition or set a
+-- and nobody but the releasers (below) can move another job into the offline partition or set a
 -- MuxFlow admin comment. Cancelling stays the user's right (scancel is not a modification).
 -- Arrays, heterogeneous and multi-node jobs and --no-requeue are refused for the offline
 -- partition (the pick-up refuses them too, on a cluster without this script); a job that does
@@ -18,9 +20,9 @@
 local OFFLINE = "offline"
 local DEFAULT_IS_OFFLINE = true
 local TAG = "muxflow"  -- admin_comment prefix of every job MuxFlow manages
--- Who may change MuxFlow's jobs: root and SlurmUser (the dispatcher acts as SlurmUser through
--- slurmrestd; `dev-up` fills in its uid).
-local RELEASERS = { [0] = true, [@SLURM_USER_UID@] = true }
+-- Who may change MuxFlow's jobs: root, SlurmUser and MuxFlow's own account (an Operator in slurmdbd, through
+-- which the dispatcher acts); `dev-up` fills in `[0] = true, [<SlurmUser's uid>] = true, [<MuxFlow's uid>] = true`.
+local RELEASERS = { @RELEASER_UIDS@ }
 
 local function is_offline(part)
    if part == nil or part == "" then
@@ -65,9 +67,16 @@ local function unplaceable(job_desc)
    return nil
 end
 
+local function plan_like(comment)
+   return comment ~= nil and string.find(comment, "muxflow-plan=", 1, true) ~= nil
+end
+
 function slurm_job_submit(job_desc, part_list, submit_uid)
    if job_desc.admin_comment ~= nil and not RELEASERS[submit_uid] then
       return refuse("admin_comment is reserved for MuxFlow")
+   end
+   if plan_like(job_desc.comment) and not RELEASERS[submit_uid] then
+      return refuse("a comment with muxflow-plan= is reserved for MuxFlow's plans")
    end
    if is_offline(job_desc.partition) then
       local why = unplaceable(job_desc)
@@ -99,6 +108,9 @@ function slurm_job_modify(job_desc, job_rec, part_list, modify_uid)
    end
    if job_desc.admin_comment ~= nil then
       return refuse("admin_comment is reserved for MuxFlow")
+   end
+   if plan_like(job_desc.comment) then
+      return refuse("a comment with muxflow-plan= is reserved for MuxFlow's plans")
    end
    return slurm.SUCCESS
 end

@@ -5,6 +5,7 @@
 #include <fcntl.h>
 #include <math.h>
 #include <string.h>
+#include <sys/stat.h>
 #include <unistd.h>
 
 #include "xcuda_shm.h"
@@ -24,6 +25,7 @@ const char *xc_shm_status_name(enum xc_shm_status s)
         [XC_SHM_BAD_CHECKSUM] = "checksum mismatch",
         [XC_SHM_BAD_VALUES] = "values out of range",
         [XC_SHM_STALE] = "stale (node agent not updating it)",
+        [XC_SHM_UNTRUSTED] = "untrusted (a symlink, not a regular file, not owned by root, or writable by others)",
     };
     return (unsigned)s < XC_SHM_STATUS_COUNT ? names[s] : "?";
 }
@@ -83,6 +85,16 @@ void xc_shm_reader_close(struct xc_shm_reader *r)
     r->fd = -1;
 }
 
+int xc_shm_trusted(int fd)
+{
+    struct stat st;
+    if (fstat(fd, &st) != 0 || !S_ISREG(st.st_mode))
+        return 0;
+    if (st.st_uid != 0 && st.st_uid != geteuid())
+        return 0;
+    return (st.st_mode & (S_IWGRP | S_IWOTH)) == 0;
+}
+
 static ssize_t read_at(int fd, void *buf, size_t len, off_t off)
 {
     ssize_t n;
@@ -99,9 +111,15 @@ enum xc_shm_status xc_shm_read(struct xc_shm_reader *r, uint64_t now_ns, uint64_
         if (now_ns < r->next_open_ns)
             return r->last;
         r->next_open_ns = now_ns + REOPEN_INTERVAL_NS;
-        r->fd = open(r->path, O_RDONLY | O_CLOEXEC | O_NONBLOCK);
+        /* O_NOFOLLOW: a symlink at the path is someone's redirection, not the agent's record. O_NONBLOCK: a FIFO
+         * planted there cannot block the open. */
+        r->fd = open(r->path, O_RDONLY | O_CLOEXEC | O_NONBLOCK | O_NOFOLLOW);
         if (r->fd < 0)
-            return r->last = XC_SHM_MISSING;
+            return r->last = errno == ELOOP ? XC_SHM_UNTRUSTED : XC_SHM_MISSING;
+        if (!xc_shm_trusted(r->fd)) {
+            xc_shm_reader_close(r);
+            return r->last = XC_SHM_UNTRUSTED;
+        }
     }
     enum xc_shm_status st = XC_SHM_BUSY;
     for (int attempt = 0; attempt < READ_ATTEMPTS; attempt++) {

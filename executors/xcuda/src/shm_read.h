@@ -18,12 +18,22 @@ enum xc_shm_status {
     XC_SHM_BAD_CHECKSUM,
     XC_SHM_BAD_VALUES,    /* NaN, negative clocks, U_SM outside [0, 1] ... */
     XC_SHM_STALE,         /* older than XCUDA_SHM_STALE_MS: the agent stopped */
+    XC_SHM_UNTRUSTED,     /* not a record only root could have written: see xc_shm_trusted */
     XC_SHM_STATUS_COUNT
 };
 
 const char *xc_shm_status_name(enum xc_shm_status s);
 
 uint64_t xc_shm_checksum(const unsigned char *payload, size_t len);
+
+/* Whether the open file is one only the node agent could have written: a regular file owned by root (the agent) or
+ * by this process's own effective uid, and writable by neither group nor others. The record lives in a
+ * world-writable directory (/dev/shm): a file another user planted there (before the agent created its own, or
+ * under a name it does not manage) is refused, so no user can pace another user's jobs. A file of the reader's own
+ * uid is accepted: only that user (or root) can have made it, and he already sets his own job's xCUDA through its
+ * environment (XCUDA_SHM_PATH); it lets a node agent and its jobs run as one unprivileged user (tests, a
+ * single-user dev machine). Opened with O_NOFOLLOW: a symlink at the path is refused too. */
+int xc_shm_trusted(int fd);
 
 /* Pure: validates a record's bytes and decodes them. No staleness check. */
 enum xc_shm_status xc_shm_decode(const unsigned char *buf, size_t len, struct xcuda_shm_record *out);

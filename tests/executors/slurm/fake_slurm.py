@@ -1,7 +1,7 @@
 """A stateful fake of the slurmrestd client (the :class:`executors.slurm.client.SlurmApi` calls MuxFlow makes).
 
 Jobs live in a dict; submit holds offline jobs the way job_submit.lua does, updates
-apply node list / GRES / comment / admin comment / hold, cancel finishes a job. Every call is
+apply node list / partition / GRES / comment / hold, cancel finishes a job. Every call is
 recorded in ``calls`` so tests can count what was sent. ``down`` makes every call
 fail as if slurmctld did not answer. Nodes have one gres Type per GPU (``gpu:t4g0:1,…,mps:t4g0:100,…``)
 as the dev cluster's do, except those named in ``untyped`` (``gpu:t4:4,mps:400``). GRES updates follow
@@ -23,6 +23,8 @@ from executors.slurm.errors import SlurmErrorEntry, SlurmRestError, SlurmTranspo
 from executors.slurm.hostlist import parse_gres, per_gpu_type
 from executors.slurm.models import Job, Node, SubmitResult
 from executors.slurm.spec import JobSpec, JobUpdate
+
+PLAN_KEY = bytes(range(32))  # the tests' plan key (executors.slurm.plan)
 from executors.store.db import Store
 from executors.store.migrate import upgrade
 
@@ -53,8 +55,11 @@ class FakeClock:
 
 class FakeSlurm:
     def __init__(self, jobs: list[Job] = (), nodes: dict[str, tuple[str, int]] | None = None,
-                 untyped: Collection[str] = (), clock: Callable[[], float] | None = None):
+                 untyped: Collection[str] = (), clock: Callable[[], float] | None = None,
+                 partitions: tuple[str, ...] = ("offline", "profile")):
         self.jobs: dict[int, Job] = {j.job_id: j for j in jobs}
+        self.partitions = partitions
+        self.gres_used: dict[str, str] = {}  # node -> its GRES in use, as Slurm lists it
         # Slurm's wall clock: with one, a requeue sets the job's submit time to it, as slurmctld does
         self.clock = clock
         self.nodes = nodes if nodes is not None else {"mx-t4-1": ("t4", 4), "mx-a10-1": ("a10", 4)}
@@ -113,8 +118,8 @@ class FakeSlurm:
             changes["gres_per_node"] = f"gres:{update.gres_per_node}"
         if update.comment is not None:
             changes["comment"] = update.comment
-        if update.admin_comment is not None:
-            changes["admin_comment"] = update.admin_comment
+        if update.partition is not None:
+            changes["partition"] = update.partition
         if update.hold is not None:
             changes["priority"] = 0 if update.hold else 100
         self.jobs[job_id] = replace(j, **changes)
@@ -156,8 +161,9 @@ class FakeSlurm:
 
     def list_nodes(self) -> list[Node]:
         self._call("list_nodes")
-        return [Node(name=n, address="", hostname=n, state="IDLE", state_flags=(), partitions=("offline",),
-                     gres=parse_gres(self.node_gres(n)), gres_used=(), cpus=8, alloc_cpus=0, reason="")
+        return [Node(name=n, address="", hostname=n, state="IDLE", state_flags=(), partitions=self.partitions,
+                     gres=parse_gres(self.node_gres(n)), gres_used=parse_gres(self.gres_used.get(n)), cpus=8,
+                     alloc_cpus=0, reason="")
                 for n in self.nodes]
 
     def close(self) -> None:

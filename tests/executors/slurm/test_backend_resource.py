@@ -6,7 +6,7 @@ import pytest
 from dagster import Failure
 
 from assets.resources import ClusterResource
-from executors.slurm.backend import SlurmBackend, parse_plan_comment, plan_comment
+from executors.slurm.backend import SlurmBackend
 
 
 def test_slurm_kind_returns_the_slurm_backend_for_a_socket_and_a_url(tmp_path) -> None:
@@ -28,9 +28,3 @@ def test_slurm_kind_with_bad_settings_fails_clearly() -> None:
     with pytest.raises(Failure, match="cluster 'slurm'"):
         ClusterResource(kind="slurm", slurm_url="ftp://x").backend()
 
-
-def test_plan_comment_round_trip() -> None:
-    c = plan_comment(7, 2, 35, 1024)
-    assert c == "muxflow-job=7 muxflow-gpu=2 muxflow-pct=35 muxflow-mem=1024"
-    assert parse_plan_comment(c) == {"job": "7", "gpu": "2", "pct": "35", "mem": "1024"}
-    assert parse_plan_comment(None) == {}

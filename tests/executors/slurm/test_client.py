@@ -10,7 +10,7 @@ import httpx
 import pytest
 
 from executors.slurm.client import SlurmNotFound, SlurmRestClient
-from executors.slurm.errors import SlurmAuthError, SlurmRestError, SlurmTransportError, SlurmUnsupported
+from executors.slurm.errors import SlurmAuthError, SlurmRestError, SlurmTransportError, SlurmUnsupported, TokenFileError
 from executors.slurm.jwt import mint_hs256
 from executors.slurm.settings import SlurmRestSettings
 from executors.slurm.spec import JobSpec, JobUpdate
@@ -153,6 +153,7 @@ def test_jwt_headers_from_token_and_file(tmp_path: Path) -> None:
 
     f = tmp_path / "token"
     f.write_text(f"SLURM_JWT={token}\n")
+    f.chmod(0o600)
     replay = Replay("ping")
     c = client(replay, unix_socket=None, url="http://slurm:6820", token_file=str(f), user_name="svc")
     c.ping()
@@ -161,6 +162,21 @@ def test_jwt_headers_from_token_and_file(tmp_path: Path) -> None:
     c.ping()
     assert [r.headers["X-SLURM-USER-TOKEN"] for r in replay.requests] == [token, token2]
     assert replay.requests[0].headers["X-SLURM-USER-NAME"] == "svc"
+
+
+def test_a_token_file_others_can_read_is_refused(tmp_path: Path) -> None:
+    """Whoever reads the token acts in Slurm as MuxFlow: a file open to others is not used."""
+    f = tmp_path / "token"
+    f.write_text(mint_hs256(b"k" * 32, "muxflow", issued_at_s=1_700_000_000, lifespan_s=600))
+    f.chmod(0o644)
+    c = client(Replay("ping"), unix_socket=None, url="http://slurm:6820", token_file=str(f))
+    with pytest.raises(TokenFileError, match="mode 0644 lets others read it"):
+        c.ping()
+    (tmp_path / "link").symlink_to(f)
+    f.chmod(0o600)
+    c = client(Replay("ping"), unix_socket=None, url="http://slurm:6820", token_file=str(tmp_path / "link"))
+    with pytest.raises(TokenFileError):
+        c.ping()
 
 
 def test_unix_socket_sends_no_credentials() -> None:

@@ -48,6 +48,7 @@ def test_a_unix_url_is_the_socket_and_the_token_goes_only_over_tcp(monkeypatch, 
     assert (rest.url, rest.token) == ("http://ctl:6820", "t.o.k")
     token = tmp_path / "jwt"
     token.write_text("SLURM_JWT=from.the.file\n")
+    token.chmod(0o600)
     rest = SlurmConfig(url="http://ctl:6820", jwt_file=str(token)).rest_settings()
     assert rest.token is None and rest.current_token() == "from.the.file"  # the file wins, re-read per request
     client = SlurmConfig(url="http://ctl:6820", conf="/etc/slurm.conf").client()

@@ -19,7 +19,7 @@ from executors.store import models as m
 from executors.store import repo
 from executors.store.jobs import transition
 from scheduler_core.domain import Action, JobState, PlanAction, PlannedPlacement, RoundResult
-from tests.executors.slurm.fake_slurm import FakeClock, FakeSlurm, make_job, store_with_fake_nodes
+from tests.executors.slurm.fake_slurm import PLAN_KEY, FakeClock, FakeSlurm, make_job, store_with_fake_nodes
 
 SPEC = "muxflow: type=x mem=1GiB gpu-types=t4,a10 ckpt=/ckpt/{n} steps=100"
 NOW = dt.datetime(2026, 3, 1, 12, tzinfo=dt.UTC)
@@ -68,7 +68,7 @@ def _setup(tmp_path: Path):
             for st in (JobState.PROFILING, JobState.PENDING):
                 transition(s, j, st, "setup")
     clock = FakeClock()
-    backend = SlurmBackend(lambda: fake, retry_deadline_s=5)
+    backend = SlurmBackend(lambda: fake, plan_key=PLAN_KEY, retry_deadline_s=5)
     first = [(ids[12], gpu[("mx-a10-1", 1)], 40), (ids[13], gpu[("mx-a10-1", 3)], 30)]
     _dispatch(store, backend, clock, first, [], minute=0)
     for sid, node in ((12, "mx-a10-1"), (13, "mx-a10-1")):  # Slurm starts them
@@ -94,14 +94,14 @@ def _dispatch(store, backend, clock, starts, actions, minute: int) -> int:
 
 
 def _send(store, backend, clock, rid, result):
-    cluster = SlurmCluster(store, backend.client_factory(), Retry(5, sleep=clock.sleep, clock=clock), round_id=rid)
+    cluster = SlurmCluster(store, backend.client_factory(), plan_key=PLAN_KEY, retry=Retry(5, sleep=clock.sleep, clock=clock), round_id=rid)
     from executors import round_runner
 
     return round_runner.dispatch_round(store, cluster, rid, result, NOW)
 
 
 def _end_state(fake, store, ids) -> tuple:
-    slurm = {sid: (j.state, j.priority == 0, j.required_nodes, j.gres_per_node, j.admin_comment)
+    slurm = {sid: (j.state, j.priority == 0, j.required_nodes, j.gres_per_node, j.comment)
              for sid, j in fake.jobs.items()}
     with store.session() as s:
         jobs = {sid: s.get(m.OfflineJob, jid).state for sid, jid in ids.items()}

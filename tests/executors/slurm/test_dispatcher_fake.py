@@ -10,12 +10,8 @@ from pathlib import Path
 import pytest
 from sqlalchemy import select
 
-from executors.slurm.backend import (
-    SlurmBackend,
-    XcudaGains,
-    parse_plan_comment,
-    plan_comment,
-)
+from executors.slurm import plan as plans
+from executors.slurm.backend import SlurmBackend, XcudaGains, placement_plan
 from executors.slurm.pickup import import_submissions, spec_from_job, submission_comment, submit_held
 from executors.store import models as m
 from executors.store import repo
@@ -23,7 +19,7 @@ from executors.store.db import Store
 from executors.store.jobs import transition
 from executors.submission import JobSpec, SubmissionError
 from scheduler_core.domain import Action, JobState, PlanAction, PlannedPlacement, RoundResult
-from tests.executors.slurm.fake_slurm import FakeClock, FakeSlurm, make_job, store_with_fake_nodes
+from tests.executors.slurm.fake_slurm import PLAN_KEY, FakeClock, FakeSlurm, make_job, store_with_fake_nodes
 
 GOOD = "muxflow: type='ResNet-50 (batch size 64)' mem=2GiB gpu-types=t4,a10 ckpt=/ckpt/{n} steps=100"
 KNOWN = {"ResNet-50 (batch size 64)"}
@@ -63,13 +59,16 @@ def test_a_start_is_one_read_and_one_update_carrying_the_plan_and_the_gains(stor
     gains = XcudaGains(kp=0.5, ki=12, kd=0.01)
     rid, result = _round(store, [(ids[11], _gpu(store, "mx-a10-1", 2), 35), (ids[12], _gpu(store, "mx-t4-1", 0), 20)])
     fake.calls.clear()
-    assert SlurmBackend(lambda: fake, gains=gains).dispatch(store, rid, result, dt.datetime.now(dt.UTC)) == (2, 0)
+    assert SlurmBackend(lambda: fake, plan_key=PLAN_KEY, gains=gains).dispatch(store, rid, result, dt.datetime.now(dt.UTC)) == (2, 0)
     updates = fake.sent("update_job")
     assert [u[1] for u in updates] == [11, 12] and len(fake.sent("get_job")) == 2
     up = updates[0][2]
     assert (up.nodelist, up.gres_per_node, up.hold, up.eligible_now) == ("mx-a10-1", "mps:35", False, True)
-    assert parse_plan_comment(up.admin_comment) == {"job": str(ids[11]), "gpu": "2", "pct": "35",
-                                              "mem": str(2 * 1024**3), "kp": "0.5", "ki": "12.0", "kd": "0.01"}
+    plan = plans.decode(up.comment, PLAN_KEY, 11)  # signed, for this very Slurm job
+    assert plan.fields() == {"slurm": "11", "job": str(ids[11]), "kind": "place", "gpu": "2", "pct": "35",
+                             "mem": str(2 * 1024**3), "kp": "0.5", "ki": "12.0", "kd": "0.01"}
+    with pytest.raises(plans.PlanError, match="bad signature"):
+        plans.decode(up.comment, bytes(32), 11)
     j = fake.jobs[11]
     assert not j.held and j.required_nodes == ("mx-a10-1",) and j.mps_pct == 35
     with store.session() as s:
@@ -80,7 +79,7 @@ def test_a_restarted_dispatch_reconciles_and_sends_nothing_twice(store: Store) -
     fake = FakeSlurm([make_job(21, comment=GOOD.format(n="a"))])
     ids = _pending(store, fake, [21])
     rid, result = _round(store, [(ids[21], _gpu(store, "mx-t4-1", 1), 40)])
-    be = SlurmBackend(lambda: fake)
+    be = SlurmBackend(lambda: fake, plan_key=PLAN_KEY)
     # a dispatcher that died after Slurm took the update but before the result was written
     cluster = be.cluster(store, rid)
     cluster.dispatch(list(result.actions), dt.datetime.now(dt.UTC))
@@ -96,12 +95,12 @@ def test_a_job_placed_with_other_gains_is_placed_again(store: Store) -> None:
     fake = FakeSlurm([make_job(31, comment=GOOD.format(n="a"))])
     ids = _pending(store, fake, [31])
     rid, result = _round(store, [(ids[31], _gpu(store, "mx-t4-1", 1), 40)])
-    SlurmBackend(lambda: fake, gains=XcudaGains(kp=2)).cluster(store, rid).dispatch(list(result.actions),
+    SlurmBackend(lambda: fake, plan_key=PLAN_KEY, gains=XcudaGains(kp=2)).cluster(store, rid).dispatch(list(result.actions),
                                                                                       dt.datetime.now(dt.UTC))
     fake.calls.clear()
-    assert SlurmBackend(lambda: fake).dispatch(store, rid, result, dt.datetime.now(dt.UTC)) == (1, 0)
+    assert SlurmBackend(lambda: fake, plan_key=PLAN_KEY).dispatch(store, rid, result, dt.datetime.now(dt.UTC)) == (1, 0)
     [(_, _, up)] = fake.sent("update_job")
-    assert parse_plan_comment(fake.jobs[31].admin_comment)["kp"] == "1.0"
+    assert plans.decode(fake.jobs[31].comment, PLAN_KEY, 31).kp == 1.0
 
 
 @pytest.mark.parametrize("kwargs", [{"kp": -1}, {"ki": 1001}, {"kd": 11}, {"kp": float("nan")}, {"ki": "20"},
@@ -111,11 +110,11 @@ def test_gains_outside_what_xcuda_accepts_are_refused(kwargs) -> None:
         XcudaGains(**kwargs)
 
 
-def test_plan_comment_defaults_are_xcudas_own() -> None:
-    c = plan_comment(7, 2, 35, 1024, XcudaGains())
-    assert c == ("muxflow-job=7 muxflow-gpu=2 muxflow-pct=35 muxflow-mem=1024 "
-                 "muxflow-kp=1.0 muxflow-ki=20.0 muxflow-kd=0.0")
-    assert plan_comment(7, 2, 35, None) == "muxflow-job=7 muxflow-gpu=2 muxflow-pct=35"
+def test_placement_plan_defaults_are_xcudas_own() -> None:
+    p = placement_plan(7, 4711, 2, 35, 1024, XcudaGains())
+    assert p.fields() == {"slurm": "4711", "job": "7", "kind": "place", "gpu": "2", "pct": "35", "mem": "1024",
+                          "kp": "1.0", "ki": "20.0", "kd": "0.0"}
+    assert "mem" not in placement_plan(7, 4711, 2, 35, None).fields()
 
 
 def test_submission_comment_reads_back_as_the_spec() -> None:
@@ -181,7 +180,7 @@ def test_a_migrated_job_is_released_in_a_later_second_than_its_requeue(store: St
     released_at: list[float] = []
     update_job = fake.update_job
     fake.update_job = lambda sid, up: (released_at.append(clock()), update_job(sid, up))[1]
-    cl = SlurmCluster(store, fake, Retry(5.0, sleep=clock.sleep, clock=clock), wall_clock=clock)
+    cl = SlurmCluster(store, fake, plan_key=PLAN_KEY, retry=Retry(5.0, sleep=clock.sleep, clock=clock), wall_clock=clock)
     act = PlanAction(Action.MIGRATE, ids[11], _gpu(store, "mx-a10-1", 1), _gpu(store, "mx-t4-1", 0), 40)
     (res,) = cl.dispatch([act], dt.datetime.now(dt.UTC))
     assert res.ok, res.detail
@@ -204,7 +203,7 @@ def test_a_job_not_requeued_within_the_second_is_released_without_waiting(store:
     ids = _pending(store, fake, [11])
     fake.jobs[11] = replace(fake.jobs[11], submit_time_utc=dt.datetime.fromtimestamp(submitted, tz=dt.UTC),
                             restart_count=restarts)
-    cl = SlurmCluster(store, fake, Retry(5.0, sleep=clock.sleep, clock=clock), wall_clock=clock)
+    cl = SlurmCluster(store, fake, plan_key=PLAN_KEY, retry=Retry(5.0, sleep=clock.sleep, clock=clock), wall_clock=clock)
     (res,) = cl.dispatch([PlanAction(Action.START, ids[11], _gpu(store, "mx-a10-1", 1), None, 40)],
                          dt.datetime.now(dt.UTC))
     assert res.ok and clock.slept == [] and not fake.jobs[11].held

@@ -20,7 +20,7 @@ from executors.store import repo
 from executors.store.db import Store
 from executors.store.jobs import transition
 from scheduler_core.domain import Action, JobState, PlanAction, PlannedPlacement, RoundResult
-from tests.executors.slurm.fake_slurm import FakeSlurm, make_job, store_with_fake_nodes
+from tests.executors.slurm.fake_slurm import PLAN_KEY, FakeSlurm, make_job, store_with_fake_nodes
 
 SPEC = "muxflow: type='ResNet-50 (batch size 64)' mem=2GiB gpu-types=t4,a10 ckpt={ckpt} steps=100"
 W0 = dt.datetime(2026, 1, 5, tzinfo=dt.UTC)
@@ -44,7 +44,7 @@ def env(tmp_path: Path):
             transition(s, j, JobState.PENDING, "test")
         ids = {j.slurm_job_id: j.id for j in s.scalars(select(m.OfflineJob))}
         gpus = [g.id for g in t4]
-    backend = SlurmBackend(lambda: fake, retry_deadline_s=1.0)
+    backend = SlurmBackend(lambda: fake, plan_key=PLAN_KEY, retry_deadline_s=1.0)
     return store, fake, backend, ids, gpus, ckpts
 
 
@@ -248,7 +248,7 @@ def test_a_job_the_user_cancelled_before_it_was_placed_fails_and_a_held_one_is_l
         transition(s, ids[22], JobState.PROFILING, "being profiled")
     fake.cancel(21)  # scancel by its owner while it waited for its profiling
     fake.cancel(22)  # ... and while it was profiled
-    backend = SlurmBackend(lambda: fake, retry_deadline_s=1.0)
+    backend = SlurmBackend(lambda: fake, plan_key=PLAN_KEY, retry_deadline_s=1.0)
     rep = backend.sync_jobs(store, W0)
     with store.session() as s:
         jobs = {sid: s.get(m.OfflineJob, ids[sid]) for sid in ids}
@@ -275,7 +275,7 @@ def test_a_job_submitted_and_picked_up_while_the_sync_lists_slurms_jobs_is_not_f
         return jobs
 
     monkeypatch.setattr(fake, "list_jobs", list_then_submit)
-    backend = SlurmBackend(lambda: fake, retry_deadline_s=1.0)
+    backend = SlurmBackend(lambda: fake, plan_key=PLAN_KEY, retry_deadline_s=1.0)
     assert not backend.sync_jobs(store, W0).changed
     with store.session() as s:
         assert sorted(j.state for j in s.scalars(select(m.OfflineJob))) == ["SUBMITTED", "SUBMITTED"]

@@ -167,3 +167,9 @@ def test_array_heterogeneous_and_node_count_fields() -> None:
                                                                                "number": 0},
                          "het_job_id": _nv(41), "node_count": _nv(2)})
     assert (v40.array_job_id, v40.array_tasks, v40.het_job_id, v40.node_count) == (0, "", 41, 2)
+
+
+@pytest.mark.parametrize(("status", "code"), [(0, 0), (1024, 4), (256 * 127, 127), (9, -9), (15, -15), (None, None)])
+def test_v0038_exit_code_is_decoded_from_slurms_wait_status(status, code) -> None:
+    """slurmrestd 22.05 serves the wait status (checked live: a script's ``exit 4`` reads 1024)."""
+    assert api_version("v0.0.38").exit_code(status) == code

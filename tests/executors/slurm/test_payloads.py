@@ -60,10 +60,15 @@ REQUESTS: dict[str, Any] = {
     "update_place_release": ("update", JobUpdate(nodelist="mx-a10-1", gres_per_node="mps:70", hold=False,
                                                  eligible_now=True)),
     "update_eligible_now": ("update", JobUpdate(eligible_now=True)),
-    # MuxFlow's placement: the plan in the admin comment (v0.0.38 cannot update it: scontrol does)
+    # MuxFlow's placement: the signed plan in the comment (executors.slurm.plan), in the same update
     "update_place_plan": ("update", JobUpdate(nodelist="mx-a10-1", gres_per_node="mps:35", hold=False,
-                                              eligible_now=True, admin_comment="muxflow-job=17 muxflow-gpu=2 "
-                                              "muxflow-pct=35 muxflow-mem=2147483648")),
+                                              eligible_now=True, comment="muxflow-plan=1 slurm=17 job=5 kind=place "
+                                              "gpu=2 pct=35 mem=2147483648 sig=" + "0" * 64)),
+    # a profiling window opens in the profile partition; it closes back in the offline one
+    "update_window_open": ("update", JobUpdate(partition="profile", nodelist="mx-t4-1", gres_per_node="mps:100",
+                                               comment="muxflow-plan=1 slurm=17 job=5 kind=profile gpu=1 run=3 sig="
+                                               + "0" * 64, eligible_now=True, hold=False)),
+    "update_window_close": ("update", JobUpdate(partition="offline", comment="")),
     "cancel_signal": ("cancel", "SIGUSR1"),
     "cancel_kill": ("cancel", None),
 }
@@ -91,20 +96,14 @@ def check_golden(path: Path, value: Any) -> None:
 
 
 def requests_of(version: str) -> list[str]:
-    """The golden requests of a version: all but the admin-comment update on v0.0.38."""
-    return sorted(n for n, (kind, arg) in REQUESTS.items()
-                  if not (version == "v0.0.38" and kind == "update" and arg.admin_comment is not None))
+    """The golden requests of a version: all of them."""
+    return sorted(REQUESTS)
 
 
 @pytest.mark.parametrize("version, name", [(v, n) for v in sorted(API_VERSIONS) for n in requests_of(v)])
 def test_payload_matches_golden(version: str, name: str) -> None:
     kind, arg = REQUESTS[name]
     check_golden(GOLDEN / version / f"{name}.json", build(version, kind, arg))
-
-
-def test_v0038_cannot_update_the_admin_comment() -> None:
-    with pytest.raises(PayloadError, match="admin_comment"):
-        build("v0.0.38", "update", REQUESTS["update_place_plan"][1])
 
 
 def test_v0040_batch_only_signal_golden() -> None:

@@ -11,7 +11,8 @@ import pytest
 from sqlalchemy import select
 
 from executors.slurm.api import api_version
-from executors.slurm.backend import SlurmBackend, plan_comment
+from executors.slurm import plan as plans
+from executors.slurm.backend import SlurmBackend, placement_plan
 from executors.slurm.hostlist import parse_gres, per_gpu_type, split_per_gpu_type
 from executors.slurm.models import Node, NodeGpu
 from executors.slurm.pickup import import_submissions
@@ -20,7 +21,7 @@ from executors.store import repo
 from executors.store.db import Store
 from executors.store.jobs import transition
 from scheduler_core.domain import Action, JobState, PlanAction, PlannedPlacement, RoundResult
-from tests.executors.slurm.fake_slurm import FakeSlurm, make_job, store_with_fake_nodes
+from tests.executors.slurm.fake_slurm import PLAN_KEY, FakeSlurm, make_job, store_with_fake_nodes
 from tests.executors.slurm.test_parsers import body
 
 V38 = api_version("v0.0.38")
@@ -123,7 +124,7 @@ def _round(store: Store, starts: list[tuple[int, int, int]]) -> tuple[int, Round
 
 
 def _backend(fake: FakeSlurm, name_gpus: bool = True) -> SlurmBackend:
-    return SlurmBackend(lambda: fake, name_gpus=name_gpus)
+    return SlurmBackend(lambda: fake, plan_key=PLAN_KEY, name_gpus=name_gpus)
 
 
 def test_a_placement_names_the_planned_gpu_where_the_node_has_per_gpu_types(store: Store, fake: FakeSlurm) -> None:
@@ -181,15 +182,17 @@ def test_a_restarted_dispatch_reconciles_a_typed_share(store: Store, fake: FakeS
 
 def test_running_maps_typed_shares_by_the_gpu_slurm_accounts(store: Store, fake: FakeSlurm) -> None:
     ids = _ids(store, fake)
-    c = plan_comment
+    def c(job_id: int, sid: int, gpu: int, pct: int) -> str:
+        return plans.encode(placement_plan(job_id, sid, gpu, pct, None), PLAN_KEY)
+
     fake.jobs[11] = replace(fake.jobs[11], state="RUNNING", priority=100, nodes=("mx-t4-1",),
-                            gres_per_node="gres:mps:t4g3:40", admin_comment=c(ids[11], 3, 40, None))
+                            gres_per_node="gres:mps:t4g3:40", comment=c(ids[11], 11, 3, 40))
     # a comment that disagrees with the typed share: Slurm's accounting wins
     fake.jobs[12] = replace(fake.jobs[12], state="RUNNING", priority=100, nodes=("mx-t4-1",),
-                            gres_per_node="gres:mps:t4g0:25", admin_comment=c(ids[12], 1, 25, None))
+                            gres_per_node="gres:mps:t4g0:25", comment=c(ids[12], 12, 1, 25))
     # an untyped share on the untyped node: only the comment knows the GPU
     fake.jobs[13] = replace(fake.jobs[13], state="RUNNING", priority=100, nodes=("mx-a10-1",),
-                            gres_per_node="gres:mps:20", admin_comment=c(ids[13], 1, 20, None))
+                            gres_per_node="gres:mps:20", comment=c(ids[13], 13, 1, 20))
     running = _backend(fake).cluster(store).running()
     assert {j: (r.gpu_id, r.sm_pct) for j, r in running.items()} == {
         ids[11]: (_gpu(store, "mx-t4-1", 3), 40), ids[12]: (_gpu(store, "mx-t4-1", 0), 25),

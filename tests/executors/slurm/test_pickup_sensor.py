@@ -15,7 +15,7 @@ from executors.store import models as m
 from executors.store.db import Store
 from pipelines.definitions import build_definitions
 from pipelines.settings import MuxflowSettings
-from tests.executors.slurm.fake_slurm import FakeSlurm, make_job, store_with_fake_nodes
+from tests.executors.slurm.fake_slurm import PLAN_KEY, FakeSlurm, make_job, store_with_fake_nodes
 
 GOOD = "muxflow: type='ResNet-50 (batch size 64)' mem=2GiB gpu-types=t4,a10 ckpt=/ckpt/{n} steps=100"
 
@@ -32,7 +32,7 @@ class FakeSlurmCluster(ClusterResource):
     fake: str = ""
 
     def backend(self) -> SlurmBackend:
-        return SlurmBackend(lambda: _FAKES[self.fake])
+        return SlurmBackend(lambda: _FAKES[self.fake], plan_key=PLAN_KEY)
 
 
 @pytest.fixture(autouse=True)

@@ -1,0 +1,170 @@
+"""The node agent measures profiling windows (executors.node.profile_windows); a job's iteration report is user
+input read by root, and is attacked here as a malicious job would."""
+
+from __future__ import annotations
+
+import json
+import os
+from pathlib import Path
+
+import pytest
+from sqlalchemy import select
+
+from executors.node.profile_windows import (
+    MAX_REPORT_BYTES,
+    ProfileWindows,
+    ReportRefused,
+    WindowJob,
+    parse_iteration_report,
+    read_iteration_report,
+)
+from executors.runtime.profiling import REPORT_FORMAT
+from executors.store import models as m
+from executors.store.db import Store
+from executors.store.migrate import upgrade
+
+pytestmark = pytest.mark.skipif(os.geteuid() != 0, reason="the agent runs as root; files of other owners need root")
+USER = 65534  # the job's user (nobody)
+SID = 4711
+GOOD = {"format": REPORT_FORMAT, "final": False, "iterations": 20, "warmup_iterations": 2, "total_iterations": 22,
+        "mean_s": 0.05, "p50_s": 0.05, "p95_s": 0.06, "window_start_unix": 1000.0, "window_end_unix": 1001.0,
+        "elapsed_s": 1.2, "observed": True}
+
+
+def _job_dir(root: Path, owner: int = USER) -> Path:
+    """The layout the Prolog makes: a root-owned job-state directory, the job's own directory inside it."""
+    top = root / "jobs"
+    top.mkdir(mode=0o755)
+    d = top / str(SID)
+    d.mkdir(mode=0o700)
+    os.chown(d, owner, owner)
+    return top
+
+
+def _write(path: Path, data: bytes | str, owner: int = USER) -> Path:
+    path.write_bytes(data.encode() if isinstance(data, str) else data)
+    os.chown(path, owner, owner)
+    return path
+
+
+def test_a_good_report_is_read(tmp_path: Path) -> None:
+    top = _job_dir(tmp_path)
+    assert read_iteration_report(top, SID, USER) is None  # none yet
+    _write(top / str(SID) / "iteration.json", json.dumps(GOOD))
+    got = read_iteration_report(top, SID, USER)
+    assert got["iterations"] == 20 and got["mean_s"] == 0.05 and got["observed"] is True
+
+
+@pytest.mark.parametrize("attack, why", [
+    ("symlink", "iteration.json"),          # a link to a file root can read (/etc/shadow)
+    ("fifo", "not a regular file"),         # a FIFO: opening must not hang the agent
+    ("root_owned", "not the job user's"),  # a file the user did not write
+    ("huge", r"bytes \(at most"),
+    ("dir_is_link", "the job's directory"),  # the job's directory replaced by a link
+    ("dir_other_owner", "not its user's"),
+])
+def test_what_a_job_can_put_in_its_directory_is_refused(tmp_path: Path, attack: str, why: str) -> None:
+    top = _job_dir(tmp_path)
+    d = top / str(SID)
+    report = d / "iteration.json"
+    secret = tmp_path / "secret"
+    secret.write_text(json.dumps(GOOD))
+    if attack == "symlink":
+        report.symlink_to(secret)
+    elif attack == "fifo":
+        os.mkfifo(report)
+        os.chown(report, USER, USER)
+    elif attack == "root_owned":
+        _write(report, json.dumps(GOOD), owner=0)
+    elif attack == "huge":
+        _write(report, b" " * (MAX_REPORT_BYTES + 1))
+    elif attack == "dir_is_link":
+        os.rmdir(d)
+        elsewhere = tmp_path / "elsewhere"
+        elsewhere.mkdir()
+        os.chown(elsewhere, USER, USER)
+        _write(elsewhere / "iteration.json", json.dumps(GOOD))
+        d.symlink_to(elsewhere)
+    elif attack == "dir_other_owner":
+        os.chown(d, 0, 0)
+        _write(report, json.dumps(GOOD))
+    with pytest.raises(ReportRefused, match=why):
+        read_iteration_report(top, SID, USER)
+
+
+def test_a_job_state_directory_others_can_write_is_not_trusted(tmp_path: Path) -> None:
+    top = _job_dir(tmp_path)
+    os.chmod(top, 0o777)
+    with pytest.raises(ReportRefused, match="not the agent's alone"):
+        read_iteration_report(top, SID, USER)
+    with pytest.raises(ReportRefused, match="unknown"):
+        read_iteration_report(top, SID, None)
+
+
+@pytest.mark.parametrize("change", [
+    {"format": "something else"}, {"iterations": -1}, {"mean_s": "fast"}, {"iterations": 2.5}, {"final": "yes"},
+    {"window_start_unix": 5.0, "window_end_unix": 1.0}, {"mean_s": 1e300},
+])
+def test_malformed_reports_are_refused(change: dict) -> None:
+    with pytest.raises(ReportRefused):
+        parse_iteration_report(json.dumps({**GOOD, **change}).encode())
+    with pytest.raises(ReportRefused):
+        parse_iteration_report(b'{"format": "muxflow-iteration-report/1", "mean_s": NaN}')
+    with pytest.raises(ReportRefused):
+        parse_iteration_report(b"[" * 100_000)
+
+
+def _store(tmp_path: Path) -> tuple[Store, int, int]:
+    url = f"sqlite:///{tmp_path / 'store.db'}"
+    upgrade(url)
+    store = Store(url)
+    with store.session() as s:
+        s.add(m.GpuType(name="t4", sm_count=40, memory_bytes=16 << 30, max_sm_clock_mhz=1590))
+        job = m.OfflineJob(name="j", job_type="", command="", mem_bytes=1 << 30, allowed_gpu_types=["t4"],
+                           checkpoint_dir="", total_steps=1, state="PROFILING", slurm_job_id=SID)
+        s.add(job)
+        s.flush()
+        run = m.ProfilingRun(job_id=job.id, gpu_type="t4", state="submitted", run_dir="", slurm_job_id=SID,
+                             bound_s=600.0)
+        s.add(run)
+        s.flush()
+        return store, job.id, run.id
+
+
+def test_a_window_is_measured_into_its_runs_row_until_it_ends(tmp_path: Path) -> None:
+    store, job_id, run_id = _store(tmp_path)
+    top = _job_dir(tmp_path)
+    t = [1000.5]
+    windows = [WindowJob(SID, run_id, job_id, 1, USER, 1000.0)]
+    agent = ProfileWindows(store, "n1", lambda: list(windows), top, {1: "t4"}, simulated=True, interval_s=0.01,
+                           report_s=0.0, wall=lambda: t[0])
+    agent.once()
+    with store.session() as s:
+        run = s.get(m.ProfilingRun, run_id)
+        assert run.state == "running" and (run.node, run.gpu_index) == ("n1", 1)
+        assert run.report["iteration_report"] is None and run.report["final"] is False
+    _write(top / str(SID) / "iteration.json", json.dumps(GOOD))
+    import time
+
+    time.sleep(0.1)  # a few simulated samples
+    t[0] = 1002.0
+    agent.once()
+    with store.session() as s:
+        rep = s.get(m.ProfilingRun, run_id).report
+    assert rep["iteration_report"]["iterations"] == 20 and rep["metrics_source"] == "simulated"
+    assert rep["metrics"]["samples"] > 0 and rep["gpu_type"] == "t4" and rep["metrics_generic"] is True
+    windows.clear()  # the window ended (requeued, or the job finished)
+    agent.once()
+    with store.session() as s:
+        assert s.get(m.ProfilingRun, run_id).report["final"] is True
+
+
+def test_a_window_naming_another_jobs_run_is_not_measured(tmp_path: Path) -> None:
+    store, job_id, run_id = _store(tmp_path)
+    top = _job_dir(tmp_path)
+    agent = ProfileWindows(store, "n1", lambda: [WindowJob(SID + 1, run_id, job_id, 0, USER)], top, {0: "t4"},
+                           simulated=True, report_s=0.0)
+    agent.once()
+    with store.session() as s:
+        assert s.get(m.ProfilingRun, run_id).report is None
+        assert s.scalars(select(m.ProfilingRun)).one().state == "submitted"
