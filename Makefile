@@ -58,7 +58,7 @@ test: install xcuda
 # The live Slurm tests of sites' concerns (users, versions, node faults) on Slurm 24.11 from Debian 13, in a
 # debootstrap tree cached under /var/cache/muxflow (built once, ~1 min; docs/SLURM.md "Slurm 24.11").
 # `make test` runs the same tests on the host's Slurm 22.05.
-SLURM_COMPAT_TESTS := tests/live/test_site_users_live.py tests/live/test_rest_versions_live.py \
+SLURM_COMPAT_TESTS := tests/live/test_site_users_live.py tests/live/test_rest_versions_live.py tests/live/test_security_live.py \
 	tests/live/test_site_faults_live.py
 test-slurm-compat: install
 	$(TEST_ENV) MUXFLOW_SLURM_RELEASES=24.11 bash .ci/with_slurm.sh $(PY) -m pytest -q $(SLURM_COMPAT_TESTS)

@@ -166,6 +166,17 @@ class JobInfoLoader:
         return info
 
 
+def list_slurm_jobs(client_factory: Callable[[], object]) -> list:
+    """Every job Slurm knows, through a client of its own (closed after)."""
+    client = client_factory()
+    try:
+        return client.list_jobs()
+    finally:
+        close = getattr(client, "close", None)
+        if close is not None:
+            close()
+
+
 def slurm_reader(client_factory: Callable[[], object], node: str, jobs: Callable[[int], JobInfo | None],
                  key: bytes, partition: str | None = None) -> Callable[[], dict[int, tuple[OfflineOnGpu, ...]]]:
     """Running Slurm jobs on ``node`` with a verified placement plan in their comment, by planned GPU index."""
@@ -175,15 +186,8 @@ def slurm_reader(client_factory: Callable[[], object], node: str, jobs: Callable
     ignored: set[int] = set()
 
     def read() -> dict[int, tuple[OfflineOnGpu, ...]]:
-        client = client_factory()
-        try:
-            listing = client.list_jobs()
-        finally:
-            close = getattr(client, "close", None)
-            if close is not None:
-                close()
         out: dict[int, list[OfflineOnGpu]] = {}
-        for j in listing:
+        for j in list_slurm_jobs(client_factory):
             if j.state != RUNNING or node not in j.nodes:
                 continue
             if partition is not None and partition not in j.partition.split(","):

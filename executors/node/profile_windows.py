@@ -35,6 +35,21 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
+from executors.node.placements import list_slurm_jobs
+from executors.profiling.metrics import (
+    MetricsUnavailable,
+    WindowRecorder,
+    open_sampler,
+    simulated_job_model,
+    simulated_offline_iter_time_s,
+    simulated_offline_model,
+)
+from executors.runtime.profiling import REPORT_FORMAT
+from executors.slurm import plan as plans
+from executors.slurm.models import RUNNING
+from executors.store import models as m
+from executors.store.profiling import record_window_report
+
 log = logging.getLogger(__name__)
 
 FORMAT = "muxflow-window-report/1"
@@ -113,8 +128,6 @@ def read_iteration_report(job_dir: Path, slurm_job_id: int, uid: int | None) -> 
 
 def parse_iteration_report(data: bytes) -> dict[str, Any]:
     """The fields of an iteration report the profile uses, validated; :class:`ReportRefused` for anything else."""
-    from executors.runtime.profiling import REPORT_FORMAT
-
     if len(data) > MAX_REPORT_BYTES:
         raise ReportRefused(f"{REPORT_NAME} is over {MAX_REPORT_BYTES} bytes")
     try:
@@ -203,16 +216,6 @@ class ProfileWindows:
 
     # -- one window ------------------------------------------------------------------------------
     def _start(self, w: WindowJob, now: float) -> _Active | None:
-        from executors.profiling.metrics import (
-            MetricsUnavailable,
-            WindowRecorder,
-            open_sampler,
-            simulated_job_model,
-            simulated_offline_iter_time_s,
-            simulated_offline_model,
-        )
-        from executors.store import models as m
-
         with self.store.session() as s:
             run = s.get(m.ProfilingRun, w.run_id)
             job = s.get(m.OfflineJob, w.job_id)
@@ -244,8 +247,6 @@ class ProfileWindows:
         return _Active(w, recorder, base, w.started_epoch_s or now)
 
     def _report(self, a: _Active, now: float, final: bool) -> dict[str, Any]:
-        from executors.profiling.metrics import MetricsUnavailable
-
         try:
             it = read_iteration_report(self.job_dir, a.job.slurm_job_id, a.job.uid)
             if it is not None:
@@ -267,8 +268,6 @@ class ProfileWindows:
         return rep
 
     def _write(self, a: _Active, now: float, final: bool) -> None:
-        from executors.store.profiling import record_window_report
-
         rep = self._report(a, now, final)
         started = dt.datetime.fromtimestamp(a.started_unix, dt.UTC)
         try:
@@ -291,9 +290,6 @@ class ProfileWindows:
 def slurm_windows(client_factory: Callable[[], object], node: str, key: bytes,
                   users: Callable[[str], int | None] | None = None) -> Callable[[], list[WindowJob]]:
     """The jobs Slurm runs on ``node`` in a verified profiling window."""
-    from executors.slurm import plan as plans
-    from executors.slurm.models import RUNNING
-
     def uid_of(name: str) -> int | None:
         try:
             return pwd.getpwnam(name).pw_uid
@@ -303,15 +299,8 @@ def slurm_windows(client_factory: Callable[[], object], node: str, key: bytes,
     lookup = users or uid_of
 
     def read() -> list[WindowJob]:
-        client = client_factory()
-        try:
-            listing = client.list_jobs()
-        finally:
-            close = getattr(client, "close", None)
-            if close is not None:
-                close()
         out = []
-        for j in listing:
+        for j in list_slurm_jobs(client_factory):
             if j.state != RUNNING or node not in j.nodes:
                 continue
             p = plans.try_decode(j.comment, key, j.job_id)

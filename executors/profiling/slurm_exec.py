@@ -38,6 +38,20 @@ log = logging.getLogger(__name__)
 _RUNNING_STATES = frozenset({"RUNNING", "CONFIGURING", "COMPLETING", "SUSPENDED", "STOPPED"})
 
 
+def call_slurm(retry: Retry, what: str, fn):
+    """``fn()`` under ``retry``, its failures in the executors' terms: Slurm away for the whole deadline is
+    :class:`ExecutorUnavailable` (try later, nothing is lost), a refusal :class:`ExecutorError`; a job Slurm does
+    not know is left as :class:`SlurmNotFound` for the caller to decide."""
+    try:
+        return retry.call(what, fn)
+    except SlurmUnavailable as exc:
+        raise ExecutorUnavailable(str(exc)) from exc
+    except SlurmNotFound:
+        raise
+    except SlurmError as exc:
+        raise ExecutorError(f"{what}: {exc}") from exc
+
+
 def whole_gpu_request(nodes: list[Node], partition: str, model: str) -> tuple[str, str | None]:
     """``(--gres, node list)`` for one whole GPU of ``model`` in ``partition``.
 
@@ -67,14 +81,7 @@ class SlurmProfileExecutor:
         self.environment = dict(environment or {"PATH": "/usr/local/bin:/usr/bin:/bin"})
 
     def _call(self, what: str, fn):
-        try:
-            return self.retry.call(what, fn)
-        except SlurmUnavailable as exc:
-            raise ExecutorUnavailable(str(exc)) from exc
-        except SlurmNotFound:
-            raise
-        except SlurmError as exc:
-            raise ExecutorError(f"{what}: {exc}") from exc
+        return call_slurm(self.retry, what, fn)
 
     def submit(self, spec: RunSpec) -> int:
         nodes = self._call(f"list the {self.partition} partition's nodes", self.client.list_nodes)

@@ -118,24 +118,12 @@ class SoloProfiler:
                 continue
             if state == JobState.PROFILING.value and not self._left_behind(job_id):
                 continue  # another profiler may be starting its runs right now
-            if state == JobState.SUBMITTED.value:
-                with self.store.session() as s:
-                    try:
-                        transition(s, job_id, JobState.PROFILING, f"solo profiling on the {self.settings.partition} "
-                                                                  f"partition ({', '.join(gpu_types)})",
-                                   expected=JobState.SUBMITTED)
-                    except IllegalTransition as exc:  # the job-state sync ended it meanwhile (cancelled)
-                        log.info("job %s: not profiled: %s", job_id, exc)
-                        continue
-            missing = self._missing(job_id, gpu_types)
-            # an empty label says nothing about the job: no other job's profile stands for it
-            reuse = self.settings.reuse_profiles and missing and job_type
-            reused = self._reuse(job_id, job_type, missing) if reuse else set()
-            todo = [g for g in missing if g not in reused]
+            if state == JobState.SUBMITTED.value and not self._begin(job_id, f"solo profiling on the "
+                                                                             f"{self.settings.partition} partition",
+                                                                  gpu_types):
+                continue
+            todo = self._still_to_profile(job_id, job_type, gpu_types, summary)
             if not todo:
-                self._finish_job(job_id, summary)
-                if reused and job_id in summary.profiled:
-                    summary.reused.append(job_id)
                 continue
             try:
                 script = self.executor.job_script(slurm_id, command)
@@ -147,6 +135,32 @@ class SoloProfiler:
                 continue
             for gtype in todo:
                 self._submit(job_id, job_type, gtype, script.text, script.working_dir, summary, mem_bytes)
+
+    def _begin(self, job_id: int, what: str, gpu_types: list[str]) -> bool:
+        """SUBMITTED → PROFILING; False when the job-state sync ended it meanwhile (cancelled)."""
+        with self.store.session() as s:
+            try:
+                transition(s, job_id, JobState.PROFILING, f"{what} ({', '.join(gpu_types)})",
+                           expected=JobState.SUBMITTED)
+            except IllegalTransition as exc:
+                log.info("job %s: not profiled: %s", job_id, exc)
+                return False
+        return True
+
+    def _still_to_profile(self, job_id: int, job_type: str, gpu_types: list[str],
+                          summary: ProfilingSummary) -> list[str]:
+        """The allowed GPU types with neither a profile, an open run nor (with reuse) a profile to take over; the job
+        PENDING when none is left."""
+        missing = self._missing(job_id, gpu_types)
+        # an empty label says nothing about the job: no other job's profile stands for it
+        reuse = self.settings.reuse_profiles and missing and job_type
+        reused = self._reuse(job_id, job_type, missing) if reuse else set()
+        todo = [g for g in missing if g not in reused]
+        if not todo:
+            self._finish_job(job_id, summary)
+            if reused and job_id in summary.profiled:
+                summary.reused.append(job_id)
+        return todo
 
     def _left_behind(self, job_id: int) -> bool:
         """Whether a PROFILING job became so long enough ago that no live profiler is still starting its runs."""

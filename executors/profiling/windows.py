@@ -41,13 +41,13 @@ from executors.profiling.runs import (
     ExecutorUnavailable,
 )
 from executors.profiling.settings import ProfilingSettings
+from executors.profiling.slurm_exec import call_slurm
 from executors.profiling.solo import ProfilingSummary, SoloProfiler
 from executors.slurm import plan as plans
 from executors.slurm.client import SlurmNotFound
-from executors.slurm.errors import SlurmError
 from executors.slurm.hostlist import split_per_gpu_type
 from executors.slurm.models import PENDING, Job, Node
-from executors.slurm.retry import Retry, SlurmUnavailable
+from executors.slurm.retry import Retry
 from executors.slurm.spec import JobUpdate
 from executors.slurm.sync import view_of
 from executors.store import models as m
@@ -56,7 +56,7 @@ from executors.store import repo
 from executors.store.db import Store
 from executors.store.jobs import IllegalTransition, transition
 from scheduler_core.domain import JobState
-from scheduler_core.job_sync import ClusterView
+from scheduler_core.job_sync import ClusterView, Seen, decide
 
 log = logging.getLogger(__name__)
 _RUNNING_STATES = frozenset({"RUNNING", "CONFIGURING", "COMPLETING", "SUSPENDED", "STOPPED"})
@@ -111,14 +111,7 @@ class SlurmProfileWindows:
         self.retry = Retry(retry_deadline_s)
 
     def _call(self, what: str, fn):
-        try:
-            return self.retry.call(what, fn)
-        except SlurmUnavailable as exc:
-            raise ExecutorUnavailable(str(exc)) from exc
-        except SlurmNotFound:
-            raise
-        except SlurmError as exc:
-            raise ExecutorError(f"{what}: {exc}") from exc
+        return call_slurm(self.retry, what, fn)
 
     def _job(self, sid: int) -> Job | None:
         try:
@@ -224,28 +217,16 @@ class WindowProfiler(SoloProfiler):
             if sid is None:
                 self._fail_job(job_id, "profiling failed: the job has no Slurm job to profile in place", summary)
                 continue
-            if state == JobState.SUBMITTED.value:
-                with self.store.session() as s:
-                    try:
-                        transition(s, job_id, JobState.PROFILING, f"profiling windows on the {self.settings.partition}"
-                                                                  f" partition ({', '.join(gpu_types)})",
-                                   expected=JobState.SUBMITTED)
-                    except IllegalTransition as exc:
-                        log.info("job %s: not profiled: %s", job_id, exc)
-                        continue
+            if state == JobState.SUBMITTED.value and not self._begin(
+                    job_id, f"profiling windows on the {self.settings.partition} partition", gpu_types):
+                continue
             self._next_window(job_id, job_type, gpu_types, int(sid), summary)
 
     def _next_window(self, job_id: int, job_type: str, gpu_types: list[str], sid: int,
                      summary: ProfilingSummary) -> None:
         """The job's next window (the first GPU type without a profile), or PENDING when every type has one."""
-        missing = self._missing(job_id, gpu_types)
-        reuse = self.settings.reuse_profiles and missing and job_type
-        reused = self._reuse(job_id, job_type, missing) if reuse else set()
-        todo = [g for g in missing if g not in reused]
+        todo = self._still_to_profile(job_id, job_type, gpu_types, summary)
         if not todo:
-            self._finish_job(job_id, summary)
-            if reused and job_id in summary.profiled:
-                summary.reused.append(job_id)
             return
         with self.store.session() as s:
             run = m.ProfilingRun(job_id=job_id, gpu_type=todo[0], state="submitted", run_dir="", slurm_job_id=sid,
@@ -385,8 +366,6 @@ class WindowProfiler(SoloProfiler):
                              summary: ProfilingSummary) -> None:
         """The job itself ended inside its window: DONE (it ran to its end) or FAILED, as Slurm says."""
         view = view_of_status(st)
-        from scheduler_core.job_sync import decide
-
         with self.store.session() as s:
             job = s.get(m.OfflineJob, job_id)
             if job.state != JobState.PROFILING.value:
@@ -409,8 +388,6 @@ class WindowProfiler(SoloProfiler):
 
 def view_of_status(st: ExecStatus) -> ClusterView:
     """A finished window's status as the job-state sync reads a Slurm job."""
-    from scheduler_core.job_sync import Seen
-
     if st.state == "COMPLETED" and not st.exit_code:
         seen = Seen.COMPLETED
     elif st.state == "CANCELLED":

@@ -24,7 +24,7 @@ log = logging.getLogger(__name__)
 
 MAGIC = b"MXCKPT01"
 _HEADER = struct.Struct(">8sQQ32s")  # magic, step, payload length, sha256
-_NAME = re.compile(r"^ckpt-(\d{12})\.mxck$")
+NAME = re.compile(r"^ckpt-(\d{12})\.mxck$")
 
 
 class CorruptCheckpoint(ValueError):
@@ -76,7 +76,7 @@ class CheckpointStore:
             raise CorruptCheckpoint(f"{path}: payload is {len(payload)} bytes, header says {length}")
         if hashlib.sha256(payload).digest() != digest:
             raise CorruptCheckpoint(f"{path}: checksum mismatch")
-        m = _NAME.match(Path(path).name)
+        m = NAME.match(Path(path).name)
         if m and int(m.group(1)) != step:
             raise CorruptCheckpoint(f"{path}: file name says step {int(m.group(1))}, header {step}")
         try:
@@ -88,13 +88,13 @@ class CheckpointStore:
         """Checkpoint files, newest step first (temporary files are never candidates)."""
         if not self.dir.is_dir():
             return []
-        found = [(int(m.group(1)), p) for p in self.dir.iterdir() if (m := _NAME.match(p.name))]
+        found = [(int(m.group(1)), p) for p in self.dir.iterdir() if (m := NAME.match(p.name))]
         return [p for _, p in sorted(found, reverse=True)]
 
     def newest_step(self) -> int | None:
         """The step of the newest checkpoint file, by its name, without reading it (progress reports)."""
         for p in self.candidates():
-            return int(_NAME.match(p.name).group(1))
+            return int(NAME.match(p.name).group(1))
         return None
 
     def latest(self) -> tuple[int, Any] | None:

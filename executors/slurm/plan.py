@@ -171,27 +171,34 @@ def try_decode(comment: str | None, key: bytes, slurm_job_id: int) -> Plan | Non
 
 # -- the key ---------------------------------------------------------------------------------------------------------
 
-def read_key(path: str | os.PathLike[str]) -> bytes:
-    """The plan key in ``path`` (hex text), refused unless only its owner (this user, or root) can read it."""
+def read_private_file(path: str | os.PathLike[str], what: str, error: type[Exception] = KeyFileError,
+                      hint: str = "") -> str:
+    """The text of a secret's file (a key, a token), refused with ``error`` unless it is a regular file, not a link,
+    that only its owner can read or change, and its owner is this user or root: whoever reads it acts with it."""
     p = os.fspath(path)
     try:
         fd = os.open(p, os.O_RDONLY | os.O_NOFOLLOW | os.O_CLOEXEC)
     except FileNotFoundError:
-        raise KeyFileError(f"plan key {p}: no such file (muxflow slurm plan-key --write {p})") from None
+        raise error(f"{what} {p}: no such file{hint}") from None
     except OSError as exc:
-        raise KeyFileError(f"plan key {p}: {exc.strerror or exc}") from None
+        raise error(f"{what} {p}: {exc.strerror or exc}") from None
     try:
         st = os.fstat(fd)
         if not stat.S_ISREG(st.st_mode):
-            raise KeyFileError(f"plan key {p}: not a regular file")
+            raise error(f"{what} {p}: not a regular file")
         if st.st_mode & 0o077:
-            raise KeyFileError(f"plan key {p}: mode {stat.S_IMODE(st.st_mode):04o} lets others read or change it; "
-                               f"chmod 600 {p}")
+            raise error(f"{what} {p}: mode {stat.S_IMODE(st.st_mode):04o} lets others read or change it; chmod 600 {p}")
         if st.st_uid not in (os.geteuid(), 0):
-            raise KeyFileError(f"plan key {p}: owned by uid {st.st_uid}, neither this user ({os.geteuid()}) nor root")
-        text = os.read(fd, 4096).decode("ascii", "replace").strip()
+            raise error(f"{what} {p}: owned by uid {st.st_uid}, neither this user ({os.geteuid()}) nor root")
+        return os.read(fd, 65536).decode("ascii", "replace").strip()
     finally:
         os.close(fd)
+
+
+def read_key(path: str | os.PathLike[str]) -> bytes:
+    """The plan key in ``path`` (hex text), refused unless only its owner (this user, or root) can read it."""
+    p = os.fspath(path)
+    text = read_private_file(p, "plan key", hint=f" (muxflow slurm plan-key --write {p})")
     try:
         key = bytes.fromhex(text)
     except ValueError:

@@ -4,13 +4,12 @@ Built from the deployment's :class:`executors.slurm.config.SlurmConfig` (or by t
 
 from __future__ import annotations
 
-import os
-import stat
 from dataclasses import dataclass
 
 from executors.slurm.api import AUTO, DEFAULT_API_VERSION, api_version
 from executors.slurm.errors import TokenFileError
 from executors.slurm.jwt import unverified_claims
+from executors.slurm.plan import read_private_file
 
 
 @dataclass(frozen=True)
@@ -72,19 +71,4 @@ class SlurmRestSettings:
 def read_token_file(path: str) -> str:
     """A JWT file's token, refused (:class:`TokenFileError`) unless it is a regular file that only its owner (this
     user, or root) can read: whoever reads it acts in Slurm as the token's user."""
-    try:
-        fd = os.open(path, os.O_RDONLY | os.O_NOFOLLOW | os.O_CLOEXEC)
-    except OSError as exc:
-        raise TokenFileError(f"JWT file {path}: {exc.strerror or exc}") from None
-    try:
-        st = os.fstat(fd)
-        if not stat.S_ISREG(st.st_mode):
-            raise TokenFileError(f"JWT file {path}: not a regular file")
-        if st.st_mode & 0o077:
-            raise TokenFileError(f"JWT file {path}: mode {stat.S_IMODE(st.st_mode):04o} lets others read it; "
-                                 f"chmod 600 {path}")
-        if st.st_uid not in (os.geteuid(), 0):
-            raise TokenFileError(f"JWT file {path}: owned by uid {st.st_uid}, neither this user nor root")
-        return os.read(fd, 65536).decode("ascii", "replace").strip()
-    finally:
-        os.close(fd)
+    return read_private_file(path, "JWT file", TokenFileError)

@@ -23,9 +23,12 @@ from __future__ import annotations
 
 import datetime as dt
 import logging
+import os
+import pwd
+import stat
 
 from executors.cluster import ExecutionRecord, JobSyncReport
-from executors.runtime.checkpoint import CheckpointStore
+from executors.runtime.checkpoint import NAME as CHECKPOINT_NAME
 from executors.slurm import node_faults
 from executors.slurm.models import FINISHED_STATES, PENDING, Job
 from executors.store import jobs as jobstore
@@ -166,7 +169,7 @@ def _book_run(s, job_id: int, sjob: Job | None, ckpt_dir: str, decision: Decisio
     if decision.steps and decision.steps[-1].target == JobState.DONE:
         reached: float | None = float(job.total_steps)
     else:
-        newest = _newest_checkpoint(ckpt_dir)
+        newest = _newest_checkpoint(ckpt_dir, job.run_as_user)
         reached = None if newest is None else float(min(newest, job.total_steps))
     if reached is not None:
         job.steps_done = max(job.steps_done or 0.0, reached)
@@ -190,10 +193,29 @@ def _book_run(s, job_id: int, sjob: Job | None, ckpt_dir: str, decision: Decisio
     report.executions += 1
 
 
-def _newest_checkpoint(ckpt_dir: str) -> int | None:
-    if not ckpt_dir:
+MAX_CHECKPOINT_ENTRIES = 10_000  # a checkpoint directory is listed by name; a huge one is not a job's
+
+
+def _newest_checkpoint(ckpt_dir: str, user: str | None) -> int | None:
+    """The newest checkpoint step in the job's checkpoint directory (by file name; nothing is read), where this host
+    can see it. The path is the user's (``ckpt=`` of the comment): only a directory of the job's user, not a link,
+    counts, and only checkpoint files the user owns in it; a user cannot claim progress from another user's files,
+    and MuxFlow follows no link a user sets."""
+    if not ckpt_dir or not user:
         return None
     try:
-        return CheckpointStore(ckpt_dir).newest_step()
-    except OSError:
+        uid = pwd.getpwnam(user).pw_uid
+        st = os.lstat(ckpt_dir)
+        if not stat.S_ISDIR(st.st_mode) or st.st_uid != uid:
+            return None
+        best = None
+        with os.scandir(ckpt_dir) as entries:
+            for i, e in enumerate(entries):
+                if i >= MAX_CHECKPOINT_ENTRIES:
+                    return None
+                m_ = CHECKPOINT_NAME.match(e.name)
+                if m_ and e.is_file(follow_symlinks=False) and e.stat(follow_symlinks=False).st_uid == uid:
+                    best = max(best or 0, int(m_.group(1)))
+        return best
+    except (KeyError, OSError):
         return None

@@ -159,7 +159,8 @@ def slurm_config(state_dir: str | None = None, **given):
         s = settings()
         conf = s.slurm_config(default_url=f"unix:{layout.rest_socket}" if layout else None,
                               default_conf=str(layout.slurm_conf) if layout else None)
-        if layout is not None and s.slurm_url is None and conf.plan_key_file is None:
+        dev_urls = (None, f"unix:{layout.rest_socket}", layout.rest_url) if layout is not None else ()
+        if layout is not None and s.slurm_url in dev_urls and conf.plan_key_file is None:
             # the dev cluster's plan key: the nodes' copy for root (the node agent), MuxFlow's for its account
             key = layout.node_plan_key_file if os.geteuid() == 0 else layout.plan_key_file
             conf = replace(conf, plan_key_file=str(key))

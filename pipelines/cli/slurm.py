@@ -138,6 +138,45 @@ def token(state_dir: str | None, user: str, lifespan_s: int) -> None:
     click.echo(f"SLURM_JWT={cluster.mint_token(layout, user, lifespan_s)}")
 
 
+@slurm.command("plan-key", context_settings=HELP)
+@click.option("--write", "path", required=True, type=click.Path(dir_okay=False),
+              help="The key file to make (or check, where it exists).")
+@click.option("--owner", default=None, help="Give it to this account (root only): MuxFlow's on the scheduler host; "
+                                            "root's on the nodes (the default: whoever runs this).")
+def plan_key(path: str, owner: str | None) -> None:
+    """Make the key that signs MuxFlow's plans (32 random bytes, hex, mode 0600): the same key goes to the scheduler
+    host (owned by MuxFlow's account) and to every GPU node (owned by root); docs/SECURITY.md. An existing file is
+    checked, never replaced."""
+    import pwd
+    from pathlib import Path
+
+    from executors.slurm.plan import KeyFileError, new_key, read_key, write_key
+
+    uid = gid = None
+    if owner is not None:
+        try:
+            pw = pwd.getpwnam(owner)
+        except KeyError:
+            raise CliError(f"owner: no account {owner!r}") from None
+        uid, gid = pw.pw_uid, pw.pw_gid
+        if uid != os.geteuid() and os.geteuid() != 0:
+            raise CliError("owner: only root can give the key to another account")
+    p = Path(path)
+    if p.exists() or p.is_symlink():
+        if owner is None or uid == os.geteuid():
+            try:
+                read_key(p)
+            except KeyFileError as exc:
+                raise CliError(str(exc)) from exc
+        click.echo(f"{p}: exists, left as it is")
+        return
+    if not p.parent.is_dir():
+        raise CliError(f"write: no directory {p.parent}")
+    write_key(p, new_key(), uid=uid, gid=gid)
+    click.echo(f"{p}: a new plan key (mode 0600{f', owned by {owner}' if owner else ''}); copy it to every GPU "
+               "node's @PLAN_KEY@ path, owned by root, mode 0600")
+
+
 @slurm.command("ping", context_settings=HELP)
 @_state_dir
 def ping(state_dir: str | None) -> None:

@@ -99,6 +99,7 @@ def test_replica_load_drives_the_simulated_gpu_of_a_slurm_node_to_an_eviction(pr
         # 3. the node agent with simulated GPUs that follow Slurm and the replica
         env = {**os.environ, **live.cluster.slurm_env(live.layout), "PATH": os.environ["PATH"] + ":" +
                live.cluster.slurm_env(live.layout)["PATH"], "MUXFLOW_SLURM_URL": f"unix:{live.layout.rest_socket}",
+               "MUXFLOW_SLURM_PLAN_KEY_FILE": str(live.layout.node_plan_key_file),
                "PYTHONUNBUFFERED": "1"}
         agent = subprocess.Popen(
             [sys.executable, "-m", "pipelines.cli", "--db", url, "node-agent", "--node", NODE, "--simulated",

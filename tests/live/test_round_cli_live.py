@@ -59,7 +59,7 @@ def test_round_once_places_a_plain_sbatch_job_on_slurm_and_follows_it(dev_cluste
         lay = live.layout
         db = f"sqlite:///{tmp_path / 'store.db'}"
         env = {**os.environ, "MUXFLOW_DATABASE_URL": db, "SLURM_CONF": str(lay.slurm_conf),
-               "MUXFLOW_SLURM_URL": f"unix:{lay.rest_socket}"}
+               "MUXFLOW_SLURM_URL": f"unix:{lay.rest_socket}", "MUXFLOW_SLURM_PLAN_KEY_FILE": str(lay.node_plan_key_file)}
         env.pop("MUXFLOW_SETTINGS", None)
         _cli(env, "db", "upgrade")
         _cli(env, "slurm", "register-nodes", "--state-dir", str(lay.state_dir))

@@ -63,7 +63,8 @@ def test_a_job_that_unsets_ld_preload_is_evicted_and_its_neighbour_is_not(privat
 
         env = {**os.environ, **live.cluster.slurm_env(live.layout),
                "PATH": os.environ["PATH"] + ":" + live.cluster.slurm_env(live.layout)["PATH"],
-               "MUXFLOW_SLURM_URL": f"unix:{live.layout.rest_socket}", "PYTHONUNBUFFERED": "1"}
+               "MUXFLOW_SLURM_URL": f"unix:{live.layout.rest_socket}", "PYTHONUNBUFFERED": "1",
+               "MUXFLOW_SLURM_PLAN_KEY_FILE": str(live.layout.node_plan_key_file)}
         with processes(private_tmp) as procs:
             agent = procs.start("agent", [sys.executable, "-m", "pipelines.cli", "--db", url, "node-agent", "--node",
                                           NODE, "--simulated", "--evict", "scontrol", "--no-shm", "--interval-ms",

@@ -22,10 +22,11 @@ from pathlib import Path
 CACHE_ROOT = Path(os.environ.get("MUXFLOW_ROOTFS_CACHE", "/var/cache/muxflow"))
 MIRROR = "http://deb.debian.org/debian"
 CHROOT_EXEC = Path(__file__).resolve().with_name("chroot_exec.sh")
-# What the daemons, the node scripts (bash, python3 for the plan in the Prolog) and the tests' jobs need. A cached
-# tree is rebuilt when this list changes (its stamp names the packages): a tree from before slurmdbd gets it.
+# What the daemons, the node scripts (bash; python3 with its standard library for the Prolog's plan verifier, which
+# needs hmac and hashlib: python3-minimal has neither) and the tests' jobs need. A cached tree is rebuilt when this
+# list changes (its stamp names the packages).
 PACKAGES = ("slurm-wlm", "slurmrestd", "slurmdbd", "slurm-client", "slurm-wlm-jwt-plugin", "munge", "iproute2",
-            "util-linux", "procps", "python3-minimal", "bash")
+            "util-linux", "procps", "python3", "bash")
 
 
 class RootfsError(RuntimeError):

@@ -1,4 +1,4 @@
-#!/bin/bash
+#!/bin/bash -p
 # MuxFlow TaskProlog (runs as the job's user before each task; docs/SLURM.md "Node scripts").
 # Lines "export K=V" on stdout become the task's environment. Only offline jobs MuxFlow placed, and jobs in their
 # profiling window, are configured:
@@ -10,7 +10,11 @@
 # node's, whatever the job's environment says. Online jobs (and anything else) get nothing: never a preload.
 # What is exported here is the job's to change: the hard caps are set by the Prolog through the MPS control
 # daemon, and the node agent notices a placed job that runs without xCUDA.
+# -p: the job's BASH_ENV (its environment is the job's own) is not run here; nor are its PATH or exported
+# functions used (the node's PATH below).
 set -u
+PATH=/usr/local/sbin:/usr/local/bin:/usr/sbin:/usr/bin:/sbin:/bin
+export PATH
 part="${SLURM_JOB_PARTITION:-}"
 # (Only saves an scontrol call for other jobs: a plan file exists for nothing else.)
 [[ ",$part," == *",${MUXFLOW_OFFLINE_PARTITION:-offline},"* || ",$part," == *",${MUXFLOW_PROFILE_PARTITION:-profile},"* ]] \

@@ -14,6 +14,8 @@ then crashes) fails the test.
 from __future__ import annotations
 
 import datetime as dt
+import os
+import pwd
 from collections.abc import Callable, Collection
 from dataclasses import replace
 from pathlib import Path
@@ -25,6 +27,7 @@ from executors.slurm.models import Job, Node, SubmitResult
 from executors.slurm.spec import JobSpec, JobUpdate
 
 PLAN_KEY = bytes(range(32))  # the tests' plan key (executors.slurm.plan)
+USER = pwd.getpwuid(os.geteuid()).pw_name  # the fake jobs' owner: whoever runs the tests (owns their files)
 from executors.store.db import Store
 from executors.store.migrate import upgrade
 
@@ -32,7 +35,7 @@ from executors.store.migrate import upgrade
 def make_job(job_id: int, *, comment: str = "", admin_comment: str = "", gres: str = "gres:mps:30", partition: str = "offline",
              held: bool = True, name: str | None = None, state: str = "PENDING") -> Job:
     return Job(job_id=job_id, name=name or f"job{job_id}", state=state,
-               state_reason="JobHeldUser" if held else "None", partition=partition, user_name="u", nodes=(),
+               state_reason="JobHeldUser" if held else "None", partition=partition, user_name=USER, nodes=(),
                required_nodes=(), gres_per_node=gres, priority=0 if held else 100, requeue=True, restart_count=0,
                exit_code=None, comment=comment, working_dir="/home/u", submit_time_utc=None, start_time_utc=None,
                end_time_utc=None, admin_comment=admin_comment)

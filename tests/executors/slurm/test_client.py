@@ -170,7 +170,7 @@ def test_a_token_file_others_can_read_is_refused(tmp_path: Path) -> None:
     f.write_text(mint_hs256(b"k" * 32, "muxflow", issued_at_s=1_700_000_000, lifespan_s=600))
     f.chmod(0o644)
     c = client(Replay("ping"), unix_socket=None, url="http://slurm:6820", token_file=str(f))
-    with pytest.raises(TokenFileError, match="mode 0644 lets others read it"):
+    with pytest.raises(TokenFileError, match="mode 0644 lets others read or change it"):
         c.ping()
     (tmp_path / "link").symlink_to(f)
     f.chmod(0o600)

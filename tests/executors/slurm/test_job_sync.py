@@ -322,3 +322,32 @@ def test_a_job_seen_while_slurm_requeues_it_is_left_until_it_settles(env, slurm_
     fake.jobs[11] = replace(fake.jobs[11], state="PENDING", priority=0, nodes=())
     backend.sync_jobs(store, W0)
     assert _state(store, ids[11]) == "PENDING"
+
+
+def test_progress_counts_only_the_jobs_users_own_checkpoints(tmp_path: Path) -> None:
+    """``ckpt=`` is the user's to write: a link, another user's directory or files, or a huge directory are no
+    progress (MuxFlow lists names there, and follows no link a user sets)."""
+    import os
+
+    from executors.slurm.sync import MAX_CHECKPOINT_ENTRIES, _newest_checkpoint
+    from tests.executors.slurm.fake_slurm import USER
+
+    mine = tmp_path / "mine"
+    CheckpointStore(mine).save(40, {"loss": 1.0})
+    assert _newest_checkpoint(str(mine), USER) == 40
+    assert _newest_checkpoint(str(mine), None) is None and _newest_checkpoint(str(mine), "no-such-user-x") is None
+    link = tmp_path / "link"
+    link.symlink_to(mine)
+    assert _newest_checkpoint(str(link), USER) is None
+    (mine / "ckpt-000000009999.mxck").symlink_to(mine / "ckpt-000000000040.mxck")
+    assert _newest_checkpoint(str(mine), USER) == 40  # a linked "checkpoint" is not one
+    if os.geteuid() == 0:
+        os.chown(mine / "ckpt-000000000040.mxck", 65534, 65534)
+        assert _newest_checkpoint(str(mine), USER) is None  # another user's file
+        os.chown(mine, 65534, 65534)
+        assert _newest_checkpoint(str(mine), USER) is None  # another user's directory
+    big = tmp_path / "big"
+    big.mkdir()
+    for i in range(MAX_CHECKPOINT_ENTRIES + 1):
+        (big / f"f{i}").touch()
+    assert _newest_checkpoint(str(big), USER) is None

@@ -166,3 +166,20 @@ def test_the_node_scripts_tool(tmp_path: Path) -> None:
     assert out.returncode == 1 and out.stdout == "" and "bad signature" in out.stderr
     out = subprocess.run([sys.executable, str(TOOL), "nonsense"], capture_output=True, text=True)
     assert out.returncode == 2 and "usage" in out.stderr
+
+
+def test_the_plan_key_command_makes_a_private_key_and_never_replaces_one(tmp_path: Path) -> None:
+    from click.testing import CliRunner
+
+    from pipelines.cli import main
+
+    path = tmp_path / "plan.key"
+    out = CliRunner().invoke(main, ["slurm", "plan-key", "--write", str(path)])
+    assert out.exit_code == 0 and "a new plan key" in out.output
+    key = plans.read_key(path)
+    assert (path.stat().st_mode & 0o777) == 0o600 and len(key) == plans.KEY_BYTES
+    again = CliRunner().invoke(main, ["slurm", "plan-key", "--write", str(path)])
+    assert again.exit_code == 0 and "exists" in again.output and plans.read_key(path) == key
+    path.chmod(0o644)
+    bad = CliRunner().invoke(main, ["slurm", "plan-key", "--write", str(path)])
+    assert bad.exit_code == 2 and "lets others read" in bad.output
