@@ -5,6 +5,8 @@ nothing connects until a run starts.
 """
 
 from pipelines.definitions import build_definitions
-from pipelines.settings import load_settings
+from pipelines.settings import load_settings, settings_file
 
-defs = build_definitions(load_settings())
+_settings = load_settings()
+_settings.check_secrets(settings_file())  # a token, key or settings file others can read: the location does not load
+defs = build_definitions(_settings)

@@ -134,6 +134,23 @@ class MuxflowSettings:
             raise SettingsError("samples_per_type >= 10, epochs >= 1, migration_penalty >= 0 and "
                                 "warmup_minutes >= 15 are required")
 
+    def check_secrets(self, path: Path | None = None) -> None:
+        """What a long-running process checks at start-up (docs/SECURITY.md): the Slurm credentials' files are their
+        owner's alone, and a settings file ``path`` that names a store password is too. :class:`SettingsError`."""
+        if path is not None and _URL_PASSWORD.search(self.db_url or ""):
+            try:
+                mode = path.stat().st_mode
+            except OSError:
+                mode = 0
+            if mode & 0o077:
+                raise SettingsError(f"settings file {path}: it names the store's password and its mode "
+                                    f"{mode & 0o777:04o} lets others read it; chmod 600 {path}")
+        if self.cluster == "slurm":
+            try:
+                self.slurm_config().check_secrets()
+            except SlurmConfigError as exc:
+                raise SettingsError(str(exc)) from exc
+
     def slurm_config(self, *, default_url: str | None = None, default_conf: str | None = None) -> SlurmConfig:
         """The Slurm part of these settings: the one object the cluster resource, the CLI and the node agent
         build their Slurm client and backend from (``default_url``/``default_conf``: the dev cluster's, where

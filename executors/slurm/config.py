@@ -133,6 +133,21 @@ class SlurmConfig:
         except KeyFileError as exc:
             raise SlurmConfigError(f"slurm_plan_key_file: {exc}") from exc
 
+    def check_secrets(self) -> None:
+        """Refuse, at start-up, a JWT or key file that group or others can read (or that another user owns): whoever
+        reads one acts as MuxFlow, or as its reference account, or signs plans (docs/SECURITY.md)."""
+        from executors.slurm.errors import TokenFileError
+        from executors.slurm.settings import read_token_file
+
+        try:
+            for path in (self.jwt_file, self.reference_jwt_file):
+                if path:
+                    read_token_file(path)
+        except TokenFileError as exc:
+            raise SlurmConfigError(str(exc)) from exc
+        if self.plan_key_file:
+            self.plan_key()
+
     def backend(self) -> SlurmBackend:
         """Dispatch and job-state sync on this cluster (a new client for every use)."""
         return SlurmBackend(self.client, retry_deadline_s=self.retry_deadline_s, gains=self.gains,

@@ -123,6 +123,7 @@ def node_agent(node: str | None, simulated: bool, db_url: str | None, interval_m
     if placements_from == "slurm":
         conf = slurm_config()
         try:
+            conf.check_secrets()  # its token and key files are root's alone, or it does not start
             slurm, plan_key = conf.client, conf.plan_key()
         except ValueError as exc:  # SlurmConfigError: no plan key, or a key file open to others
             raise click.ClickException(str(exc)) from exc
