@@ -151,12 +151,15 @@ def _gpu_candidates(s, now: dt.datetime, running: dict, policy: ForecastPolicy) 
     return out
 
 
+UNMOVABLE = ("none", "undetected")  # offline_jobs.checkpointing of a job that loses its progress if moved
+
+
 def _job_candidates(s, running: dict, states=SCHEDULABLE_JOB_STATES) -> list[JobCandidate]:
     jobs = repo.jobs_in_states(s, states)
     profiles = repo.profiles_by_job(s, [j.id for j in jobs])
     out = []
     for j in jobs:
-        if j.id not in profiles:
+        if j.id not in profiles or j.mem_bytes is None:  # not profiled yet (the profile sets undeclared memory)
             continue
         cur = running.get(j.id)
         out.append(
@@ -166,6 +169,7 @@ def _job_candidates(s, running: dict, states=SCHEDULABLE_JOB_STATES) -> list[Job
                 current_gpu_id=cur.gpu_id if cur else None, current_sm_pct=cur.sm_pct if cur else None,
                 run_as_user=j.run_as_user,
                 remaining_s=remaining_solo_s(j.total_steps, j.steps_done, profiles[j.id]),
+                movable=j.checkpointing not in UNMOVABLE,
             )
         )
     return out

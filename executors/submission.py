@@ -53,12 +53,13 @@ class JobSpec:
     name: str
     command: str
     job_type: str
-    mem_bytes: int
+    mem_bytes: int | None          # None: not declared (a plain sbatch): the profile's measured peak decides
     allowed_gpu_types: tuple[str, ...]
-    checkpoint_dir: str
-    total_steps: int
+    checkpoint_dir: str            # "": none declared
+    total_steps: int | None        # None: unknown (the planner works without the remaining time)
     priority: int = 0
     gpus: int = 1
+    checkpointing: str | None = None  # 'declared' | 'none' (the comment's word); None: detected when profiled
 
 
 def validate(spec: JobSpec, known_gpu_types: Mapping[str, int], known_job_types: set[str] | None) -> None:
@@ -77,23 +78,26 @@ def validate(spec: JobSpec, known_gpu_types: Mapping[str, int], known_job_types:
             "job_type", f"unknown job type {spec.job_type!r} (the simulated cluster models: "
             f"{', '.join(sorted(known_job_types))})"
         )
-    if spec.mem_bytes <= 0:
+    if spec.mem_bytes is not None and spec.mem_bytes <= 0:
         raise SubmissionError("mem", "must be positive")
     if not spec.allowed_gpu_types:
         raise SubmissionError("gpu_types", "name at least one GPU type")
     unknown = sorted(set(spec.allowed_gpu_types) - set(known_gpu_types))
     if unknown:
         raise SubmissionError(
-            "gpu_types", f"unknown GPU type(s) {', '.join(unknown)} (cluster has: {', '.join(sorted(known_gpu_types)) or 'none'})"
+            "gpu_types",
+            f"unknown GPU type(s) {', '.join(unknown)} (cluster has: {', '.join(sorted(known_gpu_types)) or 'none'})"
         )
     allowed = sorted(set(spec.allowed_gpu_types))
-    if spec.mem_bytes > max(known_gpu_types[t] for t in allowed):
+    if spec.mem_bytes is not None and spec.mem_bytes > max(known_gpu_types[t] for t in allowed):
         # No GPU it may run on has that much memory: it would wait forever.
         raise SubmissionError("mem", f"{format_bytes(spec.mem_bytes)} is more than any allowed GPU type has ("
                               + ", ".join(f"{t} {format_bytes(known_gpu_types[t])}" for t in allowed) + ")")
-    if not spec.checkpoint_dir.startswith("/"):
+    if spec.checkpoint_dir and not spec.checkpoint_dir.startswith("/"):
         raise SubmissionError("checkpoint_dir", f"must be an absolute path, got {spec.checkpoint_dir!r}")
-    if not 0 < spec.total_steps <= MAX_TOTAL_STEPS:
+    if spec.checkpointing not in (None, "declared", "none"):
+        raise SubmissionError("checkpoint", f"expected signal or none, got {spec.checkpointing!r}")
+    if spec.total_steps is not None and not 0 < spec.total_steps <= MAX_TOTAL_STEPS:
         raise SubmissionError("steps", f"must be within 1..{MAX_TOTAL_STEPS:.0e}")
     if spec.gpus != 1:
         raise SubmissionError(
@@ -108,7 +112,7 @@ def submit(s: Session, spec: JobSpec, known_job_types: set[str] | None) -> m.Off
     job = m.OfflineJob(
         name=spec.name, job_type=spec.job_type, command=spec.command, mem_bytes=spec.mem_bytes,
         allowed_gpu_types=sorted(set(spec.allowed_gpu_types)), checkpoint_dir=spec.checkpoint_dir,
-        priority=spec.priority, total_steps=spec.total_steps,
+        priority=spec.priority, total_steps=spec.total_steps, checkpointing=spec.checkpointing,
     )
     s.add(job)
     s.flush()

@@ -162,6 +162,9 @@ class JobCandidate:
     run_as_user: str | None = None  # the user its processes run as (Slurm: the submitter); None: unknown
     # Solo seconds of work it has left (scheduler_core.admission orders an overloaded round by it); None: unknown.
     remaining_s: float | None = None
+    # False: moving it would cost its progress (it does not checkpoint): once running it stays where it is
+    # (scheduler_core.round: kept, never migrated, resized or preempted; only a failing GPU moves it).
+    movable: bool = True
 
 
 class Action(str, enum.Enum):

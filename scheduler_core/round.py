@@ -15,7 +15,7 @@ every-pair reference.
 from __future__ import annotations
 
 import time
-from dataclasses import asdict, dataclass, field
+from dataclasses import asdict, dataclass, field, replace
 
 import numpy as np
 
@@ -90,7 +90,74 @@ def plan_round(
     predictors: dict,
     cfg: RoundConfig = RoundConfig(),
 ) -> RoundResult:
-    """Plan one round; the matching comes with an optimality certificate checked on every pair."""
+    """Plan one round; the matching comes with an optimality certificate checked on every pair.
+
+    A running job that cannot be moved (``movable=False``: it does not checkpoint) stays where it is: its GPU
+    and it are left out of the matching and it is KEPT at its running share, whatever the matching would
+    prefer; only a GPU that is no longer healthy lets the matching move it (its progress is lost then, as it
+    would be anyway). One whose GPU the round does not see (no online metrics) gets no action at all.
+    """
+    kept, gpus, jobs = _pinned(gpus, jobs, predictors)
+    result = _plan_matching(gpus, jobs, predictors, cfg)
+    if not kept:
+        return result
+    placements, actions, over = _keep_pinned(kept, predictors, cfg)
+    result.stats["pinned"] = {"kept": len(actions), "over_allowance": over}
+    return replace(result, placements=result.placements + placements, actions=result.actions + actions,
+                   objective=result.objective + float(sum(p.predicted_norm_tput for p in placements)),
+                   jobs_considered=result.jobs_considered + len(actions),
+                   gpus_considered=result.gpus_considered + len({p.gpu_id for p in placements}))
+
+
+def _pinned(gpus: list[GpuCandidate], jobs: list[JobCandidate], predictors: dict
+            ) -> tuple[dict[int, tuple[GpuCandidate, list[JobCandidate]]], list[GpuCandidate], list[JobCandidate]]:
+    """The running jobs that stay put, by GPU (with the GPU), and the GPUs and jobs left for the matching."""
+    by_id = {g.gpu_id: g for g in gpus}
+    kept: dict[int, tuple[GpuCandidate, list[JobCandidate]]] = {}
+    rest = []
+    for j in jobs:
+        g = by_id.get(j.current_gpu_id) if j.current_gpu_id is not None else None
+        if j.movable or j.current_gpu_id is None:
+            rest.append(j)
+        elif g is None:
+            continue  # its GPU is not in this round: nothing is sent, it runs on
+        elif g.health == GpuHealth.HEALTHY and g.gpu_type in predictors:
+            kept.setdefault(g.gpu_id, (g, []))[1].append(j)
+        else:
+            rest.append(j)  # a failing GPU: the matching moves it
+    if not kept and len(rest) == len(jobs):
+        return kept, gpus, jobs
+    return kept, [g for g in gpus if g.gpu_id not in kept], [j for j in rest if j.current_gpu_id not in kept]
+
+
+def _keep_pinned(kept: dict[int, tuple[GpuCandidate, list[JobCandidate]]], predictors: dict, cfg: RoundConfig
+                 ) -> tuple[list[PlannedPlacement], list[PlanAction], list[int]]:
+    """KEEP placements for the pinned jobs, each predicted at its running share on its GPU (alone: co-runners on
+    a shared GPU are not priced in); ``over``: the jobs whose GPU's service would not have taken them now
+    (the node's SysMonitor protects it meanwhile)."""
+    placements, actions, over = [], [], []
+    one = replace(cfg, max_jobs_per_gpu=1)
+    for g, pinned in kept.values():
+        for slot, j in enumerate(pinned):
+            graph = build_graph([g], [j], predictors, one)
+            zero = np.zeros(1, dtype=np.int64)
+            tput, slow = graph.predicted(zero, zero)
+            if not np.isfinite(graph.weights.weights_at(zero, zero)).all():
+                over.append(j.job_id)
+            pct = int(j.current_sm_pct if j.current_sm_pct is not None else graph.pair_pct(zero, zero)[0])
+            placements.append(PlannedPlacement(j.job_id, g.gpu_id, pct, mem_quota_bytes(g, cfg),
+                                               float(np.nan_to_num(tput[0])), float(np.nan_to_num(slow[0], nan=1.0)),
+                                               slot))
+            actions.append(PlanAction(Action.KEEP, j.job_id, g.gpu_id, g.gpu_id, pct))
+    return placements, actions, over
+
+
+def _plan_matching(
+    gpus: list[GpuCandidate],
+    jobs: list[JobCandidate],
+    predictors: dict,
+    cfg: RoundConfig,
+) -> RoundResult:
     t0 = time.perf_counter()
     all_jobs = jobs
     slots = capacity(gpus, predictors, cfg.max_jobs_per_gpu)

@@ -16,7 +16,12 @@ the job:
   the reason, which the profiler reports;
 - every ``report_s`` the window's report (iterations, the GPU metrics over the measured iterations, where it
   runs) goes into the profiling run's row, only while that run is open and belongs to that Slurm job; once more
-  (``final``) when the window has ended.
+  (``final``) when the window has ended;
+- whether the job **checkpoints on MuxFlow's signals** is read from the kernel: the signals its processes (those
+  under its slurmstepd, :func:`executors.node.xcuda_check.job_of_processes`) catch (``SigCgt`` in
+  ``/proc/<pid>/status``); a job seen catching SIGUSR1 or SIGTERM during its window is one that checkpoints
+  (``checkpoint_signals`` in the report) unless its batch shell would die of them first (``shell_dies_first``),
+  which the planner needs: a job that does not checkpoint would lose its progress if moved, so it is never moved.
 """
 
 from __future__ import annotations
@@ -36,6 +41,7 @@ from pathlib import Path
 from typing import Any
 
 from executors.node.placements import list_slurm_jobs
+from executors.node.xcuda_check import Proc, job_of_processes, proc_uid, read_procs
 from executors.profiling.metrics import (
     MetricsUnavailable,
     WindowRecorder,
@@ -56,12 +62,48 @@ FORMAT = "muxflow-window-report/1"
 REPORT_NAME = "iteration.json"
 MAX_REPORT_BYTES = 256 * 1024
 # The iteration report's fields the agent keeps: every one a finite number >= 0 (or null), but these.
-_TEXT_FIELDS = {"format": 64, "stopped_by": 16, "host": 128}
+_TEXT_FIELDS = {"format": 64, "stopped_by": 16, "host": 128, "signal": 32}
+PROGRESS_SIGNALS = ("runtime", "optimizer-step")  # what counted the iterations: MuxFlow's runtime, or its hook
 _BOOL_FIELDS = ("final", "observed")
 _NUMBER_FIELDS = ("iterations", "warmup_iterations", "total_iterations", "mean_s", "p50_s", "p95_s", "min_s", "max_s",
                   "first_iteration_s", "elapsed_s", "window_start_unix", "window_end_unix", "started_unix",
                   "last_step", "max_iterations", "max_seconds", "pid")
 _INT_FIELDS = ("iterations", "warmup_iterations", "total_iterations", "last_step", "pid")
+SIGUSR1, SIGTERM = 10, 15  # Linux numbers
+CHECKPOINT_SIGNALS = {SIGUSR1: "SIGUSR1", SIGTERM: "SIGTERM"}  # what MuxFlow sends before a move
+
+
+def signal_masks(pid: int, proc_root: Path) -> tuple[set[int], set[int]]:
+    """The signals a process catches (``SigCgt`` of ``/proc/<pid>/status``) and ignores (``SigIgn``); empty
+    when unreadable."""
+    masks = {"SigCgt:": set(), "SigIgn:": set()}
+    try:
+        for line in (proc_root / str(pid) / "status").read_text().splitlines():
+            key = line.split(":", 1)[0] + ":"
+            if key in masks:
+                bits = int(line.split()[1], 16)
+                masks[key] = {n for n in range(1, 65) if bits >> (n - 1) & 1}
+    except (OSError, ValueError, IndexError):
+        pass
+    return masks["SigCgt:"], masks["SigIgn:"]
+
+
+def job_checkpoint_signals(slurm_job_id: int, procs: dict[int, Proc], proc_root: Path) -> tuple[set[str], bool]:
+    """The checkpoint signals (SIGUSR1, SIGTERM) some process of the job catches now, and whether its batch shell
+    would die of them first: Slurm signals every process of the job, the batch shell included, and when the
+    batch shell ends Slurm (``proctrack/cgroup``) kills what is left of the job, so a shell that neither catches
+    nor ignores both takes the program down before its checkpoint is written (``trap '' USR1 TERM`` in the
+    script, or ``exec`` of the program, avoids that)."""
+    pids = {pid for pid, j in job_of_processes(procs, {slurm_job_id}, proc_root).items()
+            if j == slurm_job_id and proc_uid(pid, proc_root) not in (None, 0)}  # the user's, not slurmstepd's
+    caught: set[str] = set()
+    shell_dies = False
+    for pid in pids:
+        cgt, ign = signal_masks(pid, proc_root)
+        caught |= {CHECKPOINT_SIGNALS[n] for n in cgt if n in CHECKPOINT_SIGNALS}
+        if procs[pid].ppid not in pids and not set(CHECKPOINT_SIGNALS) <= cgt | ign:  # a top process: the shell
+            shell_dies = True
+    return caught, shell_dies
 
 
 @dataclass(frozen=True)
@@ -143,6 +185,8 @@ def parse_iteration_report(data: bytes) -> dict[str, Any]:
             if not isinstance(v, str):
                 raise ReportRefused(f"{REPORT_NAME}: {k} is not text")
             out[k] = v[:limit]
+    if out.get("signal") not in (None, *PROGRESS_SIGNALS):
+        raise ReportRefused(f"{REPORT_NAME}: signal is not one of {', '.join(PROGRESS_SIGNALS)}")
     for k in _BOOL_FIELDS:
         v = raw.get(k)
         if v is not None and not isinstance(v, bool):
@@ -173,6 +217,8 @@ class _Active:
     last_write: float = -math.inf
     iteration_report: dict[str, Any] | None = None
     report_error: str | None = None
+    checkpoint_signals: set[str] = field(default_factory=set)
+    shell_dies_first: bool = False
 
 
 @dataclass
@@ -189,6 +235,7 @@ class ProfileWindows:
     report_s: float = 1.0
     seed: int = 0
     wall: Callable[[], float] = time.time
+    proc_root: Path = Path("/proc")
     _active: dict[int, _Active] = field(default_factory=dict)
 
     def once(self) -> None:
@@ -224,7 +271,7 @@ class ProfileWindows:
                             "know as that job's: not measured", w.slurm_job_id, self.node, w.gpu_index, w.run_id,
                             w.job_id)
                 return None
-            job_type, mem = job.job_type, float(job.mem_bytes)
+            job_type, mem = job.job_type, (float(job.mem_bytes) if job.mem_bytes else None)
             gpu_type = run.gpu_type
         base: dict[str, Any] = {"format": FORMAT, "host": self.node, "gpu_index": w.gpu_index,
                                 "slurm_job_id": w.slurm_job_id, "job_type": job_type, "gpu_type": gpu_type}
@@ -255,8 +302,18 @@ class ProfileWindows:
             if str(exc) != a.report_error:
                 log.warning("Slurm job %d: iteration report refused: %s", a.job.slurm_job_id, exc)
             a.report_error = str(exc)
-        rep = {**a.base, "started_unix": a.started_unix, "updated_unix": now, "elapsed_s": max(0.0, now - a.started_unix),
-               "final": final, "iteration_report": a.iteration_report, "report_error": a.report_error}
+        if not final:  # the union over the window: a handler installed late still counts
+            try:
+                caught, shell_dies = job_checkpoint_signals(a.job.slurm_job_id, read_procs(self.proc_root),
+                                                            self.proc_root)
+                a.checkpoint_signals |= caught
+                a.shell_dies_first = a.shell_dies_first or (shell_dies and bool(caught))
+            except OSError as exc:
+                log.debug("cannot read the processes of Slurm job %d: %s", a.job.slurm_job_id, exc)
+        rep = {**a.base, "started_unix": a.started_unix, "updated_unix": now,
+               "elapsed_s": max(0.0, now - a.started_unix),
+               "final": final, "iteration_report": a.iteration_report, "report_error": a.report_error,
+               "checkpoint_signals": sorted(a.checkpoint_signals), "shell_dies_first": a.shell_dies_first}
         if a.recorder is not None:
             it = a.iteration_report or {}
             try:

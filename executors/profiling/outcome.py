@@ -124,9 +124,38 @@ def classify_window(report: dict[str, Any] | None, *, slurm_state: str | None, e
         return ProfileOutcome(False, f"its iteration report was refused: {report['report_error']}")
     it = report.get("iteration_report") or {}
     elapsed = float(report.get("elapsed_s") or 0.0)
-    if not it.get("iterations") or not it.get("mean_s"):
-        return ProfileOutcome(False, f"reported no iterations in its {elapsed:.0f} s profiling window (does it use "
-                                     "executors.runtime.Runtime?)")
     if report.get("metrics_error") or not report.get("metrics"):
         return ProfileOutcome(False, f"no GPU metrics for the window: {report.get('metrics_error') or 'none taken'}")
-    return features_from(report)
+    if not it.get("iterations") or not it.get("mean_s"):
+        return gpu_activity_profile(report, elapsed)
+    out = features_from(report)
+    if out.ok:
+        out.measured["progress_signal"] = str(it.get("signal") or "runtime")[:32]
+    return out
+
+
+ACTIVITY_QUANTUM_S = 1.0  # a job with no iteration signal: its "iteration" is one second of its solo GPU work
+MIN_ACTIVE_UTIL_PCT = 5.0  # below this the GPU was idle: nothing to profile
+
+
+def gpu_activity_profile(report: dict[str, Any], elapsed_s: float) -> ProfileOutcome:
+    """The profile of a job that reported no iterations (not Python, or no optimizer step the hook sees): its GPU
+    metrics over the window, with one second of solo GPU work as its unit of progress (``progress_signal``
+    ``gpu-activity``). A GPU left idle all window long means the job did not use it: no profile."""
+    mt = report["metrics"]
+    util = float(mt.get("gpu_util_pct") or 0.0)
+    if not math.isfinite(util) or util < MIN_ACTIVE_UTIL_PCT:
+        return ProfileOutcome(False, f"reported no iterations and kept its GPU idle (utilisation {util:.1f} %) in "
+                                     f"its {elapsed_s:.0f} s profiling window: is it using the GPU?")
+    measured_gpu = report.get("metrics_source") == "measured"
+    unit = ACTIVITY_QUANTUM_S if measured_gpu else float(report.get("model_iter_time_s") or ACTIVITY_QUANTUM_S)
+    n = max(1, int(elapsed_s / unit)) if unit > 0 else 1
+    synthetic = {**report, "iteration_report": {"iterations": n, "mean_s": unit, "final": True}}
+    out = features_from(synthetic)
+    if not out.ok:
+        return out
+    out.measured.update(progress_signal="gpu-activity", measured_iter_time_s=None, iter_time_p50_s=None,
+                        iter_time_p95_s=None, iterations=0)
+    return ProfileOutcome(True, f"no iteration signal: {elapsed_s:.0f} s of GPU activity (utilisation {util:.0f} %), "
+                                f"{'NVML' if measured_gpu else 'simulated GPU metrics'}", out.features, out.source,
+                          out.method, out.measured)

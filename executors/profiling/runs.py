@@ -90,7 +90,12 @@ class ProfileExecutor(Protocol):
 
 
 def command_script(command: str) -> str:
-    return "#!/bin/sh\n# the job's command (muxflow submit)\n" + command.rstrip() + "\n"
+    """The batch script of ``muxflow submit <command>``. Slurm signals the batch shell too when MuxFlow asks a job
+    to checkpoint (SIGUSR1, then SIGTERM), and (``proctrack/cgroup``) kills what is left of the job once the shell
+    ends; the shell ignores both, so that it lives on while the program checkpoints (its handlers are its own)."""
+    return ("#!/bin/sh\n# the job's command (muxflow submit)\n"
+            "trap '' USR1 TERM  # MuxFlow's checkpoint signals are for the program, not this shell\n"
+            + command.rstrip() + "\n")
 
 
 def prepare_run_dir(base: str, name: str) -> Path:

@@ -386,6 +386,9 @@ class SoloProfiler:
             generic = {r.report["metrics_model"] for r in profstore.done_profiling_runs(s, job_id)
                        if isinstance(r.report, dict) and r.report.get("metrics_generic")}
             note = f" (GPU metrics SIMULATED as {sorted(generic)[0]})" if generic else ""
+            if job.mem_bytes is None:  # not declared: what it used, with room to grow
+                job.mem_bytes = profstore.measured_mem_need(s, job_id)
+                note += f"; GPU memory {job.mem_bytes / 2**30:.2f} GiB from its profile"
             try:
                 transition(s, job_id, JobState.PENDING,
                            "profiled on " + ", ".join(sorted(job.allowed_gpu_types)) + note)

@@ -169,8 +169,9 @@ class SlurmProfileWindows:
         return ExecStatus(PHASE_FINISHED, j.start_time_utc, node, "HELD" if j.held else j.state)
 
     def close(self, slurm_job_id: int, run_id: int | None) -> bool:
-        """End run ``run_id``'s window (None: whichever window the job is in): requeue-hold the job if it runs in it (Slurm's SIGTERM: it checkpoints), then,
-        once it waits held, back to the offline partition with its comment cleared. True when the job is back (or
+        """End run ``run_id``'s window (None: whichever window the job is in): requeue-hold the job if it runs in it
+        (Slurm's SIGTERM: a job that checkpoints does), then, once it waits held, back to the offline partition with
+        its comment cleared. True when the job is back (or
         ended): call again until then."""
         j = self._job(slurm_job_id)
         if j is None or j.finished:
@@ -347,7 +348,8 @@ class WindowProfiler(SoloProfiler):
             with self.store.session() as s:
                 run = s.get(m.ProfilingRun, run_id)
                 run.report, run.node = report, run.node or st.node
-                run.state, run.reason, run.finished_utc = ("done" if out.ok else "failed"), out.reason[:4000], self.now()
+                run.state, run.reason = ("done" if out.ok else "failed"), out.reason[:4000]
+                run.finished_utc = self.now()
                 if out.ok:
                     repo.save_profile(s, job_id, run.gpu_type, out.features, out.source, out.method,
                                       slurm_job_id=run.slurm_job_id, **out.measured)
@@ -356,6 +358,11 @@ class WindowProfiler(SoloProfiler):
                                  "seconds": float((report or {}).get("elapsed_s") or 0.0)})
             self._job_ended_in_window(job_id, st, out, summary)
             return
+        if out.ok and report is not None:  # known before the job can be PENDING (placed by a round)
+            seen = set(report.get("checkpoint_signals") or ()) if not report.get("shell_dies_first") else set()
+            with self.store.session() as s:
+                job = s.get(m.OfflineJob, job_id)
+                job.checkpointing = checkpointing_after_window(job.checkpointing, seen)
         self._record_finished(run_id, out, report, st, summary)
         with self.store.session() as s:
             state = s.get(m.OfflineJob, job_id).state
@@ -384,6 +391,15 @@ class WindowProfiler(SoloProfiler):
     def _cancel(self, handle: int) -> None:
         """A run of a job that failed or ended: its window closes (the job itself is never cancelled here)."""
         self._close_quietly(handle, None)
+
+
+def checkpointing_after_window(before: str | None, caught: set[str]) -> str | None:
+    """What a window tells of a job's checkpointing. The comment's word stands (``declared``, ``none``);
+    otherwise a job seen catching SIGUSR1 or SIGTERM is ``detected`` (and stays so), one not seen is
+    ``undetected`` until a later window sees it."""
+    if before in ("declared", "none", "detected"):
+        return before
+    return "detected" if caught & {"SIGUSR1", "SIGTERM"} else "undetected"
 
 
 def view_of_status(st: ExecStatus) -> ClusterView:

@@ -78,6 +78,7 @@ class Runtime:
             atexit.register(self.finish_profile)
         if self.observer is not None:
             log.info("iterations timed into %s (profiling window)", observe.report_path)
+            os.environ["MUXFLOW_ITERATION_REPORT_OWNER"] = "runtime"  # the start-up hook (runtime/hook) defers
             atexit.register(self.finish_observing)
         for sig in signals:
             signal.signal(sig, self._on_signal)

@@ -200,6 +200,7 @@ class ProfileSession:
             "max_seconds": self.mode.max_seconds,
             "host": socket.gethostname(),
             "pid": os.getpid(),
+            "signal": "runtime",
         }
 
     def write(self, stopped_by: str | None, final: bool) -> dict[str, Any]:

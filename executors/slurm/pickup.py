@@ -5,21 +5,22 @@ offline-partition job at submission, so Slurm's scheduler never starts one;
 :func:`import_submissions` reads those held jobs and imports each one exactly
 once (``offline_jobs.slurm_job_id`` is unique).
 
-The spec contract: the job's ``--comment`` carries the MuxFlow fields::
+Any script is a job: a submission needs no comment. Its ``--comment`` may carry MuxFlow fields::
 
     sbatch -p offline --gres=mps:30 \\
       --comment="muxflow: type='ResNet-50 (batch size 64)' mem=4GiB gpu-types=t4,a10 ckpt=/ckpt/r50 steps=10000" job.sh
 
-Fields (``key=value``, values with spaces in single or double quotes):
-``mem`` (GPU memory, e.g. ``4GiB``), ``gpu-types`` (comma-separated), ``ckpt``
-(absolute checkpoint directory), ``steps``, and optionally ``type`` (a free
-label: what the predictor sees comes from profiling the job), ``priority`` and
-``name`` (default: the Slurm job name). The job
+Fields (``key=value``, values with spaces in single or double quotes), all optional: ``mem`` (GPU memory, e.g.
+``4GiB``; else its profiled peak), ``gpu-types`` (comma-separated; else every type of the cluster), ``ckpt``
+(absolute checkpoint directory), ``checkpoint`` (``signal`` or ``none``; else detected in its profiling window),
+``steps`` (else unknown), ``type`` (a free label: what the predictor sees comes from profiling the job),
+``priority`` and ``name`` (default: the Slurm job name). A comment that does not start with ``muxflow:`` is the
+user's own and is ignored. The job
 must ask for exactly one untyped MPS share of one GPU (``--gres=mps:N``, 1 ≤ N ≤ 100)
 and nothing else, on one node, and be requeueable; job arrays and heterogeneous
 jobs are refused (``job_submit.lua`` refuses all of these at submission already).
-A submission that breaks the contract is recorded as a FAILED job whose reason starts with ``rejected:`` (``muxflow jobs list``
-shows it) and is cancelled in Slurm; the reason is put in its comment first.
+A submission that breaks the contract is recorded as a FAILED job whose reason starts with ``rejected:``
+(``muxflow jobs list`` shows it) and is cancelled in Slurm; the reason is put in its comment first.
 """
 
 from __future__ import annotations
@@ -46,7 +47,7 @@ log = logging.getLogger(__name__)
 COMMENT_PREFIX = "muxflow:"
 REJECTED_PREFIX = "rejected: "
 OFFLINE_PARTITION = "offline"
-_KNOWN_KEYS = {"type", "mem", "gpu-types", "ckpt", "steps", "priority", "name"}
+_KNOWN_KEYS = {"type", "mem", "gpu-types", "ckpt", "steps", "priority", "name", "checkpoint"}
 
 
 @dataclass(frozen=True)
@@ -56,10 +57,11 @@ class PickupReport:
 
 
 def _fields(comment: str) -> dict[str, str]:
+    """The ``muxflow:`` fields of a comment; {} for a comment that is not MuxFlow's (the user's own words, or none):
+    every field is optional."""
     text = comment.strip()
     if not text.startswith(COMMENT_PREFIX):
-        raise SubmissionError("comment", "missing the MuxFlow spec: --comment=\"muxflow: type=… mem=… "
-                              "gpu-types=… ckpt=… steps=…\" (docs/SLURM.md)")
+        return {}
     try:
         words = shlex.split(text[len(COMMENT_PREFIX):])
     except ValueError as exc:
@@ -80,10 +82,18 @@ def _fields(comment: str) -> dict[str, str]:
 def submission_comment(spec: JobSpec) -> str:
     """The ``--comment`` that :func:`spec_from_job` reads back as ``spec`` (what ``muxflow submit`` sends)."""
     q = shlex.quote
-    label = f" type={q(spec.job_type)}" if spec.job_type else ""
-    return (f"{COMMENT_PREFIX}{label} mem={spec.mem_bytes} "
-            f"gpu-types={','.join(spec.allowed_gpu_types)} ckpt={q(spec.checkpoint_dir)} "
-            f"steps={spec.total_steps} priority={spec.priority} name={q(spec.name)}")
+    words = [f"type={q(spec.job_type)}"] if spec.job_type else []
+    if spec.mem_bytes is not None:
+        words.append(f"mem={spec.mem_bytes}")
+    words.append(f"gpu-types={','.join(spec.allowed_gpu_types)}")
+    if spec.checkpoint_dir:
+        words.append(f"ckpt={q(spec.checkpoint_dir)}")
+    if spec.checkpointing is not None:
+        words.append(f"checkpoint={'signal' if spec.checkpointing == 'declared' else 'none'}")
+    if spec.total_steps is not None:
+        words.append(f"steps={spec.total_steps}")
+    words += [f"priority={spec.priority}", f"name={q(spec.name)}"]
+    return f"{COMMENT_PREFIX} " + " ".join(words)
 
 
 def _check_shape(job: Job) -> None:
@@ -106,13 +116,18 @@ def _check_shape(job: Job) -> None:
                               "--requeue): MuxFlow evicts and migrates jobs by checkpoint and requeue")
 
 
-def spec_from_job(job: Job) -> JobSpec:
-    """The submission's spec; :class:`SubmissionError` for missing or contradictory options."""
+def spec_from_job(job: Job, cluster_gpu_types: Collection[str] = ()) -> JobSpec:
+    """The submission's spec; :class:`SubmissionError` for malformed or contradictory options.
+
+    Every comment field is optional: ``sbatch -p offline --gres=mps:30 train.sbatch`` alone is a job. Defaults: GPU
+    memory from its profile (the measured peak), any GPU type of the cluster (``cluster_gpu_types``), unknown steps,
+    no checkpoint directory, and whether it checkpoints on MuxFlow's signals detected in its profiling window
+    (``checkpoint=signal`` or ``ckpt=<dir>`` declares that it does; ``checkpoint=none`` that it does not)."""
     _check_shape(job)
     f = _fields(job.comment or "")
-    for key in ("mem", "gpu-types", "ckpt", "steps"):
-        if not f.get(key):
-            raise SubmissionError(key, "required in the muxflow comment")
+    for key in ("mem", "gpu-types", "ckpt", "steps", "type", "name", "priority", "checkpoint"):
+        if key in f and not f[key].strip() and key not in ("type", "ckpt"):
+            raise SubmissionError(key, "given without a value")
     gres = (job.gres_per_node or "").strip()
     try:
         mps = gres_count(gres, "mps") if gres else 0
@@ -131,15 +146,25 @@ def spec_from_job(job: Job) -> JobSpec:
         raise SubmissionError("gres", f"ask for an untyped share --gres=mps:{mps}, not one of Type {typed[0]}: "
                               "MuxFlow chooses the GPU (Slurm cannot move a typed share to another GPU)")
     try:
-        steps = int(f["steps"])
-        priority = int(f.get("priority", "0"))
+        steps = int(f["steps"]) if "steps" in f else None
     except ValueError as exc:
         raise SubmissionError("steps", f"not an integer: {exc}") from None
+    try:
+        priority = int(f.get("priority", "0"))
+    except ValueError as exc:
+        raise SubmissionError("priority", f"not an integer: {exc}") from None
+    declared = {"signal": "declared", "none": "none"}
+    if "checkpoint" in f and f["checkpoint"] not in declared:
+        raise SubmissionError("checkpoint", f"expected signal or none, got {f['checkpoint']!r}")
+    checkpointing = declared.get(f.get("checkpoint", ""), "declared" if f.get("ckpt") else None)
+    types = (tuple(t.strip().lower() for t in f["gpu-types"].split(",") if t.strip()) if "gpu-types" in f
+             else tuple(sorted(cluster_gpu_types)))
     return JobSpec(
-        name=f.get("name") or job.name, command=f"sbatch job {job.job_id} ({job.name}) in {job.working_dir or '?'}",
-        job_type=f.get("type", ""), mem_bytes=parse_size_bytes(f["mem"]),
-        allowed_gpu_types=tuple(t.strip().lower() for t in f["gpu-types"].split(",") if t.strip()),
-        checkpoint_dir=f["ckpt"], total_steps=steps, priority=priority,
+        name=f.get("name") or job.name or f"slurm-{job.job_id}",
+        command=f"sbatch job {job.job_id} ({job.name}) in {job.working_dir or '?'}",
+        job_type=f.get("type", ""), mem_bytes=parse_size_bytes(f["mem"]) if "mem" in f else None,
+        allowed_gpu_types=types, checkpoint_dir=f.get("ckpt", ""), total_steps=steps, priority=priority,
+        checkpointing=checkpointing,
     )
 
 
@@ -169,7 +194,7 @@ def import_submissions(store, client, known_job_types: set[str] | None = None, *
         if job.job_id in seen:
             continue
         try:
-            spec = spec_from_job(job)
+            spec = spec_from_job(job, gpu_types)
             validate(spec, gpu_types, known_job_types)
         except SubmissionError as exc:
             reason = f"{REJECTED_PREFIX}{exc}"
@@ -187,6 +212,7 @@ def import_submissions(store, client, known_job_types: set[str] | None = None, *
             name=spec.name, job_type=spec.job_type, command=spec.command, mem_bytes=spec.mem_bytes,
             allowed_gpu_types=sorted(set(spec.allowed_gpu_types)), checkpoint_dir=spec.checkpoint_dir,
             priority=spec.priority, total_steps=spec.total_steps, slurm_job_id=job.job_id,
+            checkpointing=spec.checkpointing,
             # Slurm runs the job as its submitter: MPS lets it share only a GPU of that user (scheduler_core.run_as).
             run_as_user=job.user_name or None,
             state_reason=f"imported from Slurm job {job.job_id}",

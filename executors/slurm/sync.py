@@ -166,11 +166,12 @@ def _book_run(s, job_id: int, sjob: Job | None, ckpt_dir: str, decision: Decisio
     placed = rounds_db.latest_placements(s, [job_id]).get(job_id)
     gpu_id = placed.gpu_id if placed is not None else None  # where MuxFlow placed it (its own record)
     before = job.checkpoint_step or 0.0
-    if decision.steps and decision.steps[-1].target == JobState.DONE:
-        reached: float | None = float(job.total_steps)
+    total = float(job.total_steps) if job.total_steps is not None else float("inf")  # None: unknown
+    if decision.steps and decision.steps[-1].target == JobState.DONE and job.total_steps is not None:
+        reached: float | None = total
     else:
         newest = _newest_checkpoint(ckpt_dir, job.run_as_user)
-        reached = None if newest is None else float(min(newest, job.total_steps))
+        reached = None if newest is None else float(min(newest, total))
     if reached is not None:
         job.steps_done = max(job.steps_done or 0.0, reached)
         job.checkpoint_step = max(before, reached)

@@ -185,11 +185,12 @@ class OfflineJob(Base):
     name: Mapped[str] = mapped_column(String(128))
     job_type: Mapped[str] = mapped_column(String(64))
     command: Mapped[str] = mapped_column(Text)
-    mem_bytes: Mapped[int] = mapped_column(BigInteger)
+    # GPU memory the job needs; NULL: not declared (a plain sbatch): its profile's measured peak decides.
+    mem_bytes: Mapped[int | None] = mapped_column(BigInteger, nullable=True)
     allowed_gpu_types: Mapped[list] = mapped_column(JSON)
     checkpoint_dir: Mapped[str] = mapped_column(Text)
     priority: Mapped[int] = mapped_column(Integer, default=0)
-    total_steps: Mapped[int] = mapped_column(BigInteger)
+    total_steps: Mapped[int | None] = mapped_column(BigInteger, nullable=True)  # NULL: unknown
     steps_done: Mapped[float] = mapped_column(Float, default=0.0)
     state: Mapped[str] = mapped_column(String(16), default=JobState.SUBMITTED.value)
     state_reason: Mapped[str | None] = mapped_column(Text, nullable=True)
@@ -199,13 +200,19 @@ class OfflineJob(Base):
     exit_code: Mapped[int | None] = mapped_column(Integer, nullable=True)
     # The user the job's processes run as (Slurm: the submitting user); NULL: unknown, placed anywhere.
     run_as_user: Mapped[str | None] = mapped_column(String(64), nullable=True)
+    # Whether it checkpoints on MuxFlow's signals (SIGUSR1/SIGTERM): 'declared' or 'none' (its comment says),
+    # 'detected' (seen catching them in its profiling window), 'undetected' (not seen). A job with 'none' or
+    # 'undetected' loses its progress if moved: never moved. NULL: not known yet.
+    checkpointing: Mapped[str | None] = mapped_column(String(16), nullable=True)
     submitted_utc: Mapped[dt.datetime] = mapped_column(UtcDateTime, default=utcnow)
     started_utc: Mapped[dt.datetime | None] = mapped_column(UtcDateTime, nullable=True)
     finished_utc: Mapped[dt.datetime | None] = mapped_column(UtcDateTime, nullable=True)
     __table_args__ = (
         CheckConstraint(f"state IN ({JOB_STATES_SQL})", name="state_valid"),
-        CheckConstraint("mem_bytes > 0", name="mem_positive"),
-        CheckConstraint("total_steps > 0", name="steps_positive"),
+        CheckConstraint("mem_bytes IS NULL OR mem_bytes > 0", name="mem_positive"),
+        CheckConstraint("total_steps IS NULL OR total_steps > 0", name="steps_positive"),
+        CheckConstraint("checkpointing IS NULL OR checkpointing IN ('declared', 'detected', 'none', 'undetected')",
+                        name="checkpointing_valid"),
         CheckConstraint("steps_done >= 0", name="progress_nonneg"),
         Index("ix_offline_jobs_state", "state"),
     )
@@ -249,6 +256,8 @@ class JobProfile(Base):
     device: Mapped[str | None] = mapped_column(String(128), nullable=True)
     slurm_job_id: Mapped[int | None] = mapped_column(BigInteger, nullable=True)  # the profiling copy
     reused_from_job_id: Mapped[int | None] = mapped_column(Integer, nullable=True)
+    # What measured the job's progress in its profiling window: 'runtime', 'optimizer-step', 'gpu-activity'.
+    progress_signal: Mapped[str | None] = mapped_column(String(32), nullable=True)
     __table_args__ = (
         UniqueConstraint("job_id", "gpu_type", name="uq_job_profiles_job_gpu_type"),
         CheckConstraint(f"source IN ({SOURCES_SQL})", name="source_valid"),

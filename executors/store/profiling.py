@@ -107,3 +107,13 @@ def record_window_report(s: Session, run_id: int, slurm_job_id: int, node: str, 
     if run.state == "submitted":
         run.state = "running"
     return True
+
+
+MEM_HEADROOM = 1.1  # a job's undeclared GPU memory: its profiled peak, plus this much room to grow
+
+
+def measured_mem_need(s: Session, job_id: int) -> int:
+    """GPU memory for a job that declared none: the largest peak its profiles measured, plus headroom, in whole MiB."""
+    peak = s.scalar(select(func.max(m.JobProfile.mem_used_bytes)).where(m.JobProfile.job_id == job_id)) or 0.0
+    mib = 2**20
+    return max(mib, int(-(-peak * MEM_HEADROOM // mib)) * mib)

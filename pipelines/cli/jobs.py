@@ -32,16 +32,15 @@ def jobs_list(ctx, states: tuple[str, ...]) -> None:
     with store.session() as s:
         rows_ = inventory.listed_jobs(s, list(states))
         why = whereabouts(s, rows_)
-        rows = [(j.id, j.name, j.job_type or "-", j.state, f"{100 * j.steps_done / j.total_steps:.1f}%",
-                 why[j.id]) for j in rows_]
+        rows = [(j.id, j.name, j.job_type or "-", j.state, _progress(j), _checkpoints(j), why[j.id]) for j in rows_]
         known = inventory.imported_slurm_ids(s)
     if not states:
-        rows += [("-", name, "-", "HELD", "0.0%", reason) for _sid, name, reason in _held_for_pickup(known)]
+        rows += [("-", name, "-", "HELD", "0.0%", "?", reason) for _sid, name, reason in _held_for_pickup(known)]
     if not rows:
         click.echo("no jobs")
         return
     with pd.option_context("display.max_colwidth", None):
-        click.echo(pd.DataFrame(rows, columns=["id", "name", "type", "state", "progress", "why"])
+        click.echo(pd.DataFrame(rows, columns=["id", "name", "type", "state", "progress", "checkpoints", "why"])
                    .to_string(index=False, justify="left"))
 
 
@@ -94,3 +93,19 @@ def _held_for_pickup(known: set[int]) -> list[tuple[int, str, str]]:
     except (CliError, SlurmError) as exc:  # the store's jobs are still worth listing
         click.echo(f"note: cannot list Slurm's held submissions: {exc}", err=True)
         return []
+
+
+def _progress(j) -> str:
+    """Steps done of the total, or of an unknown total."""
+    if not j.total_steps:
+        return f"{j.steps_done:.0f} steps" if j.steps_done else "?"
+    return f"{100 * j.steps_done / j.total_steps:.1f}%"
+
+
+CHECKPOINTS = {"declared": "on signal (declared)", "detected": "on signal (detected)",
+               "none": "no: never moved (declared)", "undetected": "no: never moved (none seen)", None: "?"}
+
+
+def _checkpoints(j) -> str:
+    """Whether the job checkpoints on MuxFlow's signals: a job that does not is never moved."""
+    return CHECKPOINTS.get(j.checkpointing, j.checkpointing)

@@ -6,6 +6,7 @@ from pathlib import Path
 
 import click
 
+from executors.profiling.runs import command_script
 from executors.store import repo
 from pipelines.cli.common import CliError, CliFailure, cluster_backend, guard, settings, store_of
 
@@ -115,7 +116,7 @@ def submit(ctx, name, command_, script_path, job_type, mem_text, gpu_types, chec
             raise CliError(f"script: cannot read {script_path}: {exc.strerror}") from exc
         workdir = script_path.resolve().parent
     else:
-        script, workdir = f"#!/bin/sh\n{command_}\n", Path.cwd()
+        script, workdir = command_script(command_), Path.cwd()
     cluster_backend(conf)  # the settings name a usable Slurm
     try:
         sid, rep = submit_to_slurm(store, slurm_config(), spec, script, mps_pct=30 if mps_pct is None else mps_pct,

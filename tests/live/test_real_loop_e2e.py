@@ -17,12 +17,16 @@ What runs (as an operator deploys it, docs/DEPLOY.md), all real processes:
   what really runs — the Slurm jobs on each GPU at their shares, and each replica's real request rate;
 - ``dagster-daemon`` (the round sensor every ``PERIOD_S`` seconds, the pick-up, profiling, job-state
   and eviction sensors) and ``dagster-webserver``;
-- six reference training jobs submitted with plain ``sbatch -p offline --gres=mps:N`` as ``mxuser1``.
+- five reference training jobs submitted with plain ``sbatch -p offline --gres=mps:N`` as ``mxuser1``, and three
+  scripts that know nothing of MuxFlow, submitted with no comment at all: a plain PyTorch loop, a PyTorch loop
+  that checkpoints on SIGUSR1/SIGTERM (its batch shell traps them), and a shell program (no Python, no iterations).
 
 It checks: every job is profiled in its own window, as its user; every job is placed by a round and runs on its
 planned node, GPU and share with the xCUDA environment; a request burst on one replica drives its GPU to Overlimit and the agent evicts the job
 there on that sample; the job is requeued, placed again by a later round and resumes from its checkpoint
-(every job ends with the same step and loss as an uninterrupted run); every job ends DONE; the SQL
+(every job ends with the same step and loss as an uninterrupted run); the plain scripts are profiled through the
+iteration hook (the PyTorch loops) or their GPU activity (the shell program), the checkpointing one is seen to
+checkpoint and the others not, and those two are never moved once placed; every job ends DONE; the SQL
 reports on PostgreSQL cover the run; the Dagster UI (headless Chromium) shows a round with placements.
 A summary (durations, one job's life from the audit trail, placements per round) is written to
 ``test-artifacts/real_loop.json``.
@@ -62,10 +66,45 @@ PERIOD_S = 20      # the round period of this deployment
 SENSOR_S = 3       # sensors' minimum interval
 SERVE_QPS = 8.0    # each replica's steady offered load
 BURST_QPS = 400.0  # the scripted burst: far above what the simulated GPU's replica can take next to a job
-# (family, steps, MPS share asked for): six reference training jobs, tiny sizes for the CPU. The first asks
+# (family, steps, MPS share asked for): five reference training jobs, tiny sizes for the CPU. The first asks
 # for T4s only and runs longest (about a minute on the CPU): the burst's victim runs there while the test looks.
 JOBS = [("cnn", 3000, 30), ("transformer", 1600, 25), ("recommender", 2400, 40),
-        ("cnn", 700, 20), ("transformer", 1600, 35), ("recommender", 2400, 30)]
+        ("cnn", 700, 20), ("recommender", 2400, 30)]
+PLAIN_STEPS = 1500  # the plain PyTorch loops' steps (~10 ms each)
+PLAIN_TRAIN = """\
+# A user's own training script: nothing of MuxFlow in it.
+import json, os, signal, sys, time
+import torch
+
+steps, out = int(sys.argv[1]), sys.argv[2]
+ckpt = sys.argv[3] if len(sys.argv) > 3 else None
+torch.manual_seed(0)
+torch.set_num_threads(1)
+model = torch.nn.Sequential(torch.nn.Linear(32, 64), torch.nn.ReLU(), torch.nn.Linear(64, 1))
+opt = torch.optim.SGD(model.parameters(), lr=0.01, momentum=0.9)
+start, stop = 0, []
+if ckpt:
+    if os.path.exists(ckpt):
+        state = torch.load(ckpt)
+        model.load_state_dict(state["model"])
+        opt.load_state_dict(state["opt"])
+        start = state["step"]
+    for sig in (signal.SIGUSR1, signal.SIGTERM):
+        signal.signal(sig, lambda *_: stop.append(1))
+for step in range(start, steps):
+    x = torch.randn(64, 32, generator=torch.Generator().manual_seed(step))
+    loss = torch.nn.functional.mse_loss(model(x), x.sum(1, keepdim=True))
+    opt.zero_grad()
+    loss.backward()
+    opt.step()
+    time.sleep(0.01)
+    if stop:
+        torch.save({"model": model.state_dict(), "opt": opt.state_dict(), "step": step + 1}, ckpt + ".tmp")
+        os.replace(ckpt + ".tmp", ckpt)
+        sys.exit(0)
+with open(out, "w") as f:
+    json.dump({"steps": steps, "loss": loss.item(), "resumed_from": start}, f)
+"""
 EVERY = 50         # checkpoint interval (steps)
 DEADLINE_S = 480   # the whole loop, submission to every job DONE
 USER = "mxuser1"   # the jobs' owner, a real non-root user
@@ -115,22 +154,56 @@ def _no_job_failed(store: Store, rows: dict, procs: Processes) -> None:
     pytest.fail("jobs FAILED before they were placed:\n" + "\n".join(lines) + "\n" + logs, pytrace=False)
 
 
+def _record_env(d: Path) -> str:
+    """The script's first lines: where (and as whom) this start of the job runs, into a file of the user's."""
+    return f"""{{ env | grep -E '^(CUDA_[A-Z_]*|LD_PRELOAD|XCUDA_[A-Z_]*|MUXFLOW_PLANNED_GPU|MUXFLOW_PROFILING_RUN|SLURMD_NODENAME|SLURM_JOB_ID|SLURM_RESTART_COUNT|PYTHONPATH)=' || true; echo UID=$(id -u); }} \\
+  > {d}/.env-$SLURM_JOB_ID && mv {d}/.env-$SLURM_JOB_ID {d}/env-$SLURM_JOB_ID-${{SLURM_RESTART_COUNT:-0}}
+"""
+
+
+def _users_file(path: Path, text: str, mode: int = 0o700) -> Path:
+    path.write_text(text)
+    pw = pwd.getpwnam(USER)
+    os.chown(path, pw.pw_uid, pw.pw_gid)
+    path.chmod(mode)
+    return path
+
+
 def _job_script(d: Path, k: int, family: str, steps: int) -> Path:
     """What a user writes: print where (and as whom) it runs, then train (checkpointing on SIGTERM/SIGUSR1,
     resuming). The script and everything it writes are the user's alone."""
-    script = d / f"train-{k}.sh"
-    script.write_text(f"""#!/bin/bash
+    return _users_file(d / f"train-{k}.sh", f"""#!/bin/bash
 set -e
-{{ env | grep -E '^(CUDA_[A-Z_]*|LD_PRELOAD|XCUDA_[A-Z_]*|MUXFLOW_PLANNED_GPU|MUXFLOW_PROFILING_RUN|SLURMD_NODENAME|SLURM_JOB_ID|SLURM_RESTART_COUNT)=' || true; echo UID=$(id -u); }} \\
-  > {d}/.env-$SLURM_JOB_ID && mv {d}/.env-$SLURM_JOB_ID {d}/env-$SLURM_JOB_ID-${{SLURM_RESTART_COUNT:-0}}
-cd {REPO}
+{_record_env(d)}cd {REPO}
 exec {PY} -m executors.workloads.train --family {family} --size tiny --steps {steps} --every {EVERY} \\
   --ckpt {d}/ckpt-{k} --out {d}/result-$SLURM_JOB_ID.json --threads 1
 """)
-    pw = pwd.getpwnam(USER)
-    os.chown(script, pw.pw_uid, pw.pw_gid)
-    script.chmod(0o700)
-    return script
+
+
+def _plain_scripts(d: Path) -> dict[str, Path]:
+    """Scripts that know nothing of MuxFlow: a PyTorch loop run by bash as a child (no checkpoint), the same loop
+    checkpointing on SIGUSR1/SIGTERM (its shell ignores them, so that it outlives the program's checkpoint), and
+    a shell program (no Python: no iterations to count; it restarts from the beginning when moved)."""
+    _users_file(d / "plain_train.py", PLAIN_TRAIN, 0o600)
+    return {
+        "torch-loop": _users_file(d / "plain-loop.sh", f"""#!/bin/bash
+{_record_env(d)}{PY} {d}/plain_train.py {PLAIN_STEPS} {d}/result-$SLURM_JOB_ID.json
+"""),
+        "torch-ckpt": _users_file(d / "plain-ckpt.sh", f"""#!/bin/bash
+trap '' USR1 TERM
+{_record_env(d)}{PY} {d}/plain_train.py {PLAIN_STEPS} {d}/result-$SLURM_JOB_ID.json {d}/plain.ckpt
+"""),
+        "shell": _users_file(d / "plain-shell.sh", f"""#!/bin/bash
+{_record_env(d)}for i in $(seq 1 30); do sleep 1; done
+echo '{{"done": true}}' > {d}/result-$SLURM_JOB_ID.json
+"""),
+    }
+
+
+def _plain_reference(d: Path) -> subprocess.Popen:
+    """The plain PyTorch loop run through, uninterrupted and without MuxFlow: what both plain loops must end with."""
+    (d / "plain_train.py").write_text(PLAIN_TRAIN)
+    return subprocess.Popen([PY, str(d / "plain_train.py"), str(PLAIN_STEPS), str(d / "plain-ref.json")], cwd=d)
 
 
 def _starts(work: Path, sid: int) -> list[dict[str, str]]:
@@ -251,7 +324,9 @@ def test_real_loop_end_to_end_from_sbatch_to_done(dev_cluster, make_postgres_dat
             "slurm_plan_key_file": str(lay.plan_key_file), "slurm_reference_jwt_file": str(lay.reference_jwt_file),
             "slurm_conf": str(lay.slurm_conf), "round_period_s": PERIOD_S, "sensor_interval_s": SENSOR_S,
             "sensors_running": True, "rounds_start": today.isoformat(), "gpu_types": ["a10", "t4"],
-            "report_dir": str(service_home / "report"), "profiling": {"poll_s": 0.5},
+            "report_dir": str(service_home / "report"),
+            # a window closes after its iterations, or after 20 s for a job that reports none (the shell program)
+            "profiling": {"poll_s": 0.5, "profile_seconds": 20},
         }))
         (home / "muxflow.json").chmod(0o600)
         dagster_env = _env({**slurm_env, "DAGSTER_HOME": str(home), "MUXFLOW_SETTINGS": str(home / "muxflow.json"),
@@ -285,12 +360,22 @@ def test_real_loop_end_to_end_from_sbatch_to_done(dev_cluster, make_postgres_dat
             sid = int(out.stdout.split()[-1])
             sids[sid] = (family, steps, share)
             ckpt_of[sid] = work / f"ckpt-{k}"
+        # ... and three scripts that know nothing of MuxFlow, with no comment: everything is learnt by profiling
+        plain: dict[str, int] = {}
+        for name, script in _plain_scripts(work).items():
+            out = subprocess.run(["runuser", "-u", USER, "--", "sbatch", "-p", "offline", "--gres=mps:30", "-J",
+                                  f"plain-{name}", "-o", str(work / f"out-%j-{name}.txt"), str(script)],
+                                 env=_env(slurm_env), capture_output=True, text=True, timeout=30, cwd="/tmp")
+            assert out.returncode == 0, out.stderr
+            plain[name] = int(out.stdout.split()[-1])
+        all_sids = [*sids, *plain.values()]
+        plain_ref = _plain_reference(tmp_path)
         refs = _reference_results(JOBS, tmp_path)
 
         def job_rows() -> dict[int, m.OfflineJob]:
             with store.session() as s:
                 return {j.slurm_job_id: j for j in s.scalars(select(m.OfflineJob)
-                                                             .where(m.OfflineJob.slurm_job_id.in_(list(sids))))}
+                                                             .where(m.OfflineJob.slurm_job_id.in_(all_sids)))}
 
         # -- a burst on one replica: Overlimit, eviction on that sample, requeue ------------------------
         # The victim is the first job seen running with a checkpoint on a T4, as soon as there is one (the first
@@ -325,11 +410,12 @@ def test_real_loop_end_to_end_from_sbatch_to_done(dev_cluster, make_postgres_dat
         def where_jobs_run() -> str:
             with store.session() as s:
                 out = []
-                for j in s.scalars(select(m.OfflineJob).where(m.OfflineJob.slurm_job_id.in_(list(sids)))):
+                for j in s.scalars(select(m.OfflineJob).where(m.OfflineJob.slurm_job_id.in_(all_sids))):
                     p = s.scalars(select(m.Placement).where(m.Placement.job_id == j.id)
                                   .order_by(m.Placement.round_id.desc())).first()
+                    ckpt = ckpt_of.get(j.slurm_job_id)
                     out.append((j.slurm_job_id, j.state, p and p.gpu_id,
-                                len(list(ckpt_of[j.slurm_job_id].glob("ckpt-*.mxck")))))
+                                len(list(ckpt.glob("ckpt-*.mxck"))) if ckpt else None))
             return f"jobs (slurm id, state, GPU, checkpoints): {out}; T4 replicas' GPUs: {sorted(vision)}"
 
         vsid, vgpu = _poll("a running job with a checkpoint", victim, 240, procs, describe=where_jobs_run)
@@ -353,7 +439,7 @@ def test_real_loop_end_to_end_from_sbatch_to_done(dev_cluster, make_postgres_dat
               or j.restart_count > 0, 60, procs)
 
         # -- every job profiled in its own Slurm job (meanwhile: the first ones were placed while others profiled)
-        _poll("every job picked up and profiled", lambda: len(rows := job_rows()) == len(sids) and all(
+        _poll("every job picked up and profiled", lambda: len(rows := job_rows()) == len(all_sids) and all(
             j.state not in ("SUBMITTED", "PROFILING") for j in rows.values()) and rows, 240, procs)
         rows = job_rows()
         _no_job_failed(store, rows, procs)
@@ -371,13 +457,13 @@ def test_real_loop_end_to_end_from_sbatch_to_done(dev_cluster, make_postgres_dat
 
         # -- every job placed by a round, its first start where the round put it -----------------------
         def started() -> dict[int, dict[str, str]] | None:
-            found = {sid: next(iter(_placed_starts(work, sid)), None) for sid in sids}
+            found = {sid: next(iter(_placed_starts(work, sid)), None) for sid in all_sids}
             return found if all(found.values()) else None
 
         def why_not() -> str:
             with store.session() as s:
                 jobs = [(j.slurm_job_id, j.state, j.state_reason) for j in s.scalars(
-                    select(m.OfflineJob).where(m.OfflineJob.slurm_job_id.in_(list(sids))))]
+                    select(m.OfflineJob).where(m.OfflineJob.slurm_job_id.in_(all_sids)))]
                 rounds = [(r.window_start_utc.isoformat(), r.status, r.gpus_considered, r.jobs_pending,
                            r.feasible_pairs, r.placements) for r in s.scalars(
                     select(m.SchedulingRound).order_by(m.SchedulingRound.id.desc()).limit(3))]
@@ -411,6 +497,7 @@ def test_real_loop_end_to_end_from_sbatch_to_done(dev_cluster, make_postgres_dat
         for sid, (family, steps, _) in sids.items():
             result = json.loads((work / f"result-{sid}.json").read_text())
             assert result == refs[(family, steps)], (sid, result, refs[(family, steps)])
+        _plain_jobs_learnt_and_kept(store, work, plain, plain_ref, tmp_path)
         with store.session() as s:
             life = [(t.from_state, t.to_state, t.at_utc.isoformat(), t.reason) for t in s.scalars(
                 select(m.JobTransition).where(m.JobTransition.job_id == vjob).order_by(m.JobTransition.id))]
@@ -428,10 +515,11 @@ def test_real_loop_end_to_end_from_sbatch_to_done(dev_cluster, make_postgres_dat
         assert ("PENDING", "PLACED") in states[again:] and states[-1] == ("RUNNING", "DONE"), life
         assert len({p.round_id for p in placements}) >= 2, "the victim was placed again by a later round"
         assert len(_placed_starts(work, vsid)) >= 2, "the victim ran again"
-        # The budgeted service's replicas were planned below their cap (its water level, from the replicas'
-        # own load), the other service's at its flat allowance.
+        # The budgeted service's replicas were planned within their cap, below it where their load weighs (its
+        # water level, from the replicas' own load; a quiet minute may take the whole cap), the other service's
+        # at its flat allowance.
         shaped = [a for name, a in allowances if name == "svc-vision"]
-        assert shaped and all(0.0 < a < 0.3 for a in shaped), allowances
+        assert shaped and all(0.0 <= a <= 0.3 for a in shaped) and any(a < 0.3 for a in shaped), allowances
         assert all(a == 0.2 for name, a in allowances if name == "svc-recsys"), allowances
 
         # -- the SQL reports on PostgreSQL cover the run --------------------------------------------------
@@ -466,7 +554,7 @@ def test_real_loop_end_to_end_from_sbatch_to_done(dev_cluster, make_postgres_dat
             "rounds": per_round, "reports": sorted(reports),
         }, indent=2, default=str))
         with live.client() as c:
-            for sid in sids:
+            for sid in all_sids:
                 j = c.get_job(sid)
                 assert j.state == "COMPLETED" and j.user_name == USER
             # MuxFlow submitted nothing of its own for the users' jobs (no profiling copy, no wrapper job)
@@ -484,3 +572,32 @@ def _post_load(base_url: str, qps: float) -> None:
 def _slurm_job(live, sid: int):
     with live.client() as c:
         return c.get_job(sid)
+
+
+def _plain_jobs_learnt_and_kept(store: Store, work: Path, plain: dict[str, int], ref: subprocess.Popen,
+                                tmp: Path) -> None:
+    """What profiling learnt of the scripts that declared nothing, and what the rounds did with it."""
+    assert ref.wait(timeout=120) == 0
+    expected = json.loads((tmp / "plain-ref.json").read_text())
+    with store.session() as s:
+        for name, sid in plain.items():
+            job = s.scalars(select(m.OfflineJob).where(m.OfflineJob.slurm_job_id == sid)).one()
+            profiles = s.scalars(select(m.JobProfile).where(m.JobProfile.job_id == job.id)).all()
+            ctx = (name, sid, job.state, job.checkpointing, [(p.gpu_type, p.progress_signal) for p in profiles])
+            assert job.state == "DONE" and job.total_steps is None, ctx
+            assert set(job.allowed_gpu_types) == {"a10", "t4"}, ctx  # every type of the cluster
+            assert job.mem_bytes and job.mem_bytes >= max(p.mem_used_bytes for p in profiles), ctx  # from its peak
+            signal = "gpu-activity" if name == "shell" else "optimizer-step"
+            assert {p.gpu_type for p in profiles} == {"a10", "t4"}, ctx
+            assert all(p.progress_signal == signal for p in profiles), ctx
+            assert job.checkpointing == ("detected" if name == "torch-ckpt" else "undetected"), ctx
+            gpus = {p.gpu_id for p in s.scalars(select(m.Placement).where(m.Placement.job_id == job.id))}
+            if name != "torch-ckpt":  # it would lose its progress if moved: kept where it first ran
+                assert len(gpus) == 1 and len(_placed_starts(work, sid)) == 1, (ctx, gpus, _placed_starts(work, sid))
+    for name in ("torch-loop", "torch-ckpt"):
+        got = json.loads((work / f"result-{plain[name]}.json").read_text())
+        assert (got["steps"], got["loss"]) == (expected["steps"], expected["loss"]), (name, got, expected)
+    # the checkpointing loop was requeued at the end of each profiling window and resumed where it stopped
+    assert json.loads((work / f"result-{plain['torch-ckpt']}.json").read_text())["resumed_from"] > 0
+    windows = [e for e in _starts(work, plain["torch-loop"]) if "MUXFLOW_PROFILING_RUN" in e]
+    assert windows and all(e["PYTHONPATH"].split(":")[0].endswith("python-hook") for e in windows), windows

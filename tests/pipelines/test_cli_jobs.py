@@ -155,7 +155,7 @@ def test_jobs_list_shows_the_why_column(store: Store, jobs: dict[str, int], tmp_
     out = CliRunner().invoke(main, ["--db", url, "jobs", "list"], env=env, catch_exceptions=False)
     assert out.exit_code == 0, out.output
     lines = out.stdout.splitlines()
-    assert lines[0].split() == ["id", "name", "type", "state", "progress", "why"]
+    assert lines[0].split() == ["id", "name", "type", "state", "progress", "checkpoints", "why"]
     (big,) = [ln for ln in lines if " big " in ln]
     assert "PENDING" in big and "no feasible GPU: memory above every candidate GPU's free memory quota (needs 9 GiB" \
         in big
@@ -175,3 +175,22 @@ def test_jobs_list_on_slurm_says_when_slurm_cannot_be_asked(store: Store, jobs: 
     out = CliRunner().invoke(main, ["--db", str(store.engine.url), "jobs", "list"], env=env, catch_exceptions=False)
     assert out.exit_code == 0 and " big " in out.stdout  # the store's jobs are listed all the same
     assert out.stderr.startswith("note: cannot list Slurm's held submissions: ") and "none.sock" in out.stderr
+
+
+def test_jobs_list_shows_progress_and_checkpointing_of_plain_jobs(store: Store) -> None:
+    with store.session() as s:
+        for name, ckpt, steps, done in [("declared", "declared", 100, 25), ("detected", "detected", None, 340),
+                                        ("kept", "undetected", None, 0), ("said-no", "none", None, 0),
+                                        ("unknown", None, None, 0)]:
+            job = submit(s, JobSpec(name=name, command="sbatch", job_type="", mem_bytes=None, allowed_gpu_types=("t4",),
+                                    checkpoint_dir="", total_steps=steps), None)
+            job.steps_done, job.checkpointing = done, ckpt  # what profiling learnt
+    out = CliRunner().invoke(main, ["--db", str(store.engine.url), "jobs", "list"],
+                             env={"MUXFLOW_SETTINGS": None, "DAGSTER_HOME": None, "MUXFLOW_CLUSTER": "simulated"},
+                             catch_exceptions=False)
+    assert out.exit_code == 0, out.output
+    row = {ln.split()[1]: ln for ln in out.stdout.splitlines()[1:]}
+    assert "25.0%" in row["declared"] and "on signal (declared)" in row["declared"]
+    assert "340 steps" in row["detected"] and "on signal (detected)" in row["detected"]  # of an unknown total
+    assert "no: never moved (none seen)" in row["kept"] and "no: never moved (declared)" in row["said-no"]
+    assert row["unknown"].split()[4:6] == ["?", "?"]  # nothing known yet: not profiled

@@ -57,6 +57,7 @@ GOOD_SINFO_STATES = ("idle", "mixed", "allocated", "completing")
 
 NODE_SRC = Path(__file__).resolve().parents[1] / "node"
 PLAN_SRC = Path(__file__).resolve().parents[1] / "plan.py"
+HOOK_SRC = Path(__file__).resolve().parents[2] / "runtime" / "hook" / "sitecustomize.py"
 REPO = Path(__file__).resolve().parents[3]
 XCUDA_LIB = Path(__file__).resolve().parents[2] / "xcuda" / "build" / "libxcuda.so"
 FAKE_MPS_CONTROL = Path(__file__).resolve().with_name("fake_mps_control.sh")
@@ -65,12 +66,12 @@ FAKE_MPS_CONTROL = Path(__file__).resolve().with_name("fake_mps_control.sh")
 def node_script_values(layout: DevClusterLayout) -> dict[str, str]:
     """What the dev cluster fills into the node scripts' ``@…@`` placeholders (a site fills its own, DEPLOY.md):
     xCUDA, the plan directory, a stand-in MPS control per node (its pipes under the state directory), the nodes'
-    plan key, the per-job state directory and the plan tool."""
+    plan key, the per-job state directory, the plan tool and the iteration hook's directory."""
     return {"@XCUDA_LIB@": str(XCUDA_LIB), "@PLAN_DIR@": str(layout.plan_dir),
             "@MPS_CONTROL@": str(layout.node_script_dir / "nvidia-cuda-mps-control"),
             "@MPS_PIPE_ROOT@": f"{layout.mps_pipe_root}/${{SLURMD_NODENAME}}",
             "@PLAN_KEY@": str(layout.node_plan_key_file), "@JOB_DIR@": str(layout.job_state_dir),
-            "@PLAN_TOOL@": str(layout.plan_tool)}
+            "@PLAN_TOOL@": str(layout.plan_tool), "@HOOK_DIR@": str(layout.hook_dir)}
 
 
 def releaser_uids(slurm_user_uid: int, muxflow_uid: int | None) -> str:
@@ -87,7 +88,8 @@ def _fill(text: str, values: dict[str, str]) -> str:
 
 def install_node_scripts(layout: DevClusterLayout, slurm_user_uid: int, muxflow_uid: int | None = None) -> None:
     """Install ``job_submit.lua`` next to slurm.conf, the Prolog/TaskProlog/Epilog, the plan tool (a copy of
-    ``executors/slurm/plan.py``) and the stand-in MPS control (docs/SLURM.md).
+    ``executors/slurm/plan.py``), the iteration hook (a copy of ``executors/runtime/hook/sitecustomize.py``) and
+    the stand-in MPS control (docs/SLURM.md).
 
     Each file is replaced atomically (temp file + rename): slurmd reads the scripts at
     every job start and slurmctld reloads the Lua script when it changes, so a running
@@ -100,6 +102,9 @@ def install_node_scripts(layout: DevClusterLayout, slurm_user_uid: int, muxflow_
              for name in ("prolog.sh", "task_prolog.sh", "epilog.sh")}
     files[layout.node_script_dir / "nvidia-cuda-mps-control"] = (FAKE_MPS_CONTROL.read_text(), 0o755)
     files[layout.plan_tool] = (PLAN_SRC.read_text(), 0o644)
+    layout.hook_dir.mkdir(exist_ok=True)
+    os.chmod(layout.hook_dir, 0o755)
+    files[layout.hook_dir / "sitecustomize.py"] = (HOOK_SRC.read_text(), 0o644)
     files[layout.job_submit_lua] = ((NODE_SRC / "job_submit.lua").read_text()
                                     .replace("@RELEASER_UIDS@", releaser_uids(slurm_user_uid, muxflow_uid)), 0o644)
     for dst, (text, mode) in files.items():

@@ -245,6 +245,12 @@ class DevClusterLayout:
         return self.state_dir / "jobstate"
 
     @property
+    def hook_dir(self) -> Path:
+        """The directory of the iteration hook (a copy of ``executors/runtime/hook/sitecustomize.py``), which the
+        TaskProlog puts first on a profiled job's ``PYTHONPATH``."""
+        return self.node_script_dir / "python-hook"
+
+    @property
     def plan_tool(self) -> Path:
         """The copy of ``executors/slurm/plan.py`` the Prolog runs (``python3 muxflow_plan.py prolog …``)."""
         return self.node_script_dir / "muxflow_plan.py"

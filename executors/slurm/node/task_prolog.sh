@@ -3,8 +3,10 @@
 # Lines "export K=V" on stdout become the task's environment. Only offline jobs MuxFlow placed, and jobs in their
 # profiling window, are configured:
 #  - placed: the planned GPU, the MPS share, the MPS pipe, and xCUDA (LD_PRELOAD + XCUDA_* settings);
-#  - profiling window: the GPU (alone, through its MPS pipe, no xCUDA) and where the job's iteration report goes
-#    (MUXFLOW_ITERATION_REPORT, in the job's own directory the Prolog made; the node agent reads it).
+#  - profiling window: the GPU (alone, through its MPS pipe, no xCUDA), where the job's iteration report goes
+#    (MUXFLOW_ITERATION_REPORT, in the job's own directory the Prolog made; the node agent reads it) and the
+#    iteration hook first on PYTHONPATH (its sitecustomize.py writes that report for any PyTorch job: one
+#    optimizer step = one iteration; it chains to the job's own sitecustomize).
 # The plan comes from the root-owned per-job file the Prolog wrote from the verified plan in the job's comment;
 # nothing the job's user can write (the comment, the environment) is read for it, and the paths below are the
 # node's, whatever the job's environment says. Online jobs (and anything else) get nothing: never a preload.
@@ -43,6 +45,8 @@ if [[ "$kind" == profile ]]; then
     [[ -d "$dir" && ! -L "$dir" && "$(stat -c %u "$dir")" == "$(id -u)" ]] \
         && echo "export MUXFLOW_ITERATION_REPORT=$dir/iteration.json"
     echo "export MUXFLOW_PROFILING_RUN=$(val run)"
+    pp="${PYTHONPATH:-}"; pp="${pp//$'\n'/}"  # one line: the job's own path after the hook's
+    echo "export PYTHONPATH=@HOOK_DIR@${pp:+:$pp}"
     exit 0
 fi
 pct=$(val pct)

@@ -168,3 +168,60 @@ def test_a_window_naming_another_jobs_run_is_not_measured(tmp_path: Path) -> Non
     with store.session() as s:
         assert s.get(m.ProfilingRun, run_id).report is None
         assert s.scalars(select(m.ProfilingRun)).one().state == "submitted"
+
+
+def test_the_progress_signal_is_one_muxflow_knows() -> None:
+    assert parse_iteration_report(json.dumps({**GOOD, "signal": "optimizer-step"}).encode())["signal"] == \
+        "optimizer-step"
+    with pytest.raises(ReportRefused, match="signal is not one of"):
+        parse_iteration_report(json.dumps({**GOOD, "signal": "'; DROP TABLE job_profiles; --"}).encode())
+
+
+def _signals(root: Path, pid: int, caught: set[int] = frozenset(), ignored: set[int] = frozenset()) -> None:
+    """The kernel's SigCgt/SigIgn lines of a fake process (bit n-1 = signal n)."""
+    mask = lambda sigs: sum(1 << (n - 1) for n in sigs)  # noqa: E731
+    with (root / str(pid) / "status").open("a") as f:
+        f.write(f"SigIgn:\t{mask(ignored):016x}\nSigCgt:\t{mask(caught):016x}\n")
+
+
+@pytest.fixture()
+def job_tree(tmp_path: Path) -> Path:
+    """Job 501 on a node: root slurmstepd → the user's batch shell (bash: catches SIGINT, SIGCHLD) → python."""
+    from tests.executors.node.test_xcuda_check import UPTIME_S, fake_proc, stepd
+
+    root = tmp_path / "proc"
+    root.mkdir()
+    (root / "uptime").write_text(f"{UPTIME_S:.2f} 1234.00\n")
+    fake_proc(root, 1, 0, "systemd", uid=0)
+    stepd(root, 200, 501)
+    _signals(root, 200, caught={10, 15})  # slurmstepd's own handlers are Slurm's, not the job's
+    fake_proc(root, 201, 200, "bash", job=501)
+    fake_proc(root, 202, 201, "python", job=501)
+    fake_proc(root, 300, 1, "python", job=777)  # another job's process catching everything
+    _signals(root, 300, caught={10, 15})
+    return root
+
+
+def test_a_job_catching_no_checkpoint_signal_is_seen_as_such(job_tree: Path) -> None:
+    from executors.node.profile_windows import job_checkpoint_signals
+    from executors.node.xcuda_check import read_procs
+
+    _signals(job_tree, 201, caught={2, 17})
+    _signals(job_tree, 202, caught={2})  # Python's own SIGINT handler
+    assert job_checkpoint_signals(501, read_procs(job_tree), job_tree) == (set(), True)
+
+
+@pytest.mark.parametrize(("shell", "program", "expected"), [
+    ({"caught": {2, 17}}, {"caught": {2, 10}}, ({"SIGUSR1"}, True)),           # the shell dies of SIGUSR1 first
+    ({"caught": {2, 17}, "ignored": {10}}, {"caught": {10, 15}}, ({"SIGUSR1", "SIGTERM"}, True)),  # ... of SIGTERM
+    ({"caught": {2, 17}, "ignored": {10, 15}}, {"caught": {10, 15}}, ({"SIGUSR1", "SIGTERM"}, False)),  # trap ''
+    ({"caught": {2, 10, 15, 17}}, {"caught": {15}}, ({"SIGUSR1", "SIGTERM"}, False)),  # trap 'kill -USR1 $pid' ...
+])
+def test_checkpoint_signals_and_whether_the_batch_shell_outlives_them(job_tree: Path, shell: dict, program: dict,
+                                                                         expected: tuple) -> None:
+    from executors.node.profile_windows import job_checkpoint_signals
+    from executors.node.xcuda_check import read_procs
+
+    _signals(job_tree, 201, **shell)
+    _signals(job_tree, 202, **program)
+    assert job_checkpoint_signals(501, read_procs(job_tree), job_tree) == expected

@@ -74,15 +74,17 @@ def _start(fake: FakeSlurm, sid: int, clock: Clock) -> None:
     fake.jobs[sid] = replace(j, state="RUNNING", nodes=j.required_nodes, start_time_utc=clock())
 
 
-def _agent_report(store: Store, run: m.ProfilingRun, iterations: int, *, mean_s: float = 0.05) -> None:
-    """What the node agent writes into the run's row while the window runs."""
+def _agent_report(store: Store, run: m.ProfilingRun, iterations: int, *, mean_s: float = 0.05,
+                  **extra: object) -> None:
+    """What the node agent writes into the run's row while the window runs (``extra``: more report fields)."""
     rep = {"format": "muxflow-window-report/1", "host": run.node, "gpu_index": run.gpu_index, "elapsed_s": 3.0,
            "final": False, "metrics_source": "simulated", "model_iter_time_s": 0.1, "device": "cpu",
            "iteration_report": {"iterations": iterations, "total_iterations": iterations + 2, "mean_s": mean_s,
                                 "p50_s": mean_s, "p95_s": mean_s, "final": False},
            "metrics": {"source": "simulated", "samples": 40, "gpu_util_pct": 80.0, "sm_activity_pct": 60.0,
                        "sm_occupancy_pct": 30.0, "mem_used_bytes": 2e9, "mem_total_bytes": 16e9,
-                       "mem_bw_util_pct": 40.0, "sm_clock_mhz": 1500.0, "sm_clock_max_mhz": 1590.0, "notes": ""}}
+                       "mem_bw_util_pct": 40.0, "sm_clock_mhz": 1500.0, "sm_clock_max_mhz": 1590.0, "notes": ""},
+           **extra}
     with store.session() as s:
         assert record_window_report(s, run.id, run.slurm_job_id, run.node, run.gpu_index, T0, rep)
 
@@ -213,9 +215,97 @@ def test_a_window_outcome() -> None:
     assert not classify_window(None, slurm_state="HELD", exit_code=None, node="n1", started=False).ok
     out = classify_window({"iteration_report": {"iterations": 0}, "elapsed_s": 60}, slurm_state="HELD",
                           exit_code=None, node="n1", started=True)
-    assert "reported no iterations in its 60 s profiling window" in out.reason
+    assert out.reason == "no GPU metrics for the window: none taken"
     out = classify_window({"report_error": "iteration.json is not the job user's"}, slurm_state="HELD",
                           exit_code=None, node="n1", started=True)
     assert "refused" in out.reason
     out = classify_window(None, slurm_state="OUT_OF_MEMORY", exit_code=137, node="n1", started=True)
     assert "OUT_OF_MEMORY, exit code 137" in out.reason
+
+
+def _one_job(tmp_path: Path, comment: str) -> tuple[Store, FakeSlurm, Clock, WindowProfiler]:
+    """Slurm job 21 with ``comment``, picked up, its first window opened."""
+    fake = FakeSlurm([make_job(21, comment=comment)])
+    store = store_with_fake_nodes(tmp_path, fake)
+    import_submissions(store, fake, None)
+    clock = Clock()
+    prof = _profiler(store, fake, clock)
+    prof.start_new(ProfilingSummary())
+    return store, fake, clock, prof
+
+
+def _window_to_end(store: Store, fake: FakeSlurm, prof: WindowProfiler, clock: Clock, sid: int, **report) -> None:
+    """Start the open window of ``sid``, report into it, and let the profiler close it and take it in."""
+    _start(fake, sid, clock)
+    _agent_report(store, _open_run(store, sid), **report)
+    prof.poll_once(ProfilingSummary())
+    prof.poll_once(ProfilingSummary())
+
+
+@pytest.mark.parametrize(("windows", "expected"), [
+    ([["SIGUSR1"], []], "detected"),            # seen once is enough: a handler installed late still counts
+    ([[], ["SIGTERM"]], "detected"),
+    ([[], []], "undetected"),
+])
+def test_a_plain_job_is_seen_to_checkpoint_or_not(tmp_path: Path, windows: list, expected: str) -> None:
+    store, fake, clock, prof = _one_job(tmp_path, "")  # a plain sbatch: no comment at all
+    assert _job(store, 21).checkpointing is None
+    for caught in windows[: len(_job(store, 21).allowed_gpu_types)]:
+        _window_to_end(store, fake, prof, clock, 21, iterations=6, checkpoint_signals=caught)
+    job = _job(store, 21)
+    assert job.state == "PENDING" and job.checkpointing == expected
+
+
+def test_a_handler_the_batch_shell_would_not_outlive_does_not_count(tmp_path: Path) -> None:
+    # Slurm's signals reach the batch shell too: one that neither traps nor ignores them dies before the program saves.
+    store, fake, clock, prof = _one_job(tmp_path, "muxflow: gpu-types=t4")
+    _window_to_end(store, fake, prof, clock, 21, iterations=6, checkpoint_signals=["SIGUSR1"], shell_dies_first=True)
+    assert _job(store, 21).checkpointing == "undetected"
+
+
+@pytest.mark.parametrize(("comment", "expected"), [("muxflow: gpu-types=t4 checkpoint=none", "none"),
+                                                   ("muxflow: gpu-types=t4 checkpoint=signal", "declared")])
+def test_the_comments_word_on_checkpointing_stands(tmp_path: Path, comment: str, expected: str) -> None:
+    store, fake, clock, prof = _one_job(tmp_path, comment)
+    caught = [] if expected == "declared" else ["SIGUSR1"]
+    _window_to_end(store, fake, prof, clock, 21, iterations=6, checkpoint_signals=caught)
+    assert _job(store, 21).checkpointing == expected
+
+
+def test_a_job_without_an_iteration_signal_is_profiled_on_its_gpu_activity(tmp_path: Path) -> None:
+    store, fake, clock, prof = _one_job(tmp_path, "muxflow: gpu-types=t4")
+    _start(fake, 21, clock)
+    _agent_report(store, _open_run(store, 21), iterations=0, elapsed_s=61.0, iteration_report=None)
+    prof.poll_once(ProfilingSummary())
+    assert fake.sent("requeue") == []  # no iterations: the window runs its whole length
+    clock.advance(SETTINGS.profile_seconds)
+    prof.poll_once(ProfilingSummary())
+    prof.poll_once(ProfilingSummary())
+    job = _job(store, 21)
+    assert job.state == "PENDING"
+    assert job.mem_bytes == 2099 * 2**20  # undeclared: the profiled peak (2e9 B) + 10 %, rounded up to MiB
+    with store.session() as s:
+        (prof_row,) = s.scalars(select(m.JobProfile).where(m.JobProfile.job_id == job.id)).all()
+        assert prof_row.progress_signal == "gpu-activity"
+        assert prof_row.iter_time_s == pytest.approx(0.1)  # simulated metrics: the model's iteration time
+        assert prof_row.measured_iter_time_s is None and prof_row.iterations == 0
+
+
+def test_an_idle_gpu_and_no_iterations_is_no_profile() -> None:
+    rep = {"elapsed_s": 60.0, "metrics_source": "measured", "iteration_report": None,
+           "metrics": {"gpu_util_pct": 0.4, "sm_activity_pct": 0.1, "sm_occupancy_pct": 0.0, "mem_used_bytes": 5e8,
+                       "mem_bw_util_pct": 0.0, "sm_clock_mhz": 1500.0}}
+    out = classify_window(rep, slurm_state="HELD", exit_code=None, node="n1", started=True)
+    assert not out.ok and "kept its GPU idle" in out.reason
+    busy = {**rep, "metrics": {**rep["metrics"], "gpu_util_pct": 90.0}}
+    out = classify_window(busy, slurm_state="HELD", exit_code=None, node="n1", started=True)
+    assert out.ok and out.features.iter_time_s == 1.0 and out.measured["progress_signal"] == "gpu-activity"
+
+
+def test_a_profile_records_what_measured_the_progress() -> None:
+    rep = {"elapsed_s": 10.0, "metrics_source": "measured",
+           "iteration_report": {"iterations": 8, "mean_s": 0.2, "final": True, "signal": "optimizer-step"},
+           "metrics": {"gpu_util_pct": 90.0, "sm_activity_pct": 70.0, "sm_occupancy_pct": 30.0, "mem_used_bytes": 1e9,
+                       "mem_bw_util_pct": 20.0, "sm_clock_mhz": 1500.0}}
+    out = classify_window(rep, slurm_state="HELD", exit_code=None, node="n1", started=True)
+    assert out.ok and out.measured["progress_signal"] == "optimizer-step" and out.features.iter_time_s == 0.2

@@ -178,10 +178,17 @@ def test_node_scripts_get_the_plan_tool_key_job_dir_and_releasers(tmp_path: Path
     assert releaser_uids(999, 995) == "[0] = true, [999] = true, [995] = true"
     install_node_scripts(layout, 999, 995)
     lua = layout.job_submit_lua.read_text()
-    assert "local RELEASERS = { [0] = true, [999] = true, [995] = true }" in lua and "@" not in lua.split("RELEASERS")[1]
+    assert "local RELEASERS = { [0] = true, [999] = true, [995] = true }" in lua
+    assert "@" not in lua.split("RELEASERS")[1]
     tool = layout.plan_tool
     assert tool.read_text() == (Path(__file__).resolve().parents[3] / "executors/slurm/plan.py").read_text()
     assert stat.S_IMODE(tool.stat().st_mode) == 0o644
+    hook = layout.hook_dir / "sitecustomize.py"
+    assert hook.read_text() == (Path(__file__).resolve().parents[3] / "executors/runtime/hook/sitecustomize.py"
+                                ).read_text()
+    assert stat.S_IMODE(hook.stat().st_mode) == 0o644 and stat.S_IMODE(layout.hook_dir.stat().st_mode) == 0o755
+    assert "@" not in "".join(line for line in (layout.node_script_dir / "task_prolog.sh").read_text().splitlines()
+                              if not line.lstrip().startswith("#"))
 
 
 def _ids() -> tuple[int, int]:

@@ -63,25 +63,29 @@ def _tick(defs, fake: FakeSlurm, cursor: str | None):
 def test_sbatch_jobs_are_picked_up_and_profiling_requested_once(store: Store, tmp_path: Path) -> None:
     defs = _defs(store, tmp_path)
     fake = FakeSlurm([make_job(201, comment=GOOD.format(n="a")), make_job(202, comment=GOOD.format(n="b")),
-                      make_job(203, comment="no spec here"),
+                      make_job(203, comment="no spec here: a plain job, every field optional"),
+                      make_job(205, comment="muxflow: mem=lots"),  # a malformed spec is still refused
                       make_job(204, comment=GOOD.format(n="online"), partition="online", held=False)])
     first = _tick(defs, fake, None)
     assert len(first.run_requests) == 1
     with store.session() as s:
         rows = {j.slurm_job_id: j for j in s.scalars(select(m.OfflineJob))}
-    assert set(rows) == {201, 202, 203}
-    assert rows[201].state == rows[202].state == "SUBMITTED"
-    assert rows[203].state == "FAILED" and rows[203].state_reason.startswith("rejected: comment")
-    assert first.run_requests[0].run_key == f"profile-upto-{max(rows[201].id, rows[202].id)}"
-    assert fake.jobs[203].state == "CANCELLED" and fake.closed
+    assert set(rows) == {201, 202, 203, 205}
+    assert rows[201].state == rows[202].state == rows[203].state == "SUBMITTED"
+    plain = rows[203]
+    assert (plain.mem_bytes, plain.total_steps, plain.checkpoint_dir, plain.checkpointing) == (None, None, "", None)
+    assert sorted(plain.allowed_gpu_types) == ["a10", "t4"]  # any GPU type of the cluster
+    assert rows[205].state == "FAILED" and rows[205].state_reason.startswith("rejected: mem"), rows[205].state_reason
+    assert first.run_requests[0].run_key == f"profile-upto-{max(rows[201].id, rows[202].id, rows[203].id)}"
+    assert fake.jobs[205].state == "CANCELLED" and fake.closed
     # nothing new: no second run, nothing imported twice
     again = _tick(defs, fake, first.cursor)
     assert not again.run_requests and "already have a profiling run" in again.skip_message
     assert "0 imported, 0 rejected" in again.skip_message
     with store.session() as s:
-        assert len(s.scalars(select(m.OfflineJob)).all()) == 3
+        assert len(s.scalars(select(m.OfflineJob)).all()) == 4
     # a later submission: one more run
-    fake.jobs[205] = make_job(205, comment=GOOD.format(n="c"))
+    fake.jobs[206] = make_job(206, comment=GOOD.format(n="c"))
     third = _tick(defs, fake, first.cursor)
     assert len(third.run_requests) == 1 and third.run_requests[0].run_key != first.run_requests[0].run_key
 

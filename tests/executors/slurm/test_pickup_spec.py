@@ -28,9 +28,27 @@ def test_good_comment_gives_the_spec() -> None:
         "train", "ResNet-50 (batch size 64)", 4 * 1024**3, ("t4", "a10"), "/ckpt/a", 100, 5)
 
 
+@pytest.mark.parametrize("comment", ["", "my own notes", "muxflow:", "muxflow: type=x"])
+def test_every_comment_field_is_optional(comment) -> None:
+    """``sbatch -p offline --gres=mps:30 train.sbatch`` alone is a job: memory from its profile, any GPU type of the
+    cluster, unknown steps, no checkpoint directory, checkpointing detected when it is profiled."""
+    s = spec_from_job(job(comment), ("t4", "a10"))
+    assert (s.mem_bytes, s.allowed_gpu_types, s.checkpoint_dir, s.total_steps, s.checkpointing) == (
+        None, ("a10", "t4"), "", None, None)
+    assert s.name == "train" and s.job_type == ("x" if "type=x" in comment else "")
+
+
+@pytest.mark.parametrize(("comment", "checkpointing"), [
+    ("muxflow: ckpt=/c", "declared"), ("muxflow: checkpoint=signal", "declared"),
+    ("muxflow: checkpoint=none ckpt=/c", "none"), ("muxflow: steps=10", None)])
+def test_a_job_says_whether_it_checkpoints_on_the_signals(comment, checkpointing) -> None:
+    assert spec_from_job(job(comment), ("t4",)).checkpointing == checkpointing
+
+
 @pytest.mark.parametrize(("comment", "gres", "field"), [
-    ("", "gres:mps:30", "comment"),
-    ("muxflow: type=x mem=1GiB gpu-types=t4 ckpt=/c", "gres:mps:30", "steps"),
+    ("muxflow: checkpoint=maybe", "gres:mps:30", "checkpoint"),
+    ("muxflow: steps=many", "gres:mps:30", "steps"),
+    ("muxflow: mem=", "gres:mps:30", "mem"),
     (GOOD, "", "gres"),
     (GOOD, "gres:mps:101", "gres"),
     (GOOD, "gres:gpu:1", "gres"),

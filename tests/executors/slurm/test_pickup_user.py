@@ -19,7 +19,7 @@ def test_each_imported_or_rejected_job_keeps_its_submitting_user(tmp_path) -> No
     store: Store = store_with_fake_nodes(tmp_path)
     fake = FakeSlurm([replace(make_job(31, comment=GOOD.format("a")), user_name="alice"),
                       replace(make_job(32, comment=GOOD.format("b")), user_name="bob"),
-                      replace(make_job(33, comment="muxflow: mem=2GiB"), user_name="carol"),  # rejected
+                      replace(make_job(33, comment="muxflow: mem=2GiB steps=x"), user_name="carol"),  # rejected
                       replace(make_job(34, comment=GOOD.format("d")), user_name="")])         # Slurm said nothing
     rep = import_submissions(store, fake, only=[31, 32, 33, 34])
     assert len(rep.imported) == 3 and [sid for sid, _ in rep.rejected] == [33]
@@ -55,7 +55,7 @@ def test_two_pickups_of_the_same_jobs_at_once_import_each_once_and_neither_fails
     from executors.slurm import pickup
 
     store: Store = store_with_fake_nodes(tmp_path)
-    fake = FakeSlurm([make_job(41, comment=GOOD.format("a")), make_job(42, comment="muxflow: mem=2GiB")])
+    fake = FakeSlurm([make_job(41, comment=GOOD.format("a")), make_job(42, comment="muxflow: mem=2GiB steps=x")])
     read = pickup.inventory.imported_slurm_ids
     other = []
 
