@@ -18,13 +18,15 @@ What runs (as an operator deploys it, docs/DEPLOY.md), all real processes:
 - ``dagster-daemon`` (the round sensor every ``PERIOD_S`` seconds, the pick-up, profiling, job-state
   and eviction sensors) and ``dagster-webserver``;
 - five reference training jobs submitted with plain ``sbatch -p offline --gres=mps:N`` as ``mxuser1``, and three
-  scripts that know nothing of MuxFlow, submitted with no comment at all: a plain PyTorch loop, a PyTorch loop
-  that checkpoints on SIGUSR1/SIGTERM (its batch shell traps them), and a shell program (no Python, no iterations).
+  scripts that know nothing of MuxFlow: a plain PyTorch loop and a shell program (no Python, no iterations),
+  submitted with no comment at all, and a PyTorch loop that checkpoints on SIGUSR1/SIGTERM (its batch shell traps
+  them), whose comment only asks for T4s.
 
 It checks: every job is profiled in its own window, as its user; every job is placed by a round and runs on its
-planned node, GPU and share with the xCUDA environment; a request burst on one replica drives its GPU to Overlimit and the agent evicts the job
-there on that sample; the job is requeued, placed again by a later round and resumes from its checkpoint
-(every job ends with the same step and loss as an uninterrupted run); the plain scripts are profiled through the
+planned node, GPU and share with the xCUDA environment; a request burst on one replica drives its GPU to Overlimit
+and the agent evicts the job there (the checkpointing plain loop) on that sample; the job is requeued, placed
+again by a later round and resumes from its checkpoint (every job that checkpoints ends with the same step and
+loss as an uninterrupted run); the plain scripts are profiled through the
 iteration hook (the PyTorch loops) or their GPU activity (the shell program), the checkpointing one is seen to
 checkpoint and the others not, and those two are never moved once placed; every job ends DONE; the SQL
 reports on PostgreSQL cover the run; the Dagster UI (headless Chromium) shows a round with placements.
@@ -66,11 +68,11 @@ PERIOD_S = 20      # the round period of this deployment
 SENSOR_S = 3       # sensors' minimum interval
 SERVE_QPS = 8.0    # each replica's steady offered load
 BURST_QPS = 400.0  # the scripted burst: far above what the simulated GPU's replica can take next to a job
-# (family, steps, MPS share asked for): five reference training jobs, tiny sizes for the CPU. The first asks
-# for T4s only and runs longest (about a minute on the CPU): the burst's victim runs there while the test looks.
+# (family, steps, MPS share asked for): five reference training jobs, tiny sizes for the CPU; the first asks for
+# T4s only and runs longest (about a minute on the CPU).
 JOBS = [("cnn", 3000, 30), ("transformer", 1600, 25), ("recommender", 2400, 40),
         ("cnn", 700, 20), ("recommender", 2400, 30)]
-PLAIN_STEPS = 1500  # the plain PyTorch loops' steps (~10 ms each)
+PLAIN_STEPS = 3000  # the plain PyTorch loops' steps (~10 ms each)
 PLAIN_TRAIN = """\
 # A user's own training script: nothing of MuxFlow in it.
 import json, os, signal, sys, time
@@ -190,6 +192,7 @@ def _plain_scripts(d: Path) -> dict[str, Path]:
 {_record_env(d)}{PY} {d}/plain_train.py {PLAIN_STEPS} {d}/result-$SLURM_JOB_ID.json
 """),
         "torch-ckpt": _users_file(d / "plain-ckpt.sh", f"""#!/bin/bash
+#SBATCH --comment="muxflow: gpu-types=t4"
 trap '' USR1 TERM
 {_record_env(d)}{PY} {d}/plain_train.py {PLAIN_STEPS} {d}/result-$SLURM_JOB_ID.json {d}/plain.ckpt
 """),
@@ -369,8 +372,6 @@ def test_real_loop_end_to_end_from_sbatch_to_done(dev_cluster, make_postgres_dat
             assert out.returncode == 0, out.stderr
             plain[name] = int(out.stdout.split()[-1])
         all_sids = [*sids, *plain.values()]
-        plain_ref = _plain_reference(tmp_path)
-        refs = _reference_results(JOBS, tmp_path)
 
         def job_rows() -> dict[int, m.OfflineJob]:
             with store.session() as s:
@@ -378,16 +379,21 @@ def test_real_loop_end_to_end_from_sbatch_to_done(dev_cluster, make_postgres_dat
                                                              .where(m.OfflineJob.slurm_job_id.in_(all_sids)))}
 
         # -- a burst on one replica: Overlimit, eviction on that sample, requeue ------------------------
-        # The victim is the first job seen running with a checkpoint on a T4, as soon as there is one (the first
-        # job, T4s only, runs longest): the tiny jobs take seconds, and on a loaded machine the store sees a
-        # short one RUNNING only late, if at all.
+        # The victim is the checkpointing plain loop (T4s only: the vision service's GPUs), once it runs placed
+        # with a checkpoint (the one its profiling window's requeue left).
         # On a cnn replica's GPU (T4): the simulated T4 reaches the cnn service's full load at ~195 QPS, which
         # the replica serves on the CPU; the recommender service's A10 capacity (~490 QPS) it could not.
         vision = {gid for gid in replicas if gpus_by_id[gid][0] == "mx-t4-1"}
 
+        ckpt_of[plain["torch-ckpt"]] = work / "plain.ckpt"
+
+        def checkpoints(sid: int) -> int | None:
+            ckpt = ckpt_of.get(sid)
+            return None if ckpt is None else int(ckpt.is_file()) if ckpt.suffix else len(list(ckpt.glob("*.mxck")))
+
         def victim() -> tuple[int, int] | None:
-            for sid in sids:
-                if any(ckpt_of[sid].glob("ckpt-*.mxck")) and not (work / f"result-{sid}.json").exists():
+            for sid in [plain["torch-ckpt"]]:
+                if checkpoints(sid) and not (work / f"result-{sid}.json").exists():
                     with store.session() as s:
                         job = s.scalars(select(m.OfflineJob).where(m.OfflineJob.slurm_job_id == sid)).one()
                         if job.state != "RUNNING":
@@ -413,9 +419,7 @@ def test_real_loop_end_to_end_from_sbatch_to_done(dev_cluster, make_postgres_dat
                 for j in s.scalars(select(m.OfflineJob).where(m.OfflineJob.slurm_job_id.in_(all_sids))):
                     p = s.scalars(select(m.Placement).where(m.Placement.job_id == j.id)
                                   .order_by(m.Placement.round_id.desc())).first()
-                    ckpt = ckpt_of.get(j.slurm_job_id)
-                    out.append((j.slurm_job_id, j.state, p and p.gpu_id,
-                                len(list(ckpt.glob("ckpt-*.mxck"))) if ckpt else None))
+                    out.append((j.slurm_job_id, j.state, p and p.gpu_id, checkpoints(j.slurm_job_id)))
             return f"jobs (slurm id, state, GPU, checkpoints): {out}; T4 replicas' GPUs: {sorted(vision)}"
 
         vsid, vgpu = _poll("a running job with a checkpoint", victim, 240, procs, describe=where_jobs_run)
@@ -432,6 +436,10 @@ def test_real_loop_end_to_end_from_sbatch_to_done(dev_cluster, make_postgres_dat
         ev_at, ev_reason, health, health_since = _poll(f"job {vjob} evicted from GPU {vgpu}", evicted, 90, procs)
         timeline["eviction_after_burst_s"] = time.monotonic() - t_burst
         _post_load(replicas[vgpu], SERVE_QPS)
+        # what every job must end with: the same code run through here, uninterrupted (after the burst: the victim
+        # is a job of half a minute, which this machine's two cores would otherwise let finish first)
+        plain_ref = _plain_reference(tmp_path)
+        refs = _reference_results(JOBS, tmp_path)
         assert "Overlimit" in ev_reason, ev_reason
         # On the sample that entered Overlimit: the GPU's health changed at the eviction's instant.
         assert health == "Overlimit" and health_since == ev_at, (health, health_since, ev_at)
@@ -497,7 +505,7 @@ def test_real_loop_end_to_end_from_sbatch_to_done(dev_cluster, make_postgres_dat
         for sid, (family, steps, _) in sids.items():
             result = json.loads((work / f"result-{sid}.json").read_text())
             assert result == refs[(family, steps)], (sid, result, refs[(family, steps)])
-        _plain_jobs_learnt_and_kept(store, work, plain, plain_ref, tmp_path)
+        plain_summary = _plain_jobs_learnt_and_kept(store, work, plain, plain_ref, tmp_path)
         with store.session() as s:
             life = [(t.from_state, t.to_state, t.at_utc.isoformat(), t.reason) for t in s.scalars(
                 select(m.JobTransition).where(m.JobTransition.job_id == vjob).order_by(m.JobTransition.id))]
@@ -551,7 +559,7 @@ def test_real_loop_end_to_end_from_sbatch_to_done(dev_cluster, make_postgres_dat
         (ARTIFACTS / "real_loop.json").write_text(json.dumps({
             "timeline_s": {k: round(v, 1) for k, v in timeline.items()},
             "victim": {"slurm_job_id": vsid, "store_job_id": vjob, "life": life},
-            "rounds": per_round, "reports": sorted(reports),
+            "rounds": per_round, "reports": sorted(reports), "plain_jobs": plain_summary,
         }, indent=2, default=str))
         with live.client() as c:
             for sid in all_sids:
@@ -575,29 +583,41 @@ def _slurm_job(live, sid: int):
 
 
 def _plain_jobs_learnt_and_kept(store: Store, work: Path, plain: dict[str, int], ref: subprocess.Popen,
-                                tmp: Path) -> None:
-    """What profiling learnt of the scripts that declared nothing, and what the rounds did with it."""
+                                tmp: Path) -> dict:
+    """What profiling learnt of the scripts that declared nothing, and what the rounds did with it (returned: each
+    one's profiles and life, for the run's summary)."""
     assert ref.wait(timeout=120) == 0
     expected = json.loads((tmp / "plain-ref.json").read_text())
+    summary = {}
     with store.session() as s:
         for name, sid in plain.items():
             job = s.scalars(select(m.OfflineJob).where(m.OfflineJob.slurm_job_id == sid)).one()
             profiles = s.scalars(select(m.JobProfile).where(m.JobProfile.job_id == job.id)).all()
             ctx = (name, sid, job.state, job.checkpointing, [(p.gpu_type, p.progress_signal) for p in profiles])
             assert job.state == "DONE" and job.total_steps is None, ctx
-            assert set(job.allowed_gpu_types) == {"a10", "t4"}, ctx  # every type of the cluster
+            types = {"t4"} if name == "torch-ckpt" else {"a10", "t4"}  # else every type of the cluster
+            assert set(job.allowed_gpu_types) == types, ctx
             assert job.mem_bytes and job.mem_bytes >= max(p.mem_used_bytes for p in profiles), ctx  # from its peak
             signal = "gpu-activity" if name == "shell" else "optimizer-step"
-            assert {p.gpu_type for p in profiles} == {"a10", "t4"}, ctx
+            assert {p.gpu_type for p in profiles} == types, ctx
             assert all(p.progress_signal == signal for p in profiles), ctx
             assert job.checkpointing == ("detected" if name == "torch-ckpt" else "undetected"), ctx
             gpus = {p.gpu_id for p in s.scalars(select(m.Placement).where(m.Placement.job_id == job.id))}
             if name != "torch-ckpt":  # it would lose its progress if moved: kept where it first ran
                 assert len(gpus) == 1 and len(_placed_starts(work, sid)) == 1, (ctx, gpus, _placed_starts(work, sid))
+            summary[name] = {
+                "slurm_job_id": sid, "mem_bytes": job.mem_bytes, "checkpointing": job.checkpointing,
+                "profiles": [{"gpu_type": p.gpu_type, "signal": p.progress_signal, "iterations": p.iterations,
+                              "iter_time_s": p.iter_time_s, "measured_iter_time_s": p.measured_iter_time_s,
+                              "profiling_s": p.profiling_s, "source": p.source} for p in profiles],
+                "life": [(tr.from_state, tr.to_state, tr.at_utc.isoformat(), tr.reason) for tr in s.scalars(
+                    select(m.JobTransition).where(m.JobTransition.job_id == job.id).order_by(m.JobTransition.id))],
+                "gpus": sorted(gpus)}
     for name in ("torch-loop", "torch-ckpt"):
         got = json.loads((work / f"result-{plain[name]}.json").read_text())
         assert (got["steps"], got["loss"]) == (expected["steps"], expected["loss"]), (name, got, expected)
-    # the checkpointing loop was requeued at the end of each profiling window and resumed where it stopped
+    # the checkpointing loop was requeued at the end of its profiling window and when evicted, and resumed
     assert json.loads((work / f"result-{plain['torch-ckpt']}.json").read_text())["resumed_from"] > 0
     windows = [e for e in _starts(work, plain["torch-loop"]) if "MUXFLOW_PROFILING_RUN" in e]
     assert windows and all(e["PYTHONPATH"].split(":")[0].endswith("python-hook") for e in windows), windows
+    return summary
