@@ -17,6 +17,9 @@ the job:
 - every ``report_s`` the window's report (iterations, the GPU metrics over the measured iterations, where it
   runs) goes into the profiling run's row, only while that run is open and belongs to that Slurm job; once more
   (``final``) when the window has ended;
+- the CPU time the job's processes use over the window (``job_cpu_s``): on a node without a GPU, the simulated
+  GPU's busy model applies to a job that does work, and a job whose processes stay idle (``sleep``) kept its
+  simulated GPU idle too;
 - whether the job **checkpoints on MuxFlow's signals** is read from the kernel: the signals its processes (those
   under its slurmstepd, :func:`executors.node.xcuda_check.job_of_processes`) catch (``SigCgt`` in
   ``/proc/<pid>/status``); a job seen catching SIGUSR1 or SIGTERM during its window is one that checkpoints
@@ -88,14 +91,19 @@ def signal_masks(pid: int, proc_root: Path) -> tuple[set[int], set[int]]:
     return masks["SigCgt:"], masks["SigIgn:"]
 
 
+def job_user_pids(slurm_job_id: int, procs: dict[int, Proc], proc_root: Path) -> set[int]:
+    """The processes of the job that run as its user (slurmstepd and anything else of root's left out)."""
+    return {pid for pid, j in job_of_processes(procs, {slurm_job_id}, proc_root).items()
+            if j == slurm_job_id and proc_uid(pid, proc_root) not in (None, 0)}
+
+
 def job_checkpoint_signals(slurm_job_id: int, procs: dict[int, Proc], proc_root: Path) -> tuple[set[str], bool]:
     """The checkpoint signals (SIGUSR1, SIGTERM) some process of the job catches now, and whether its batch shell
     would die of them first: Slurm signals every process of the job, the batch shell included, and when the
     batch shell ends Slurm (``proctrack/cgroup``) kills what is left of the job, so a shell that neither catches
     nor ignores both takes the program down before its checkpoint is written (``trap '' USR1 TERM`` in the
     script, or ``exec`` of the program, avoids that)."""
-    pids = {pid for pid, j in job_of_processes(procs, {slurm_job_id}, proc_root).items()
-            if j == slurm_job_id and proc_uid(pid, proc_root) not in (None, 0)}  # the user's, not slurmstepd's
+    pids = job_user_pids(slurm_job_id, procs, proc_root)
     caught: set[str] = set()
     shell_dies = False
     for pid in pids:
@@ -104,6 +112,17 @@ def job_checkpoint_signals(slurm_job_id: int, procs: dict[int, Proc], proc_root:
         if procs[pid].ppid not in pids and not set(CHECKPOINT_SIGNALS) <= cgt | ign:  # a top process: the shell
             shell_dies = True
     return caught, shell_dies
+
+
+def job_cpu_delta(seen: dict[int, float], procs: dict[int, Proc]) -> float:
+    """CPU seconds the job's processes used since ``seen`` (updated in place): a process first seen counts all of its
+    time (the window is the job's whole run so far), one that went away between two reads loses what it used after
+    the last read (a sampling interval's worth at most)."""
+    used = 0.0
+    for pid, p in procs.items():
+        used += max(0.0, p.cpu_s - seen.get(pid, 0.0))
+        seen[pid] = p.cpu_s
+    return used
 
 
 @dataclass(frozen=True)
@@ -219,6 +238,8 @@ class _Active:
     report_error: str | None = None
     checkpoint_signals: set[str] = field(default_factory=set)
     shell_dies_first: bool = False
+    cpu_seen: dict[int, float] = field(default_factory=dict)  # pid → CPU seconds it had when last read
+    cpu_s: float = 0.0                 # CPU time the job's processes used in the window (as far as seen)
 
 
 @dataclass
@@ -304,16 +325,19 @@ class ProfileWindows:
             a.report_error = str(exc)
         if not final:  # the union over the window: a handler installed late still counts
             try:
-                caught, shell_dies = job_checkpoint_signals(a.job.slurm_job_id, read_procs(self.proc_root),
-                                                            self.proc_root)
+                procs = read_procs(self.proc_root)
+                caught, shell_dies = job_checkpoint_signals(a.job.slurm_job_id, procs, self.proc_root)
                 a.checkpoint_signals |= caught
                 a.shell_dies_first = a.shell_dies_first or (shell_dies and bool(caught))
+                a.cpu_s += job_cpu_delta(a.cpu_seen, {p: procs[p] for p in
+                                                      job_user_pids(a.job.slurm_job_id, procs, self.proc_root)})
             except OSError as exc:
                 log.debug("cannot read the processes of Slurm job %d: %s", a.job.slurm_job_id, exc)
         rep = {**a.base, "started_unix": a.started_unix, "updated_unix": now,
                "elapsed_s": max(0.0, now - a.started_unix),
                "final": final, "iteration_report": a.iteration_report, "report_error": a.report_error,
-               "checkpoint_signals": sorted(a.checkpoint_signals), "shell_dies_first": a.shell_dies_first}
+               "checkpoint_signals": sorted(a.checkpoint_signals), "shell_dies_first": a.shell_dies_first,
+               "job_cpu_s": round(a.cpu_s, 3)}
         if a.recorder is not None:
             it = a.iteration_report or {}
             try:

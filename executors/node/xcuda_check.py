@@ -63,6 +63,7 @@ class Proc:
     state: str
     age_s: float
     comm: str
+    cpu_s: float = 0.0   # CPU time it has used (user + system), its reaped children's not included
 
 
 @dataclass(frozen=True)
@@ -80,7 +81,7 @@ class Violation:
 
 
 def read_procs(proc_root: Path) -> dict[int, Proc]:
-    """Every process of ``proc_root`` with its parent, state, age and name (gone ones skipped)."""
+    """Every process of ``proc_root`` with its parent, state, age, name and CPU time (gone ones skipped)."""
     try:
         uptime_s = float((proc_root / "uptime").read_text().split()[0])
     except (OSError, ValueError, IndexError):
@@ -99,10 +100,11 @@ def read_procs(proc_root: Path) -> dict[int, Proc]:
         fields = stat[close + 2:].split()
         try:
             ppid, start_ticks = int(fields[1]), int(fields[19])
+            cpu_ticks = int(fields[11]) + int(fields[12])  # utime + stime
         except (IndexError, ValueError):
             continue
         out[int(d.name)] = Proc(int(d.name), ppid, fields[0], uptime_s - start_ticks / hz,
-                                stat[stat.find("(") + 1:close])
+                                stat[stat.find("(") + 1:close], cpu_ticks / hz)
     return out
 
 

@@ -136,18 +136,29 @@ def classify_window(report: dict[str, Any] | None, *, slurm_state: str | None, e
 
 ACTIVITY_QUANTUM_S = 1.0  # a job with no iteration signal: its "iteration" is one second of its solo GPU work
 MIN_ACTIVE_UTIL_PCT = 5.0  # below this the GPU was idle: nothing to profile
+# Simulated GPU metrics model a job that works; whether it does is what its processes' CPU time says: one that ran
+# less than this share of one core over its window (it sleeps, or waits on something) would not have kept a GPU busy.
+MIN_ACTIVE_CPU_FRACTION = 0.05
 
 
 def gpu_activity_profile(report: dict[str, Any], elapsed_s: float) -> ProfileOutcome:
     """The profile of a job that reported no iterations (not Python, or no optimizer step the hook sees): its GPU
     metrics over the window, with one second of solo GPU work as its unit of progress (``progress_signal``
-    ``gpu-activity``). A GPU left idle all window long means the job did not use it: no profile."""
+    ``gpu-activity``). A GPU left idle all window long means the job did not use it: no profile; so does, on a
+    simulated GPU, a job whose processes used (almost) no CPU."""
     mt = report["metrics"]
     util = float(mt.get("gpu_util_pct") or 0.0)
     if not math.isfinite(util) or util < MIN_ACTIVE_UTIL_PCT:
         return ProfileOutcome(False, f"reported no iterations and kept its GPU idle (utilisation {util:.1f} %) in "
                                      f"its {elapsed_s:.0f} s profiling window: is it using the GPU?")
     measured_gpu = report.get("metrics_source") == "measured"
+    if not measured_gpu:
+        cpu_s = report.get("job_cpu_s")
+        cpu_s = float(cpu_s) if isinstance(cpu_s, (int, float)) and math.isfinite(cpu_s) else 0.0
+        if elapsed_s <= 0 or cpu_s < MIN_ACTIVE_CPU_FRACTION * elapsed_s:
+            return ProfileOutcome(False, f"reported no iterations in its {elapsed_s:.0f} s profiling window and its "
+                                         f"processes stayed idle ({cpu_s:.1f} s of CPU; the GPU is simulated, so "
+                                         "a job's work is what it does): is it waiting on something?")
     unit = ACTIVITY_QUANTUM_S if measured_gpu else float(report.get("model_iter_time_s") or ACTIVITY_QUANTUM_S)
     n = max(1, int(elapsed_s / unit)) if unit > 0 else 1
     synthetic = {**report, "iteration_report": {"iterations": n, "mean_s": unit, "final": True}}

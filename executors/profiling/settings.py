@@ -25,6 +25,12 @@ def _positive(name: str, value: float) -> None:
         raise SettingsError(f"{name}: must be a positive number, got {value!r}")
 
 
+def deadline_s(profile_seconds: float, bound_s: float) -> float:
+    """When a run that has not stopped by itself is stopped: a margin before its bound, not before
+    ``profile_seconds``."""
+    return max(profile_seconds, bound_s - min(30.0, 0.1 * bound_s))
+
+
 @dataclass(frozen=True)
 class ProfilingSettings:
     """Solo profiling of new offline jobs on the profile partition (paper §6: < 10 minutes a job)."""
@@ -68,7 +74,7 @@ class ProfilingSettings:
     @property
     def deadline_s(self) -> float:
         """When the probe stops a job that has not stopped by itself (a margin before the bound)."""
-        return max(self.profile_seconds, self.bound_s - min(30.0, 0.1 * self.bound_s))
+        return deadline_s(self.profile_seconds, self.bound_s)
 
     @classmethod
     def from_env(cls, env: Mapping[str, str], **overrides: Any) -> ProfilingSettings:

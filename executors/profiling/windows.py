@@ -40,7 +40,7 @@ from executors.profiling.runs import (
     ExecutorError,
     ExecutorUnavailable,
 )
-from executors.profiling.settings import ProfilingSettings
+from executors.profiling.settings import ProfilingSettings, deadline_s
 from executors.profiling.slurm_exec import call_slurm
 from executors.profiling.solo import ProfilingSummary, SoloProfiler
 from executors.slurm import plan as plans
@@ -198,7 +198,8 @@ class SlurmProfileWindows:
 class WindowProfiler(SoloProfiler):
     """Solo profiling of new jobs in their own profiling windows (:class:`SlurmProfileWindows`), one GPU type at a
     time: the run row is written before the window opens, its report is the node agent's, and the window closes
-    when the report holds ``iterations`` measured iterations, after ``profile_seconds``, or at the bound."""
+    when the report holds ``iterations`` measured iterations, after ``profile_seconds`` (a job still starting up that
+    has announced its iterations: a margin before the bound), or at the bound."""
 
     def __init__(self, store: Store, windows: SlurmProfileWindows, settings: ProfilingSettings = ProfilingSettings(),
                  seed: int = 0, now: Callable[[], dt.datetime] = lambda: dt.datetime.now(dt.UTC), **kw):
@@ -323,10 +324,16 @@ class WindowProfiler(SoloProfiler):
         return left
 
     def _window_done(self, report: dict | None, elapsed_s: float, bound_s: float) -> bool:
+        """Enough measured iterations; else ``profile_seconds``, except for a job that has announced iterations
+        (its iteration report, none counted yet: still starting up), which has until a margin before the bound."""
         it = (report or {}).get("iteration_report") or {}
         n = it.get("iterations") if isinstance(it.get("iterations"), int) else 0
-        return (n >= self.settings.iterations and bool((report or {}).get("metrics"))) \
-            or elapsed_s >= self.settings.profile_seconds or elapsed_s >= bound_s
+        if (n >= self.settings.iterations and bool((report or {}).get("metrics"))) or elapsed_s >= bound_s:
+            return True
+        if elapsed_s < self.settings.profile_seconds:
+            return False
+        announced = isinstance(it, dict) and it.get("total_iterations") == 0 and it.get("final") is False
+        return not announced or elapsed_s >= deadline_s(self.settings.profile_seconds, bound_s)
 
     def _close_quietly(self, sid: int, run_id: int | None) -> None:
         try:

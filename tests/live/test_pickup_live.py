@@ -1,5 +1,6 @@
 """Offline pick-up on the live dev cluster: plain ``sbatch -p offline`` jobs are held by job_submit.lua,
-imported once with their spec, and bad submissions are rejected (cancelled, reason shown by `jobs list`)."""
+imported once with their spec (or none: any script is a job), and bad submissions are rejected (cancelled, reason
+shown by `jobs list`)."""
 
 from __future__ import annotations
 
@@ -8,7 +9,6 @@ import sys
 
 from sqlalchemy import select
 
-from executors.simulated.calibration import default_catalog
 from executors.slurm.pickup import import_submissions
 from executors.store import models as m
 from tests.live.muxflow_helpers import GOOD_COMMENT, REPO, make_store, register, sbatch, sbatch_run, write_script
@@ -41,11 +41,11 @@ def test_sbatch_offline_is_held_imported_once_and_bad_ones_rejected(dev_cluster,
                 assert j.held and j.state == "PENDING", (sid, j.state, j.state_reason)
             assert not c.get_job(online).held
 
-            known = set(default_catalog().offline)
             mine = {good, no_spec, too_big, bad_type, no_gres, twice}
-            # these jobs only: other test runs may share the cluster, their jobs are theirs
-            rep = import_submissions(store, c, known, only=mine | {online})
-            again = import_submissions(store, c, known, only=mine | {online})
+            # as on any real cluster, a job type is a free label (None); these jobs only: other test runs may
+            # share the cluster, their jobs are theirs
+            rep = import_submissions(store, c, None, only=mine | {online})
+            again = import_submissions(store, c, None, only=mine | {online})
             assert again.imported == [] and again.rejected == []
 
             with store.session() as s:
@@ -56,21 +56,25 @@ def test_sbatch_offline_is_held_imported_once_and_bad_ones_rejected(dev_cluster,
                 assert (g.state, g.job_type, g.mem_bytes, sorted(g.allowed_gpu_types), g.checkpoint_dir,
                         g.total_steps) == ("SUBMITTED", "ResNet-50 (batch size 64)", 2 * 1024**3, ["a10", "t4"],
                                            "/ckpt/good", 1000)
-                reasons = {sid: rows[sid].state_reason for sid in mine - {good}}
+                # any script is a job: no comment, everything left to profiling
+                n = rows[no_spec]
+                assert (n.state, n.job_type, n.mem_bytes, sorted(n.allowed_gpu_types), n.total_steps,
+                        n.checkpointing, n.name) == ("SUBMITTED", "", None, ["a10", "t4"], None, None, "mx-nospec")
+                reasons = {sid: rows[sid].state_reason for sid in mine - {good, no_spec}}
                 assert all(rows[sid].state == "FAILED" for sid in reasons)
-            assert "comment" in reasons[no_spec] and "mps:150" in reasons[too_big]
+            assert "mps:150" in reasons[too_big]
             assert "v100" in reasons[bad_type] and "gres" in reasons[no_gres] and "twice" in reasons[twice]
             assert all(r.startswith("rejected: ") for r in reasons.values())
-            assert {sid for sid, _ in rep.rejected} == mine - {good} and len(rep.imported) == 1
+            assert {sid for sid, _ in rep.rejected} == mine - {good, no_spec} and len(rep.imported) == 2
 
-            for sid in mine - {good}:
+            for sid in mine - {good, no_spec}:
                 j = c.get_job(sid)
                 assert j.state == "CANCELLED" and "rejected" in j.comment, (sid, j.state, j.comment)
-            assert c.get_job(good).held  # still waiting for its placement
+            assert c.get_job(good).held and c.get_job(no_spec).held  # still waiting for their placement
 
     finally:
         with dev_cluster.client() as c:
-            for sid in (good, online):
+            for sid in (good, no_spec, online):
                 try:
                     c.cancel(sid)
                 except Exception:
@@ -215,7 +219,7 @@ def test_dagster_submission_sensor_picks_up_sbatch_jobs_on_slurm(private_cluster
     script = write_script(d, "sleep 1\n")
     good = sbatch(live, script, "-p", "offline", "--gres=mps:20", "-J", "mx-sensor", f"--output={d}/%j.out",
                   f"--comment={GOOD_COMMENT.format(name='sensor')}")
-    bad = sbatch(live, script, "-p", "offline", "--gres=mps:20", "-J", "mx-sensor-bad", f"--output={d}/%j.out")
+    bad = sbatch(live, script, "-p", "offline", "--gres=mps:150", "-J", "mx-sensor-bad", f"--output={d}/%j.out")
     defs = build_definitions(MuxflowSettings(db_url=url, cluster="slurm", slurm_url=f"unix:{live.layout.rest_socket}",
                                              rounds_start=dt.datetime(2026, 1, 5, tzinfo=dt.UTC),
                                              report_dir=str(private_tmp / "report")))

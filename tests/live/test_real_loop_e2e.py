@@ -185,7 +185,8 @@ exec {PY} -m executors.workloads.train --family {family} --size tiny --steps {st
 def _plain_scripts(d: Path) -> dict[str, Path]:
     """Scripts that know nothing of MuxFlow: a PyTorch loop run by bash as a child (no checkpoint), the same loop
     checkpointing on SIGUSR1/SIGTERM (its shell ignores them, so that it outlives the program's checkpoint), and
-    a shell program (no Python: no iterations to count; it restarts from the beginning when moved)."""
+    a shell program (no Python: no iterations to count; it works for 30 s, which on a simulated GPU is what stands
+    for GPU work, and restarts from the beginning when moved)."""
     _users_file(d / "plain_train.py", PLAIN_TRAIN, 0o600)
     return {
         "torch-loop": _users_file(d / "plain-loop.sh", f"""#!/bin/bash
@@ -197,7 +198,7 @@ trap '' USR1 TERM
 {_record_env(d)}{PY} {d}/plain_train.py {PLAIN_STEPS} {d}/result-$SLURM_JOB_ID.json {d}/plain.ckpt
 """),
         "shell": _users_file(d / "plain-shell.sh", f"""#!/bin/bash
-{_record_env(d)}for i in $(seq 1 30); do sleep 1; done
+{_record_env(d)}end=$((SECONDS + 30)); while [ "$SECONDS" -lt "$end" ]; do :; done  # 30 s of work, no iterations
 echo '{{"done": true}}' > {d}/result-$SLURM_JOB_ID.json
 """),
     }
@@ -593,7 +594,10 @@ def _plain_jobs_learnt_and_kept(store: Store, work: Path, plain: dict[str, int],
         for name, sid in plain.items():
             job = s.scalars(select(m.OfflineJob).where(m.OfflineJob.slurm_job_id == sid)).one()
             profiles = s.scalars(select(m.JobProfile).where(m.JobProfile.job_id == job.id)).all()
-            ctx = (name, sid, job.state, job.checkpointing, [(p.gpu_type, p.progress_signal) for p in profiles])
+            runs = s.scalars(select(m.ProfilingRun).where(m.ProfilingRun.job_id == job.id)).all()
+            ctx = (name, sid, job.state, job.checkpointing, [(p.gpu_type, p.progress_signal) for p in profiles],
+                   [(r.gpu_type, r.state, (r.report or {}).get("elapsed_s"), (r.report or {}).get("iteration_report"),
+                     (r.report or {}).get("report_error")) for r in runs])
             assert job.state == "DONE" and job.total_steps is None, ctx
             types = {"t4"} if name == "torch-ckpt" else {"a10", "t4"}  # else every type of the cluster
             assert set(job.allowed_gpu_types) == types, ctx

@@ -39,7 +39,11 @@ process, ``window_*_unix`` derived from the monotonic clock so that the window n
 plus ``"signal": "optimizer-step"``; every number finite and >= 0, or null. It is written atomically (a
 temporary file in the same directory, then ``os.replace``; never a directory made, never a link followed) at
 the first counted step, then at most once a second from within a step, and once more at exit (``atexit``,
-``final: true``, ``stopped_by: "finished"``) -- only by a process that has counted a step. A process killed by
+``final: true``, ``stopped_by: "finished"``) -- only by a process that has counted a step. Before that, once the
+step hook is registered, an *announcement* (the report with no iteration, ``total_iterations: 0``) is published
+where no report exists yet (a hard link of the temporary file: it never replaces one): it tells the profiler that
+steps will be counted, so a job still starting up is given the time to its first step; it holds nothing (any
+process that steps replaces it, none defers to it). A process killed by
 a signal (Slurm's SIGTERM: the hook installs no signal handler) leaves its last progress report, at most a
 second old. Any ``OSError`` on writing (an unwritable path, a missing directory) switches the hook off for the
 rest of the process; the job runs on.
@@ -52,11 +56,11 @@ rest of the process; the job runs on.
 - A new Python process started by the job (``subprocess``, multiprocessing *spawn*, ``torchrun``'s workers)
   inherits the environment and installs its own hook. It writes only once it has counted a step (so a worker
   that never steps never writes), and before each write it reads the report on disk: when that report is not
-  final and was written by another process of this host that is still alive and started before this one
-  (``started_unix``, then the pid), this process goes quiet for good. So the earliest-started process that
-  steps -- the job's main process -- holds the report; a launcher that never steps leaves it to its worker.
-  (Pid reuse by an unrelated live process that started earlier could make a later run defer wrongly; a final
-  report or a dead pid never holds it.)
+  final and was written by another process of this host that is still alive, started before this one
+  (``started_unix``, then the pid) and has counted a step, this process goes quiet for good. So the
+  earliest-started process that steps -- the job's main process -- holds the report; a launcher that never
+  steps (its announcement holds nothing) leaves it to its worker. (Pid reuse by an unrelated live process that
+  started earlier could make a later run defer wrongly; a final report or a dead pid never holds it.)
 
 **Deferring to MuxFlow's runtime.** ``executors.runtime.Runtime`` in observe mode writes the report itself and
 sets ``MUXFLOW_ITERATION_REPORT_OWNER=runtime`` when its observer starts; the hook checks that variable (any
@@ -195,6 +199,32 @@ class _Hook(object):
             register(self.on_step)
         except Exception as exc:
             self.off("cannot register the optimizer step hook: %r" % (exc,))
+            return
+        self.announce()
+
+    def announce(self):
+        """Say that steps will be counted: the report with no iteration yet, written only where there is no
+        report (a process that steps already holds it), so that the profiler gives a job still starting up
+        (importing, loading data, compiling) the time to its first step rather than judging it by GPU activity."""
+        if self.quiet or os.environ.get(ENV_OWNER):
+            return
+        import json
+
+        data = (json.dumps(self.report(False), indent=1, sort_keys=True, allow_nan=False) + "\n").encode()
+        try:
+            tmp = self._tmp_with(data, False)
+        except OSError as exc:
+            self.off("cannot write %s: %s" % (self.path, exc.strerror or exc))
+            return
+        try:
+            os.link(tmp, self.path)  # never replaces: a report there stays
+        except OSError:
+            pass  # one is there (or this file system has no hard links): no announcement, steps still count
+        finally:
+            try:
+                os.unlink(tmp)
+            except OSError:
+                pass
 
     def _forked(self):
         self.quiet = True
@@ -322,8 +352,8 @@ class _Hook(object):
             rep = json.loads(data.decode("utf-8"))
         except Exception:
             return False
-        if not isinstance(rep, dict) or rep.get("final") is True:
-            return False
+        if not isinstance(rep, dict) or rep.get("final") is True or not rep.get("total_iterations"):
+            return False  # a final report, or one that only announced steps, holds nothing
         pid, started = rep.get("pid"), rep.get("started_unix")
         if not isinstance(pid, int) or isinstance(pid, bool) or pid <= 0 or pid == self.pid:
             return False
@@ -342,28 +372,35 @@ class _Hook(object):
             import json
 
             data = (json.dumps(self.report(final), indent=1, sort_keys=True, allow_nan=False) + "\n").encode()
-            head, name = os.path.split(self.path)
-            tmp = os.path.join(head, ".%s.tmp.%d" % (name, self.pid))
-            flags = os.O_WRONLY | os.O_CREAT | os.O_TRUNC | getattr(os, "O_NOFOLLOW", 0) | getattr(os, "O_CLOEXEC", 0)
             try:
-                fd = os.open(tmp, flags, 0o666)
-                try:
-                    view = memoryview(data)
-                    while view:
-                        view = view[os.write(fd, view):]
-                    if final:
-                        os.fsync(fd)
-                finally:
-                    os.close(fd)
-                os.replace(tmp, self.path)
+                os.replace(self._tmp_with(data, final), self.path)
             except OSError as exc:
                 try:
-                    os.unlink(tmp)
+                    os.unlink(self._tmp_path())
                 except OSError:
                     pass
                 self.off("cannot write %s: %s" % (self.path, exc.strerror or exc))
         finally:
             self.lock.release()
+
+    def _tmp_path(self):
+        head, name = os.path.split(self.path)
+        return os.path.join(head, ".%s.tmp.%d" % (name, self.pid))
+
+    def _tmp_with(self, data, sync):
+        """A temporary file beside the report holding ``data`` (never through a link); its path."""
+        tmp = self._tmp_path()
+        flags = os.O_WRONLY | os.O_CREAT | os.O_TRUNC | getattr(os, "O_NOFOLLOW", 0) | getattr(os, "O_CLOEXEC", 0)
+        fd = os.open(tmp, flags, 0o666)
+        try:
+            view = memoryview(data)
+            while view:
+                view = view[os.write(fd, view):]
+            if sync:
+                os.fsync(fd)
+        finally:
+            os.close(fd)
+        return tmp
 
 
 class _Finder(object):

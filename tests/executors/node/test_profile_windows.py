@@ -225,3 +225,34 @@ def test_checkpoint_signals_and_whether_the_batch_shell_outlives_them(job_tree: 
     _signals(job_tree, 201, **shell)
     _signals(job_tree, 202, **program)
     assert job_checkpoint_signals(501, read_procs(job_tree), job_tree) == expected
+
+
+def test_the_cpu_time_of_the_jobs_own_processes_is_counted_once(job_tree: Path) -> None:
+    """Only the user's processes of the job (not slurmstepd, not another job's); a process read twice counts
+    what it used in between; a new one all it used so far."""
+    from executors.node.profile_windows import job_cpu_delta, job_user_pids
+    from executors.node.xcuda_check import read_procs
+    from tests.executors.node.test_xcuda_check import HZ, fake_proc
+
+    def set_ticks(pid: int, ticks: int) -> None:
+        stat = job_tree / str(pid) / "stat"
+        head, _, rest = stat.read_text().rpartition(")")
+        f = rest.split()
+        f[11] = str(ticks)
+        stat.write_text(head + ") " + " ".join(f) + "\n")
+
+    set_ticks(200, 50 * HZ)  # slurmstepd's own CPU is not the job's
+    set_ticks(300, 70 * HZ)  # another job's
+    set_ticks(201, 1 * HZ)
+    set_ticks(202, 10 * HZ)
+    seen: dict[int, float] = {}
+    procs = read_procs(job_tree)
+    pids = job_user_pids(501, procs, job_tree)
+    assert pids == {201, 202}
+    assert job_cpu_delta(seen, {p: procs[p] for p in pids}) == pytest.approx(11.0)
+    set_ticks(202, 14 * HZ)
+    fake_proc(job_tree, 203, 202, "python", job=501, cpu_ticks=2 * HZ)
+    procs = read_procs(job_tree)
+    assert job_cpu_delta(seen, {p: procs[p] for p in job_user_pids(501, procs, job_tree)}) == pytest.approx(6.0)
+    procs = read_procs(job_tree)
+    assert job_cpu_delta(seen, {p: procs[p] for p in job_user_pids(501, procs, job_tree)}) == 0.0

@@ -35,13 +35,14 @@ USER_UID = 1001  # the jobs' user in the fake trees (root's processes say uid=0)
 def fake_proc(root: Path, pid: int, ppid: int, comm: str, *, job: int | None = None, libs: tuple[str, ...] = (),
               age_s: float = 60.0, state: str = "S", maps: bool = True, env: dict[str, str] | None = None,
               uid: int | tuple[int, int, int, int] = USER_UID, gid: int | None = None,
-              cmdline: tuple[str, ...] | None = None) -> None:
-    """A /proc/<pid> as the kernel shows it: stat (ppid, start time, comm), status (real, effective, saved and
-    filesystem uid and gid), cmdline (NUL-separated; the process's own to rewrite, as comm is), environ, maps."""
+              cmdline: tuple[str, ...] | None = None, cpu_ticks: int = 0) -> None:
+    """A /proc/<pid> as the kernel shows it: stat (ppid, CPU time in utime, start time, comm), status (real,
+    effective, saved and filesystem uid and gid), cmdline (NUL-separated; the process's own to rewrite, as comm
+    is), environ, maps."""
     d = root / str(pid)
     d.mkdir(parents=True)
     start = int((UPTIME_S - age_s) * HZ)
-    rest = [state, str(ppid)] + ["0"] * 17 + [str(start), "0", "0"]
+    rest = [state, str(ppid)] + ["0"] * 9 + [str(cpu_ticks)] + ["0"] * 7 + [str(start), "0", "0"]
     (d / "stat").write_text(f"{pid} ({comm}) {' '.join(rest)}\n")
     uids = (uid,) * 4 if isinstance(uid, int) else uid
     gids = (uids[0] if gid is None else gid,) * 4

@@ -275,7 +275,7 @@ def test_the_comments_word_on_checkpointing_stands(tmp_path: Path, comment: str,
 def test_a_job_without_an_iteration_signal_is_profiled_on_its_gpu_activity(tmp_path: Path) -> None:
     store, fake, clock, prof = _one_job(tmp_path, "muxflow: gpu-types=t4")
     _start(fake, 21, clock)
-    _agent_report(store, _open_run(store, 21), iterations=0, elapsed_s=61.0, iteration_report=None)
+    _agent_report(store, _open_run(store, 21), iterations=0, elapsed_s=61.0, iteration_report=None, job_cpu_s=58.0)
     prof.poll_once(ProfilingSummary())
     assert fake.sent("requeue") == []  # no iterations: the window runs its whole length
     clock.advance(SETTINGS.profile_seconds)
@@ -291,6 +291,25 @@ def test_a_job_without_an_iteration_signal_is_profiled_on_its_gpu_activity(tmp_p
         assert prof_row.measured_iter_time_s is None and prof_row.iterations == 0
 
 
+def test_a_job_that_announced_iterations_has_until_near_the_bound_to_start_stepping(tmp_path: Path) -> None:
+    """The hook's announcement (an iteration report, no step counted yet): a job still importing or loading is not
+    judged by its GPU activity at ``profile_seconds``; it is closed a margin before its bound (here 108 s of 120)."""
+    store, fake, clock, prof = _one_job(tmp_path, "muxflow: gpu-types=t4")
+    _start(fake, 21, clock)
+    run = _open_run(store, 21)
+    announced = {"iterations": 0, "total_iterations": 0, "mean_s": None, "final": False, "signal": "optimizer-step"}
+    _agent_report(store, run, iterations=0, iteration_report=announced, job_cpu_s=50.0)
+    clock.advance(SETTINGS.profile_seconds + 1)
+    prof.poll_once(ProfilingSummary())
+    assert fake.sent("requeue") == []
+    clock.advance(SETTINGS.deadline_s - SETTINGS.profile_seconds - 2)
+    prof.poll_once(ProfilingSummary())
+    assert fake.sent("requeue") == []  # 107 s
+    clock.advance(1.0)
+    prof.poll_once(ProfilingSummary())
+    assert fake.sent("requeue") == [("requeue", 21, True)]  # 108 s: closed
+
+
 def test_an_idle_gpu_and_no_iterations_is_no_profile() -> None:
     rep = {"elapsed_s": 60.0, "metrics_source": "measured", "iteration_report": None,
            "metrics": {"gpu_util_pct": 0.4, "sm_activity_pct": 0.1, "sm_occupancy_pct": 0.0, "mem_used_bytes": 5e8,
@@ -300,6 +319,23 @@ def test_an_idle_gpu_and_no_iterations_is_no_profile() -> None:
     busy = {**rep, "metrics": {**rep["metrics"], "gpu_util_pct": 90.0}}
     out = classify_window(busy, slurm_state="HELD", exit_code=None, node="n1", started=True)
     assert out.ok and out.features.iter_time_s == 1.0 and out.measured["progress_signal"] == "gpu-activity"
+
+
+@pytest.mark.parametrize(("cpu_s", "ok"), [(0.02, False), (None, False), (float("nan"), False), (2.9, False),
+                                            (3.1, True), (55.0, True)])
+def test_on_a_simulated_gpu_a_job_whose_processes_stay_idle_is_no_profile(cpu_s: float | None, ok: bool) -> None:
+    """The simulated GPU's busy model stands for a job that works: ``sleep 600`` (no CPU) is not profiled."""
+    rep = {"elapsed_s": 60.0, "metrics_source": "simulated", "model_iter_time_s": 0.1, "iteration_report": None,
+           "metrics": {"gpu_util_pct": 80.0, "sm_activity_pct": 60.0, "sm_occupancy_pct": 30.0, "mem_used_bytes": 2e9,
+                       "mem_bw_util_pct": 40.0, "sm_clock_mhz": 1500.0}}
+    if cpu_s is not None:
+        rep["job_cpu_s"] = cpu_s
+    out = classify_window(rep, slurm_state="HELD", exit_code=None, node="n1", started=True)
+    assert out.ok is ok, out.reason
+    if not ok:
+        assert "reported no iterations in its 60 s profiling window and its processes stayed idle" in out.reason
+    else:
+        assert out.measured["progress_signal"] == "gpu-activity"
 
 
 def test_a_profile_records_what_measured_the_progress() -> None:

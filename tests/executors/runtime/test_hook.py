@@ -348,14 +348,64 @@ def test_a_failing_next_sitecustomize_is_reported_as_python_does(tmp_path: Path)
     assert _final(report)["total_iterations"] == 3
 
 
-def test_the_hook_defers_to_the_runtime_owner_variable(tmp_path: Path) -> None:
+@pytest.mark.parametrize("when", ["before-torch", "after-torch"])
+def test_the_hook_defers_to_the_runtime_owner_variable(tmp_path: Path, when: str) -> None:
     report = tmp_path / "iteration.json"
-    _run(tmp_path, """
-    os.environ["MUXFLOW_ITERATION_REPORT_OWNER"] = "runtime"
+    owner = 'import os\nos.environ["MUXFLOW_ITERATION_REPORT_OWNER"] = "runtime"\n'
+    _run(tmp_path, (owner if when == "before-torch" else "") + PRELUDE + (owner if when == "after-torch" else "") + """
+for i in range(5):
+    step()
+""", _env(report), prelude=False)
+    if when == "before-torch":
+        assert not report.exists()  # not even the announcement
+    else:  # the announcement stays, no step counted
+        rep = _check(report.read_bytes())
+        assert rep["total_iterations"] == 0 and rep["final"] is False
+
+
+def test_a_job_still_starting_up_has_announced_its_steps(tmp_path: Path) -> None:
+    """Once torch's optimizer module is loaded, before any step: the report with no iteration, which the agent
+    takes; then the steps replace it."""
+    report = tmp_path / "iteration.json"
+    p = _run(tmp_path, """
+    print("BEFORE", report_now().replace(chr(10), " "))
     for i in range(5):
         step()
+    print("PID", os.getpid())
     """, _env(report))
-    assert not report.exists()
+    before = _check(_line(p.stdout, "BEFORE"))
+    assert (before["iterations"], before["total_iterations"], before["final"], before["mean_s"], before["pid"]) == (
+        0, 0, False, None, int(_line(p.stdout, "PID")))
+    assert _final(report)["total_iterations"] == 5
+    assert sorted(os.listdir(tmp_path)) == ["iteration.json", "job.py"]  # no temporary file left
+
+
+def test_the_announcement_never_replaces_a_report(tmp_path: Path) -> None:
+    report = tmp_path / "iteration.json"
+    report.write_text("someone else's\n")
+    _run(tmp_path, """
+    print("LOADED", "torch.optim.optimizer" in sys.modules)
+    """, _env(report))
+    assert report.read_text() == "someone else's\n"
+    assert sorted(os.listdir(tmp_path)) == ["iteration.json", "job.py"]
+
+
+def test_a_launcher_that_imports_torch_but_never_steps_leaves_the_report_to_its_worker(tmp_path: Path) -> None:
+    """torchrun's way: the launcher loads torch (its announcement is on disk, its process alive and older), the
+    worker steps: the worker holds the report."""
+    (tmp_path / "child.py").write_text(PRELUDE + CHILD)
+    report = tmp_path / "iteration.json"
+    p = _run(tmp_path, """
+    import subprocess
+    print("ANNOUNCED", json.loads(report_now())["pid"] == os.getpid())
+    out = subprocess.run([sys.executable, "child.py"], capture_output=True, text=True, check=True).stdout
+    print(out.strip())
+    """, _env(report))
+    assert _line(p.stdout, "ANNOUNCED") == "True"
+    child, quiet = _line(p.stdout, "CHILD").split()
+    assert quiet == "False"
+    rep = _final(report)
+    assert rep["pid"] == int(child) and rep["total_iterations"] == 20
 
 
 def test_a_runtime_job_writes_its_own_report(tmp_path: Path) -> None:

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import atexit
 import json
 import signal
 from pathlib import Path
@@ -58,6 +59,7 @@ def test_a_dry_run_asked_for_wins_over_observing(tmp_path: Path, monkeypatch) ->
     rt, _, _ = _runtime(tmp_path, monkeypatch, MUXFLOW_PROFILE_ITERS="5",
                         **{ENV_ITERATION_REPORT: str(tmp_path / "r.json")})
     assert rt.profiling and rt.observer is None
+    atexit.unregister(rt.finish_profile)  # a dry run never stepped: no final report at pytest's exit
 
 
 def test_a_report_that_cannot_be_written_never_stops_the_job(tmp_path: Path, monkeypatch) -> None:
