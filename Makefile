@@ -53,6 +53,7 @@ TEST_ENV = rm -rf "$(TEST_DAGSTER_HOME)" && mkdir -p "$(TEST_DAGSTER_HOME)" \
 test: install xcuda
 	bash .ci/ensure_postgres.sh
 	bash .ci/ensure_browser.sh
+	bash .ci/ensure_prometheus.sh
 	$(TEST_ENV) bash .ci/with_slurm.sh $(PY) -m pytest -q $(PYTEST_ARGS)
 
 # The live Slurm tests of sites' concerns (users, versions, node faults) on Slurm 24.11 from Debian 13, in a

@@ -93,6 +93,11 @@ class MuxflowSettings:
     predictor_hidden: int | None = None  # the MLP's hidden units per layer; None: the default (32; the paper's 64)
     report_dir: str = ".muxflow/report"
     warmup_minutes: int = 60  # simulated cluster: online-only history recorded before its first round
+    # Prometheus endpoints (docs/OBSERVABILITY.md): each node agent's, and the scheduler's (`muxflow metrics serve`,
+    # the Dagster code location); 0: off. The bind address of both.
+    node_metrics_port: int = 9410
+    scheduler_metrics_port: int = 9411
+    metrics_host: str = "0.0.0.0"
 
     def __post_init__(self) -> None:
         if self.cluster not in ("simulated", "slurm"):
@@ -109,6 +114,12 @@ class MuxflowSettings:
             raise SettingsError("round_period_s: the simulated cluster steps whole minutes; use a multiple of 60")
         if self.sensor_interval_s < 1:
             raise SettingsError("sensor_interval_s must be >= 1")
+        for name in ("node_metrics_port", "scheduler_metrics_port"):
+            port = getattr(self, name)
+            if not isinstance(port, int) or isinstance(port, bool) or not 0 <= port <= 65535:
+                raise SettingsError(f"{name} must be a TCP port 0-65535 (0: off), got {port!r}")
+        if not self.metrics_host:
+            raise SettingsError("metrics_host must not be empty (0.0.0.0: every interface, 127.0.0.1: this host)")
         try:
             self.slurm_config()
         except SlurmConfigError as exc:
@@ -271,6 +282,9 @@ ENV_VARS: dict[str, tuple[str, Callable[[str], Any]]] = {  # variable -> (settin
     "MUXFLOW_XCUDA_GAINS": ("xcuda_gains", lambda v: tuple(float(x) for x in v.split(","))),
     "MUXFLOW_ROUND_PERIOD_S": ("round_period_s", int), "MUXFLOW_SENSOR_INTERVAL_S": ("sensor_interval_s", int),
     "MUXFLOW_SENSORS_RUNNING": ("sensors_running", _flag), "MUXFLOW_SLURM_NAME_GPUS": ("slurm_name_gpus", _flag),
+    "MUXFLOW_NODE_METRICS_PORT": ("node_metrics_port", int),
+    "MUXFLOW_SCHEDULER_METRICS_PORT": ("scheduler_metrics_port", int),
+    "MUXFLOW_METRICS_HOST": ("metrics_host", str),
 }
 
 

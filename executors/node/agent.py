@@ -297,6 +297,20 @@ def to_sysmonitor_sample(s: RawSample, idle_util_pct: float) -> GpuSample | None
     return GpuSample(s.gpu_util_pct, s.sm_activity_pct, clock_frac, s.mem_used_bytes / s.mem_total_bytes)
 
 
+@dataclass(frozen=True)
+class GpuSnapshot:
+    """What a GPU's loop holds now, for the metrics endpoint (executors.node.metrics)."""
+
+    sample: RawSample | None          # the latest reading (None: none yet)
+    sample_epoch_s: float | None
+    health: str
+    xids: int
+    evictions: int
+    samples: int
+    gaps: int
+    row: object | None                # the last whole minute recorded (AgentMetricRow)
+
+
 class GpuLoop:
     """Everything the agent does for one GPU, one ``tick`` per sample (single-threaded)."""
 
@@ -324,6 +338,11 @@ class GpuLoop:
         self.gaps = 0
         self.samples = 0
         self.evictions = 0
+        self.xids = 0
+        self.evicted_jobs: dict[tuple[int | None, int | None], int] = {}  # (job id, Slurm id) → times evicted
+        self.last_sample: tuple[float, RawSample] | None = None
+        self.last_row = None
+        self.minute_listeners: list[Callable[[object], None]] = []  # called with each whole minute's row
         self.last_health = self.monitor.state.value
         self.coverage_log: list[tuple[dt.datetime, float]] = []
 
@@ -346,10 +365,12 @@ class GpuLoop:
             if self._partial_at_s is not None:
                 self.flush_minute(end_s=now_epoch, partial=True)
             self._partial_at_s = now_epoch
+        self.xids += len(xids)
         if sample is None:
             self.gaps += 1
         else:
             self.ring.append(now_epoch, sample)
+            self.last_sample = (now_epoch, sample)  # one assignment: a scrape reads a whole pair
             self.samples += 1
             if self.writer is not None:
                 self._publish(sample, mono_ns)
@@ -430,6 +451,9 @@ class GpuLoop:
         self.evictions += 1
         log.warning("GPU %d: evicted %s — %s", self.b.gpu_id, [e.job_id for e in done], reason)
         for e in done:
+            if e.ok and (e.job_id is not None or e.slurm_job_id is not None):
+                key = (e.job_id, e.slurm_job_id)
+                self.evicted_jobs[key] = self.evicted_jobs.get(key, 0) + 1
             self.sink.eviction(EvictionEvent(self.b.gpu_id, e.job_id, at, reason if e.ok else f"{reason} (failed: {e.detail})",
                                              health, e.ok, e.slurm_job_id))
 
@@ -470,6 +494,19 @@ class GpuLoop:
         else:
             row = replace(row, offline_job_id=self.minute_job)
         self.sink.metrics([row], self.source)
+        if not partial:
+            self.last_row = row
+            for listen in self.minute_listeners:
+                try:
+                    listen(row)
+                except Exception:
+                    log.exception("minute listener failed")
+
+    def snapshot(self) -> GpuSnapshot:
+        last = self.last_sample
+        return GpuSnapshot(None if last is None else last[1], None if last is None else last[0],
+                           self.monitor.state.value, self.xids, self.evictions, self.samples, self.gaps,
+                           self.last_row)
 
     def close(self) -> None:
         if self.writer is not None:
@@ -541,6 +578,14 @@ class NodeAgent:
 
     def stop(self) -> None:
         self._stop.set()
+
+    def job_evictions(self) -> dict[tuple[int | None, int | None], int]:
+        """(store job id, Slurm job id) → times this agent evicted the job (any GPU of the node)."""
+        out: dict[tuple[int | None, int | None], int] = {}
+        for loop in self.loops.values():
+            for sid, n in list(loop.evicted_jobs.items()):
+                out[sid] = out.get(sid, 0) + n
+        return out
 
     def shutdown(self) -> None:
         for stop in self.stoppers:

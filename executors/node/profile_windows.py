@@ -33,9 +33,7 @@ import datetime as dt
 import json
 import logging
 import math
-import os
 import pwd
-import stat
 import threading
 import time
 from collections.abc import Callable
@@ -43,6 +41,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
+from executors.node.job_files import JobFileRefused, job_directory, read_job_file
 from executors.node.placements import list_slurm_jobs
 from executors.node.xcuda_check import Proc, job_of_processes, proc_uid, read_procs
 from executors.profiling.metrics import (
@@ -143,48 +142,12 @@ class ReportRefused(ValueError):
 
 def read_iteration_report(job_dir: Path, slurm_job_id: int, uid: int | None) -> dict[str, Any] | None:
     """The job's iteration report, checked as user input; None when there is none yet; :class:`ReportRefused`."""
-    if uid is None:
-        raise ReportRefused("the job's user is unknown on this node")
     try:
-        top = os.open(job_dir, os.O_RDONLY | os.O_DIRECTORY | os.O_NOFOLLOW | os.O_CLOEXEC)
-    except OSError as exc:
-        raise ReportRefused(f"job directory {job_dir}: {exc.strerror}") from None
-    try:
-        st = os.fstat(top)
-        if st.st_uid != os.geteuid() or st.st_mode & 0o022:
-            raise ReportRefused(f"job directory {job_dir} is not the agent's alone")
-        try:
-            d = os.open(str(int(slurm_job_id)), os.O_RDONLY | os.O_DIRECTORY | os.O_NOFOLLOW | os.O_CLOEXEC,
-                        dir_fd=top)
-        except FileNotFoundError:
-            return None
-        except OSError as exc:
-            raise ReportRefused(f"the job's directory: {exc.strerror}") from None
-        try:
-            if os.fstat(d).st_uid != uid:
-                raise ReportRefused("the job's directory is not its user's")
-            try:
-                f = os.open(REPORT_NAME, os.O_RDONLY | os.O_NOFOLLOW | os.O_NONBLOCK | os.O_CLOEXEC, dir_fd=d)
-            except FileNotFoundError:
-                return None
-            except OSError as exc:
-                raise ReportRefused(f"{REPORT_NAME}: {exc.strerror}") from None
-            try:
-                fs = os.fstat(f)
-                if not stat.S_ISREG(fs.st_mode):
-                    raise ReportRefused(f"{REPORT_NAME} is not a regular file")
-                if fs.st_uid != uid:
-                    raise ReportRefused(f"{REPORT_NAME} is not the job user's")
-                if fs.st_size > MAX_REPORT_BYTES:
-                    raise ReportRefused(f"{REPORT_NAME} is {fs.st_size} bytes (at most {MAX_REPORT_BYTES})")
-                data = os.read(f, MAX_REPORT_BYTES + 1)
-            finally:
-                os.close(f)
-        finally:
-            os.close(d)
-    finally:
-        os.close(top)
-    return parse_iteration_report(data)
+        with job_directory(job_dir, slurm_job_id, uid) as d:
+            data = None if d is None else read_job_file(d, REPORT_NAME, uid, MAX_REPORT_BYTES)
+    except JobFileRefused as exc:
+        raise ReportRefused(str(exc)) from None
+    return None if data is None else parse_iteration_report(data)
 
 
 def parse_iteration_report(data: bytes) -> dict[str, Any]:

@@ -279,3 +279,64 @@ def _xcuda_watch(agent: NodeAgent, evictor: SlurmEvictor, sink, placements: Plac
                                     loop.monitor.state.value, done.ok, done.slurm_job_id))
 
     return XcudaWatch(check, evict, src.xcuda_check_s).start()
+
+
+def node_metrics(store, node: str, agent: NodeAgent, job_dir: str | None = None, proc_root: str = "/proc"):
+    """The Prometheus collector of this node's agent (executors.node.metrics): labels from the store (GPU UUIDs and
+    types, each replica's service, SLO and allowance; each placed job's owner and type, read once per job); with
+    ``job_dir`` (the node scripts' @JOB_DIR@), each placed Slurm job's xCUDA counters, read as its user's input."""
+    from executors.node.metrics import GpuMeta, JobMeta, NodeAgentCollector, ServiceMeta
+
+    pairs = node_gpus(store, node)
+    gpus = [GpuMeta(g.gpu_index, g.id, g.uuid, t.name) for g, t in pairs]
+    index_of = {g.id: g.gpu_index for g, _ in pairs}
+    with store.session() as s:
+        services = {index_of[gid]: ServiceMeta(svc.name, float(svc.latency_slo_ms), float(svc.slowdown_allowance))
+                    for gid, _, svc in inventory.replicas_on(s, list(index_of))}
+    cache: dict[int, JobMeta | None] = {}
+
+    def job(job_id: int) -> JobMeta | None:
+        if job_id not in cache:
+            try:
+                with store.session() as s:
+                    row = s.get(m.OfflineJob, job_id)
+                    cache[job_id] = None if row is None else JobMeta(row.run_as_user or "", row.job_type or "")
+            except Exception as exc:  # the store briefly away: unlabelled now, looked up again next scrape
+                log.warning("metrics: cannot read offline job %d: %s", job_id, exc)
+                return None
+        return cache[job_id]
+
+    return NodeAgentCollector(agent, node, gpus, services, job,
+                              _xcuda_counters(Path(job_dir), Path(proc_root)) if job_dir else lambda _jobs: {})
+
+
+def _xcuda_counters(job_dir: Path, proc_root: Path):
+    """[(Slurm job id, user)] → the xCUDA counters of each job's live processes that run as its user (one read of
+    ``proc_root`` per call); a job whose directory is refused is logged once and left out."""
+    import pwd
+
+    from executors.node.xcuda_check import job_of_processes, proc_uid, read_procs
+    from executors.xcuda.stats import StatsRefused, job_stats
+
+    refused: set[tuple[int, str]] = set()
+
+    def read(jobs: list[tuple[int, str]]) -> dict[int, list]:
+        if not jobs:
+            return {}
+        procs = read_procs(proc_root)
+        pids: dict[int, list[int]] = {}   # one walk of the process tree for every job
+        for pid, sid in job_of_processes(procs, {sid for sid, _ in jobs}, proc_root).items():
+            if proc_uid(pid, proc_root) not in (None, 0):  # the job user's processes, not slurmstepd's
+                pids.setdefault(sid, []).append(pid)
+        out: dict[int, list] = {}
+        for sid, user in jobs:
+            try:
+                uid = pwd.getpwnam(user).pw_uid if user else None
+                out[sid] = list(job_stats(job_dir, sid, uid, pids.get(sid, [])).values())
+            except (KeyError, StatsRefused) as exc:
+                if (sid, str(exc)) not in refused:
+                    refused.add((sid, str(exc)))
+                    log.warning("metrics: xCUDA counters of Slurm job %d not read: %s", sid, exc)
+        return out
+
+    return read

@@ -306,7 +306,7 @@ def bench_forecast(n_gpus, days, seed, as_json) -> None:
 @click.option("--calls", type=click.IntRange(min=1000), default=1_000_000, show_default=True,
               help="Timed calls of each entry point per run.")
 @click.option("--rounds", type=click.IntRange(1, 21), default=3, show_default=True,
-              help="Plain/preloaded run pairs; the median is reported.")
+              help="Plain / preloaded / preloaded-and-publishing run triples; the median is reported.")
 @click.option("--json", "as_json", is_flag=True, help="Print JSON only.")
 def bench_xcuda(calls: int, rounds: int, as_json: bool) -> None:
     """Added latency per intercepted cuLaunchKernel and cuMemAlloc versus the driver called directly.
@@ -328,11 +328,38 @@ def bench_xcuda(calls: int, rounds: int, as_json: bool) -> None:
         click.echo(f"  {call:16s} direct {r['direct_median_ns']:8.1f} ns (p99 {r['direct_p99_ns']:8.1f})  "
                    f"xcuda {r['xcuda_median_ns']:8.1f} ns (p99 {r['xcuda_p99_ns']:8.1f})  "
                    f"added {r['added_median_ns']:+7.1f} ns (p99 {r['added_p99_ns']:+7.1f})")
+    r = result["cuLaunchKernel"]
+    click.echo(f"  {'publishing':16s} counters for the node agent (XCUDA_STATS_DIR): launch "
+               f"{r['published_median_ns']:8.1f} ns (p99 {r['published_p99_ns']:8.1f}), added by publishing "
+               f"{r['added_by_publishing_median_ns']:+7.1f} ns (p99 {r['added_by_publishing_p99_ns']:+7.1f})")
     verdict = "meets" if result["meets_target"] else "MISSES"
     click.echo(f"  {verdict} the target of <= {result['target_added_launch_median_ns']:.0f} ns added per launch")
 
 
 SIMULATE_TARGET_S = 60.0
+
+
+@bench.command("node-metrics", context_settings=HELP)
+@click.option("--gpus", type=click.IntRange(1, 64), default=8, show_default=True)
+@click.option("--jobs-per-gpu", type=click.IntRange(1, 16), default=4, show_default=True)
+@click.option("--processes-per-job", type=click.IntRange(1, 64), default=2, show_default=True)
+@click.option("--scrapes", type=click.IntRange(10, 100_000), default=200, show_default=True)
+@click.option("--json", "as_json", is_flag=True, help="Print JSON only.")
+def bench_node_metrics(gpus: int, jobs_per_gpu: int, processes_per_job: int, scrapes: int, as_json: bool) -> None:
+    """Latency of one Prometheus scrape of a node agent: GPUS simulated GPUs with JOBS_PER_GPU placed jobs each,
+    every job's processes publishing xCUDA counters (read from /proc and the jobs' directories), and without them."""
+    from executors.node.bench_metrics import run_node_metrics_bench
+
+    r = run_node_metrics_bench(gpus, jobs_per_gpu, processes_per_job, scrapes)
+    if as_json:
+        click.echo(json.dumps(r, indent=2))
+        return
+    click.echo(f"node agent /metrics on {r['machine']}: {gpus} GPUs x {jobs_per_gpu} jobs x {processes_per_job} "
+               f"processes, {scrapes} scrapes ({r['gpu_metrics']})")
+    for label in ("with_xcuda_counters", "without_xcuda_counters"):
+        x = r[label]
+        click.echo(f"  {label.replace('_', ' '):24s} median {x['median_ms']:7.2f} ms  p99 {x['p99_ms']:7.2f} ms  "
+                   f"{x['series']} series, {x['bytes']:,} bytes")
 
 
 @bench.command("simulate", context_settings=HELP)

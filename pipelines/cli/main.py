@@ -11,8 +11,8 @@ import logging
 import click
 
 from executors.store.db import resolve_url
-from pipelines.cli import (bench, calibrate, cluster, db, jobs, node, online, profile, rounds, simulate, simulate_users,
-                           slurm, submit)
+from pipelines.cli import (bench, calibrate, cluster, db, jobs, metrics, node, online, profile, rounds, simulate,
+                          simulate_users, slurm, submit)
 from pipelines.cli.common import HELP, CliError
 
 
@@ -51,7 +51,7 @@ for command in (
     profile.profile, profile.sample, profile.train,                          # the predictor's inputs
     rounds.round_cmd, rounds.report_cmd, rounds.run_cmd,                     # rounds, reports, the main job
     simulate.simulate, calibrate.calibrate, bench.bench,                     # evaluation
-    slurm.slurm, node.node_agent,                                            # the cluster
+    slurm.slurm, node.node_agent, metrics.metrics,                           # the cluster, what it shows
 ):
     main.add_command(command)
 simulate.simulate.add_command(simulate_users.users)

@@ -80,6 +80,11 @@ log = logging.getLogger(__name__)
 @click.option("--job-dir", type=click.Path(file_okay=False), default=None,
               help="Measure the node's profiling windows, reading each job's iteration report in its directory "
                    "under this one (the node scripts' @JOB_DIR@; with --placements slurm).")
+@click.option("--metrics-port", "metrics_port", type=click.IntRange(0, 65535), default=None,
+              help="Serve Prometheus metrics (per GPU, job and replica; docs/OBSERVABILITY.md) on this port; 0: off "
+                   "(default: the settings' node_metrics_port, 9410).")
+@click.option("--metrics-host", "metrics_host", default=None,
+              help="The address the metrics endpoint binds (default: the settings' metrics_host, 0.0.0.0).")
 @click.option("--time-scale", type=click.FloatRange(min=1e-3), default=1.0, hidden=True,
               help="Agent seconds per real second (tests: 60 makes a minute pass in one second).")
 @click.option("--seed", type=SEED, default=0, hidden=True)
@@ -88,8 +93,8 @@ def node_agent(node: str | None, simulated: bool, db_url: str | None, interval_m
                ring_seconds: float, sm_config: Path | None, placements_from: str, poll_s: float, scrape_s: float,
                scrape_timeout_s: float, solo_window_s: float, partial_every_s: float, sim_noise_pct: float,
                sim_xcuda_target: float, sim_mps_split_gaps: bool, xcuda_check_s: float, prolog: str | None,
-               plan_dir: str | None, task_prolog: str | None, job_dir: str | None, time_scale: float,
-               seed: int) -> None:
+               plan_dir: str | None, task_prolog: str | None, job_dir: str | None, metrics_port: int | None,
+               metrics_host: str | None, time_scale: float, seed: int) -> None:
     """Run the node agent for the GPUs of one node until SIGTERM/SIGINT."""
     from executors.node.agent import AgentConfig
     from executors.node.wiring import SourceConfig, build_agent
@@ -144,6 +149,8 @@ def node_agent(node: str | None, simulated: bool, db_url: str | None, interval_m
         store.dispose()
         raise click.ClickException(str(exc)) from exc
 
+    server = _metrics_server(store, node, agent, metrics_port, metrics_host, job_dir, sources.proc_root)
+
     def on_signal(signum, _frame) -> None:
         log.info("signal %d: stopping", signum)
         agent.stop()
@@ -157,7 +164,32 @@ def node_agent(node: str | None, simulated: bool, db_url: str | None, interval_m
     finally:
         for s, h in old.items():
             signal.signal(s, h)
+        if server is not None:
+            server.close()
         store.dispose()
     n = sum(loop.samples for loop in agent.loops.values())
     click.echo(f"node-agent: stopped after {agent.ticks} ticks ({n} samples, {agent.overruns} late ticks skipped)",
                err=True)
+
+
+def _metrics_server(store, node: str, agent, port: int | None, host: str | None, job_dir: str | None,
+                    proc_root: str):
+    """The agent's metrics endpoint, or None (port 0). A port that cannot be bound is reported and the agent runs
+    without it: protecting the online services never waits on observability (Prometheus sees the target down)."""
+    from executors.metrics_http import serve
+    from executors.node.wiring import node_metrics
+    from pipelines.cli.common import settings
+
+    if port is None or host is None:
+        s = settings()
+        port = s.node_metrics_port if port is None else port
+        host = s.metrics_host if host is None else host
+    if port == 0:
+        return None
+    try:
+        server = serve(node_metrics(store, node, agent, job_dir, proc_root), host, port)
+    except OSError as exc:
+        click.echo(f"node-agent: metrics endpoint not started on {host}:{port}: {exc.strerror or exc}", err=True)
+        return None
+    click.echo(f"node-agent: metrics on http://{host}:{server.port}/metrics", err=True)
+    return server

@@ -56,6 +56,7 @@ from executors.store.db import Store
 from executors.store.reports import list_reports, run_report
 from executors.workloads.models import reference_job_types
 from tests.processes import Processes, processes
+from tests.prometheus_helpers import free_port, query, start_prometheus, targets_up
 from tests.live.conftest import make_private_cluster
 from tests.ui.browser import number, partition_metadata, require_browser, start_webserver
 
@@ -303,6 +304,7 @@ def test_real_loop_end_to_end_from_sbatch_to_done(dev_cluster, make_postgres_dat
                               "[overlimit]\nsm_activity_pct = 80\n")
         # root on the nodes, as deployed, with the nodes' copy of the plan key
         agent_env = {**env, "MUXFLOW_SLURM_PLAN_KEY_FILE": str(lay.node_plan_key_file)}
+        metrics_ports = {node: free_port() for node in ("mx-t4-1", "mx-a10-1", "scheduler")}
         for node in ("mx-t4-1", "mx-a10-1"):
             procs.start(f"node-agent-{node}", [
                 PY, "-m", "pipelines.cli", "--db", db, "node-agent", "--node", node, "--simulated",
@@ -312,7 +314,15 @@ def test_real_loop_end_to_end_from_sbatch_to_done(dev_cluster, make_postgres_dat
                 # a requeued job placed again on its node may start without its Prolog: the agent runs it
                 "--prolog", str(lay.node_script_dir / "prolog.sh"), "--plan-dir", str(lay.plan_dir),
                 # the profiling windows of this node: measured into their runs' rows
-                "--job-dir", str(lay.job_state_dir)], env=agent_env, cwd=REPO)
+                "--job-dir", str(lay.job_state_dir),
+                # what Prometheus scrapes (below)
+                "--metrics-port", str(metrics_ports[node]), "--metrics-host", "127.0.0.1"], env=agent_env, cwd=REPO)
+        # -- Prometheus: the node agents and the scheduler's endpoint, scraped every second; MuxFlow's alert rules
+        procs.start("metrics-serve", [PY, "-m", "pipelines.cli", "--db", db, "metrics", "serve", "--port",
+                                      str(metrics_ports["scheduler"]), "--host", "127.0.0.1"], env=env, cwd=REPO)
+        prom = start_prometheus(procs, tmp_path / "prometheus", {
+            "muxflow-node-agent": [f"127.0.0.1:{metrics_ports[n]}" for n in ("mx-t4-1", "mx-a10-1")],
+            "muxflow-scheduler": [f"127.0.0.1:{metrics_ports['scheduler']}"]})
 
         # -- Dagster: daemon (rounds every PERIOD_S, sensors) and webserver, as MuxFlow's own account ---------
         # Its Slurm identity is an Operator (its token, its plan key, the reference account's token for its own
@@ -425,6 +435,11 @@ def test_real_loop_end_to_end_from_sbatch_to_done(dev_cluster, make_postgres_dat
 
         vsid, vgpu = _poll("a running job with a checkpoint", victim, 240, procs, describe=where_jobs_run)
         vjob = job_rows()[vsid].id
+        with store.session() as s:
+            vplace = s.scalars(select(m.Placement).where(m.Placement.job_id == vjob)
+                               .order_by(m.Placement.round_id.desc())).first()
+            vshare, vquota = vplace.sm_pct, vplace.mem_quota_bytes
+            vnode, vindex = s.get(m.Gpu, vgpu).node.name, s.get(m.Gpu, vgpu).gpu_index
         t_burst = time.monotonic()
         _post_load(replicas[vgpu], BURST_QPS)
 
@@ -446,6 +461,7 @@ def test_real_loop_end_to_end_from_sbatch_to_done(dev_cluster, make_postgres_dat
         assert health == "Overlimit" and health_since == ev_at, (health, health_since, ev_at)
         _poll(f"Slurm job {vsid} requeued held", lambda: (j := _slurm_job(live, vsid)).state == "PENDING"
               or j.restart_count > 0, 60, procs)
+        prom_answers = _prometheus_saw_it(prom, procs, vsid, vjob, vshare, vquota, vnode, vindex)
 
         # -- every job profiled in its own Slurm job (meanwhile: the first ones were placed while others profiled)
         _poll("every job picked up and profiled", lambda: len(rows := job_rows()) == len(all_sids) and all(
@@ -561,6 +577,7 @@ def test_real_loop_end_to_end_from_sbatch_to_done(dev_cluster, make_postgres_dat
             "timeline_s": {k: round(v, 1) for k, v in timeline.items()},
             "victim": {"slurm_job_id": vsid, "store_job_id": vjob, "life": life},
             "rounds": per_round, "reports": sorted(reports), "plain_jobs": plain_summary,
+            "prometheus": {**prom_answers, "at_the_end": _prometheus_at_the_end(prom, all_sids)},
         }, indent=2, default=str))
         with live.client() as c:
             for sid in all_sids:
@@ -569,6 +586,52 @@ def test_real_loop_end_to_end_from_sbatch_to_done(dev_cluster, make_postgres_dat
             # MuxFlow submitted nothing of its own for the users' jobs (no profiling copy, no wrapper job)
             assert not [j for j in c.list_jobs() if j.user_name == SERVICE]
         shutil.rmtree(service_home, ignore_errors=True)
+
+
+def _prometheus_saw_it(prom: str, procs: Processes, vsid: int, vjob: int, share: int, quota: int, node: str,
+                       index: int) -> dict:
+    """What a real Prometheus scraped from the node agents while the victim ran, was evicted and requeued: the
+    victim's series with its Slurm job id, owner, share and quota, its eviction, and the Overlimit alert firing on
+    its GPU (each PromQL answer returned, for the run's summary)."""
+    job = f'hpc_job="{vsid}",job_id="{vjob}",node="{node}",gpu="{index}",user="{USER}"'
+    questions = {
+        "share": f"last_over_time(muxflow_job_sm_share_ratio{{{job}}}[15m])",  # its share when evicted
+        "quota": f"last_over_time(muxflow_job_memory_quota_bytes{{{job}}}[15m])",
+        "evictions": f'max_over_time(muxflow_job_evictions_total{{hpc_job="{vsid}",node="{node}"}}[15m])',
+        "gpu_evictions": f'max_over_time(muxflow_gpu_evictions_total{{node="{node}",gpu="{index}"}}[15m])',
+        "overlimit_alert": f'max_over_time(ALERTS{{alertname="MuxflowGpuOverlimit",alertstate="firing",'
+                           f'node="{node}",gpu="{index}"}}[15m])',
+        "scheduler_up": "max_over_time(muxflow_scheduler_store_up[15m])",
+    }
+    answers: dict[str, float] = {}
+
+    def ask() -> bool:
+        for name, q in questions.items():
+            res = query(prom, q)
+            if res:
+                answers[name] = float(res[0]["value"][1])
+        return set(answers) == set(questions) and answers["evictions"] >= 1 and answers["overlimit_alert"] == 1
+
+    any_share = 'last_over_time(muxflow_job_sm_share_ratio{hpc_job="%d"}[15m])' % vsid
+    _poll("Prometheus to have the victim's series, its eviction and the Overlimit alert", ask, 60, procs,
+          describe=lambda: f"answers so far: {answers}; targets: {targets_up(prom)}; the victim's series: "
+                           f"{query(prom, any_share)}")
+    assert answers["share"] == pytest.approx(share / 100) and answers["quota"] == quota, (answers, share, quota)
+    assert answers["gpu_evictions"] >= 1 and answers["scheduler_up"] == 1, answers
+    assert set(targets_up(prom).values()) == {"up"}, targets_up(prom)
+    return {"questions": questions, "answers": answers}
+
+
+def _prometheus_at_the_end(prom: str, sids: list[int]) -> dict:
+    """The scheduler's figures as Prometheus has them once every job is DONE."""
+    done = query(prom, 'muxflow_jobs{state="DONE"}')
+    assert done and float(done[0]["value"][1]) >= len(sids), done
+    rounds = query(prom, "sum(muxflow_rounds_total)")
+    assert rounds and float(rounds[0]["value"][1]) >= 2, rounds
+    placed = query(prom, "max_over_time(muxflow_round_last_placements[30m])")
+    assert any(float(r["value"][1]) > 0 for r in placed), placed
+    return {"jobs_done": float(done[0]["value"][1]), "rounds": float(rounds[0]["value"][1]),
+            "placements_by_action": {r["metric"]["action"]: float(r["value"][1]) for r in placed}}
 
 
 def _post_load(base_url: str, qps: float) -> None:

@@ -54,6 +54,10 @@ pct=$(val pct)
 echo "export CUDA_MPS_ACTIVE_THREAD_PERCENTAGE=$pct"
 echo "export LD_PRELOAD=@XCUDA_LIB@"
 echo "export XCUDA_GPU_INDEX=$gpu"
+# xCUDA's live counters (launch rate, waits, fallback, memory charged) for the node agent's metrics, in the job's
+# own directory the Prolog made (the agent reads them as the job user's input; docs/OBSERVABILITY.md)
+dir="@JOB_DIR@/$job"
+[[ -d "$dir" && ! -L "$dir" && "$(stat -c %u "$dir")" == "$(id -u)" ]] && echo "export XCUDA_STATS_DIR=$dir"
 mem=$(val mem); [[ -n "$mem" ]] && echo "export XCUDA_MEM_QUOTA_BYTES=$mem"
 kp=$(val kp); [[ -n "$kp" ]] && echo "export XCUDA_KP=$kp"
 ki=$(val ki); [[ -n "$ki" ]] && echo "export XCUDA_KI=$ki"

@@ -255,7 +255,7 @@ static const char *shown(const char *v, char *buf, size_t len)
 
 enum var_id {
     V_QUOTA, V_GPU_INDEX, V_SHM_PATH, V_TARGET, V_KP, V_KI, V_KD, V_A_L, V_A_H,
-    V_FALLBACK, V_MIN_RATE, V_PERIOD, V_STALE, V_EXIT_TIMEOUT, V_LOG_LEVEL, V_COUNT
+    V_FALLBACK, V_MIN_RATE, V_PERIOD, V_STALE, V_EXIT_TIMEOUT, V_LOG_LEVEL, V_STATS_DIR, V_COUNT
 };
 
 static const char *const var_names[V_COUNT] = {
@@ -274,6 +274,7 @@ static const char *const var_names[V_COUNT] = {
     [V_STALE] = "XCUDA_SHM_STALE_MS",
     [V_EXIT_TIMEOUT] = "XCUDA_EXIT_TIMEOUT_MS",
     [V_LOG_LEVEL] = "XCUDA_LOG_LEVEL",
+    [V_STATS_DIR] = "XCUDA_STATS_DIR",
 };
 
 /* A double in [lo, hi]; lo_open excludes lo itself. */
@@ -367,6 +368,19 @@ int xc_config_parse(const char *const *envp, struct xc_config *cfg, char *msgs, 
         else
             problem(&m, "%s='%s': expected an absolute path shorter than %d bytes; using %s", var_names[V_SHM_PATH],
                     shown(p, sbuf, sizeof sbuf), XC_PATH_MAX, cfg->shm_path);
+    }
+
+    if (values[V_STATS_DIR]) {
+        const char *p = values[V_STATS_DIR];
+        size_t n = strlen(p);
+        int ok = p[0] == '/' && n + 32 < sizeof cfg->stats_dir;  /* room for "/xcuda-<pid>.stats" */
+        for (size_t i = 0; ok && i < n; i++)
+            ok = (unsigned char)p[i] >= 0x20 && p[i] != 0x7f;
+        if (ok)
+            memcpy(cfg->stats_dir, p, n + 1);
+        else
+            problem(&m, "%s='%s': expected an absolute directory shorter than %d bytes; counters not published",
+                    var_names[V_STATS_DIR], shown(p, sbuf, sizeof sbuf), XC_PATH_MAX - 32);
     }
 
     if (values[V_TARGET]) {

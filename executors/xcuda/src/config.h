@@ -20,6 +20,7 @@ struct xc_config {
     double quota_pct;          /* XC_QUOTA_PERCENT, of device memory, (0, 100] */
     unsigned gpu_index;
     char shm_path[XC_PATH_MAX];
+    char stats_dir[XC_PATH_MAX];  /* where this process publishes its counters ("": nowhere) */
     double target_util;        /* target U_GPU */
     double kp, ki, kd;         /* PID gains on ln(rate): 1, 1/s, s */
     double a_l, a_h;           /* Eq. 2 */

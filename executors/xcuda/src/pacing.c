@@ -17,6 +17,7 @@
 #include "control.h"
 #include "shm_read.h"
 #include "xcuda.h"
+#include "xcuda_stats.h"
 
 #define OPEN_SLACK (1ull << 62)  /* granted this far ahead: the gate is open */
 
@@ -40,6 +41,7 @@ struct controller {
     double frac;             /* fractional tokens carried to the next period */
     double period_s;
     uint64_t last_ns, last_taken;
+    struct xc_stats_pub stats;   /* this process's counters for the node agent (XCUDA_STATS_DIR) */
 };
 
 static void sleep_ns(uint64_t ns)
@@ -135,11 +137,14 @@ static void *controller_main(void *arg)
     xc_pid_init(&c.pid, c.cfg->kp, c.cfg->ki, c.cfg->kd);
     c.mode = MODE_START;
     c.last_taken = atomic_load(&xc_pace.taken);
+    xc_stats_open(&c.stats, c.cfg->stats_dir);
     uint64_t period_ns = (uint64_t)c.cfg->control_period_ms * 1000000ull;
     uint64_t next = xc_now_ns();
     for (;;) {
         uint64_t now = xc_now_ns();
         tick(&c, now);
+        xc_stats_publish(&c.stats, now, c.mode == MODE_FALLBACK,
+                         atomic_load_explicit(&xc_pace.rate_milli, memory_order_relaxed) == 0);
         xc_exit_watchdog(now);
         next += period_ns;
         if (next <= now)

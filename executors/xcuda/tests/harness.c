@@ -513,6 +513,12 @@ int main(int argc, char **argv)
         } else if (!strcmp(c, "fail-next")) {
             const char *name = ARG();
             xcfake_fail_next(name, (int)parse_u64(ARG()));
+        } else if (!strcmp(c, "idle")) {
+            double secs = atof(ARG());
+            struct timespec ts = {(time_t)secs, (long)((secs - (double)(time_t)secs) * 1e9)};
+            while (nanosleep(&ts, &ts) != 0)
+                ;
+            printf("idle pid=%ld\n", (long)getpid());
         } else if (!strcmp(c, "launch")) {
             unsigned long long n = parse_u64(ARG());
             pfn_cuLaunchKernel fn = runtime_launch();

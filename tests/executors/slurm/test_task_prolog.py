@@ -59,6 +59,19 @@ def test_a_placed_job_gets_its_share_and_xcuda_not_the_hook(layout: DevClusterLa
     got = _task_prolog(layout, "kind=place\ngpu=1\npct=40\nmem=1073741824\n", PYTHONPATH="/home/u/lib")
     assert (got["CUDA_MPS_ACTIVE_THREAD_PERCENTAGE"], got["XCUDA_MEM_QUOTA_BYTES"]) == ("40", "1073741824")
     assert got["LD_PRELOAD"].endswith("libxcuda.so") and "PYTHONPATH" not in got
+    # xCUDA publishes its counters in the job's own directory, for the node agent's metrics
+    assert got["XCUDA_STATS_DIR"] == f"{layout.job_state_dir}/{JOB}"
+
+
+def test_no_counters_directory_that_is_not_the_jobs_own(layout: DevClusterLayout) -> None:
+    job_dir = layout.job_state_dir / str(JOB)
+    os.chown(job_dir, 65534, 65534)  # another user's (the script runs as root here: the job user is root)
+    got = _task_prolog(layout, "kind=place\ngpu=1\npct=40\nmem=1073741824\n")
+    assert "XCUDA_STATS_DIR" not in got and got["LD_PRELOAD"].endswith("libxcuda.so")
+    os.chown(job_dir, 0, 0)
+    job_dir.rmdir()
+    job_dir.symlink_to("/tmp")
+    assert "XCUDA_STATS_DIR" not in _task_prolog(layout, "kind=place\ngpu=1\npct=40\nmem=1073741824\n")
 
 
 def test_a_plan_file_anyone_could_have_written_configures_nothing(layout: DevClusterLayout) -> None:
