@@ -31,6 +31,24 @@ def tool(name: str) -> str:
     return path
 
 
+def parse_series(text: str) -> dict[str, list[tuple[dict[str, str], float]]]:
+    """A text exposition: sample name → [(labels, value)]."""
+    from prometheus_client.parser import text_string_to_metric_families
+
+    out: dict[str, list[tuple[dict[str, str], float]]] = {}
+    for fam in text_string_to_metric_families(text):
+        for smp in fam.samples:
+            out.setdefault(smp.name, []).append((dict(smp.labels), smp.value))
+    return out
+
+
+def one(series: dict, name: str, **labels: str) -> float:
+    """The value of the one sample of ``name`` whose labels include ``labels`` (fails unless exactly one)."""
+    hits = [v for lab, v in series.get(name, []) if all(lab.get(k) == want for k, want in labels.items())]
+    assert len(hits) == 1, (name, labels, series.get(name))
+    return hits[0]
+
+
 def free_port() -> int:
     with socket.socket() as s:
         s.bind(("127.0.0.1", 0))

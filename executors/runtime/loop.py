@@ -78,7 +78,8 @@ class Runtime:
             atexit.register(self.finish_profile)
         if self.observer is not None:
             log.info("iterations timed into %s (profiling window)", observe.report_path)
-            os.environ["MUXFLOW_ITERATION_REPORT_OWNER"] = "runtime"  # the start-up hook (runtime/hook) defers
+            # the start-up hook (runtime/hook) defers to this process for this report, and only for this one
+            os.environ["MUXFLOW_ITERATION_REPORT_OWNER"] = str(observe.report_path)
             atexit.register(self.finish_observing)
         for sig in signals:
             signal.signal(sig, self._on_signal)

@@ -40,6 +40,7 @@ from dataclasses import dataclass
 from pathlib import Path
 
 from executors.node.job_files import JobFileRefused, job_directory, read_job_file
+from executors.xcuda.shm import checksum  # the GPU record's FNV-1a 64
 
 MAGIC = int.from_bytes(b"MXFXSTAT", "little")
 VERSION = 1
@@ -68,13 +69,6 @@ class XcudaStats:
     mem_peak_bytes: int
     mem_quota_bytes: int | None     # None: no quota
     mem_refused: int
-
-
-def checksum(payload: bytes) -> int:
-    h = 0xCBF29CE484222325
-    for b in payload:
-        h = ((h ^ b) * 0x100000001B3) & 0xFFFFFFFFFFFFFFFF
-    return h
 
 
 def decode(buf: bytes) -> XcudaStats:

@@ -11,30 +11,17 @@ import urllib.request
 import pytest
 from click.testing import CliRunner
 from prometheus_client import CollectorRegistry, generate_latest
-from prometheus_client.parser import text_string_to_metric_families
 from sqlalchemy import select
 
 from executors.scheduler_metrics import SchedulerCollector
 from executors.store import models as m
 from executors.store.jobs import transition
 from scheduler_core.domain import JobState
+from tests.prometheus_helpers import one as value
+from tests.prometheus_helpers import parse_series as series
 
 NOW = dt.datetime(2026, 3, 2, 12, 0, tzinfo=dt.UTC)
 REPO = __import__("pathlib").Path(__file__).resolve().parents[2]
-
-
-def series(text: str) -> dict[str, list[tuple[dict[str, str], float]]]:
-    out: dict[str, list[tuple[dict[str, str], float]]] = {}
-    for fam in text_string_to_metric_families(text):
-        for smp in fam.samples:
-            out.setdefault(smp.name, []).append((dict(smp.labels), smp.value))
-    return out
-
-
-def value(got: dict, name: str, **labels: str) -> float:
-    hits = [v for lab, v in got.get(name, []) if all(lab.get(k) == w for k, w in labels.items())]
-    assert len(hits) == 1, (name, labels, got.get(name))
-    return hits[0]
 
 
 def scrape(store) -> dict:

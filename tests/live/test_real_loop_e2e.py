@@ -157,9 +157,14 @@ def _no_job_failed(store: Store, rows: dict, procs: Processes) -> None:
     pytest.fail("jobs FAILED before they were placed:\n" + "\n".join(lines) + "\n" + logs, pytrace=False)
 
 
+ENV_RECORDED = "|".join(("CUDA_[A-Z_]*", "LD_PRELOAD", "XCUDA_[A-Z_]*", "MUXFLOW_PLANNED_GPU", "MUXFLOW_PROFILING_RUN",
+                         "MUXFLOW_ITERATION_REPORT", "SLURMD_NODENAME", "SLURM_JOB_ID", "SLURM_RESTART_COUNT",
+                         "PYTHONPATH"))
+
+
 def _record_env(d: Path) -> str:
     """The script's first lines: where (and as whom) this start of the job runs, into a file of the user's."""
-    return f"""{{ env | grep -E '^(CUDA_[A-Z_]*|LD_PRELOAD|XCUDA_[A-Z_]*|MUXFLOW_PLANNED_GPU|MUXFLOW_PROFILING_RUN|SLURMD_NODENAME|SLURM_JOB_ID|SLURM_RESTART_COUNT|PYTHONPATH)=' || true; echo UID=$(id -u); }} \\
+    return f"""{{ env | grep -E '^({ENV_RECORDED})=' || true; echo UID=$(id -u); }} \\
   > {d}/.env-$SLURM_JOB_ID && mv {d}/.env-$SLURM_JOB_ID {d}/env-$SLURM_JOB_ID-${{SLURM_RESTART_COUNT:-0}}
 """
 
@@ -658,9 +663,12 @@ def _plain_jobs_learnt_and_kept(store: Store, work: Path, plain: dict[str, int],
             job = s.scalars(select(m.OfflineJob).where(m.OfflineJob.slurm_job_id == sid)).one()
             profiles = s.scalars(select(m.JobProfile).where(m.JobProfile.job_id == job.id)).all()
             runs = s.scalars(select(m.ProfilingRun).where(m.ProfilingRun.job_id == job.id)).all()
+            out_file = work / f"out-{sid}-{name}.txt"
             ctx = (name, sid, job.state, job.checkpointing, [(p.gpu_type, p.progress_signal) for p in profiles],
                    [(r.gpu_type, r.state, (r.report or {}).get("elapsed_s"), (r.report or {}).get("iteration_report"),
-                     (r.report or {}).get("report_error")) for r in runs])
+                     (r.report or {}).get("report_error")) for r in runs],
+                   [e for e in _starts(work, sid) if "MUXFLOW_PROFILING_RUN" in e],
+                   out_file.read_text(errors="replace")[-1500:] if out_file.exists() else "(no output file)")
             assert job.state == "DONE" and job.total_steps is None, ctx
             types = {"t4"} if name == "torch-ckpt" else {"a10", "t4"}  # else every type of the cluster
             assert set(job.allowed_gpu_types) == types, ctx

@@ -63,8 +63,10 @@ rest of the process; the job runs on.
   started earlier could make a later run defer wrongly; a final report or a dead pid never holds it.)
 
 **Deferring to MuxFlow's runtime.** ``executors.runtime.Runtime`` in observe mode writes the report itself and
-sets ``MUXFLOW_ITERATION_REPORT_OWNER=runtime`` when its observer starts; the hook checks that variable (any
-non-empty value) before every write and at every step, and goes quiet for good once it is set.
+sets ``MUXFLOW_ITERATION_REPORT_OWNER`` to the report's path when its observer starts; the hook checks that
+variable before every write and at every step, and goes quiet for good once it names this report. A value that
+names another path (inherited through ``sbatch``'s environment from a process that observed another report) is
+not this report's owner and is ignored.
 
 **What it never does.** It only reads clocks, its environment variables and its own report file: it does not
 touch the optimizer (it is never stepped, nor kept alive), the parameters, the gradients, the RNG state, torch's
@@ -206,7 +208,7 @@ class _Hook(object):
         """Say that steps will be counted: the report with no iteration yet, written only where there is no
         report (a process that steps already holds it), so that the profiler gives a job still starting up
         (importing, loading data, compiling) the time to its first step rather than judging it by GPU activity."""
-        if self.quiet or os.environ.get(ENV_OWNER):
+        if self.quiet or self.owned():
             return
         import json
 
@@ -226,6 +228,12 @@ class _Hook(object):
             except OSError:
                 pass
 
+    def owned(self):
+        """MuxFlow's runtime writes this very report (it names the report's path in the owner variable; a value
+        inherited from elsewhere, another window or the shell that ran sbatch, names another path or none)."""
+        owner = os.environ.get(ENV_OWNER)
+        return bool(owner) and os.path.normpath(owner) == os.path.normpath(self.path)
+
     def _forked(self):
         self.quiet = True
 
@@ -242,7 +250,7 @@ class _Hook(object):
             return
         try:
             now = self.perf()
-            if os.getpid() != self.pid or os.environ.get(ENV_OWNER):
+            if os.getpid() != self.pid or self.owned():
                 self.quiet = True
                 return
             oid = id(optimizer)
@@ -321,7 +329,7 @@ class _Hook(object):
         """Whether this process writes the report now; going quiet for good when it must not."""
         if self.quiet:
             return False
-        if os.getpid() != self.pid or os.environ.get(ENV_OWNER):
+        if os.getpid() != self.pid or self.owned():
             self.quiet = True
             return False
         if not self.ends:

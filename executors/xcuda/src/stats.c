@@ -9,17 +9,12 @@
 #include <sys/mman.h>
 #include <unistd.h>
 
+#include "shm_read.h"
 #include "xcuda.h"
 
 uint64_t xc_stats_checksum(const struct xcuda_stats_record *r)
 {
-    const unsigned char *b = (const unsigned char *)r;
-    uint64_t h = 0xcbf29ce484222325ull;
-    for (size_t i = 32; i < XCUDA_STATS_SIZE; i++) {
-        h ^= b[i];
-        h *= 0x100000001b3ull;
-    }
-    return h;
+    return xc_shm_checksum((const unsigned char *)r + 32, XCUDA_STATS_SIZE - 32);  /* the GPU record's FNV-1a */
 }
 
 void xc_stats_open(struct xc_stats_pub *p, const char *dir)

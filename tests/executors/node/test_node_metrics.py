@@ -8,7 +8,6 @@ import datetime as dt
 import urllib.request
 
 import pytest
-from prometheus_client.parser import text_string_to_metric_families
 from sqlalchemy import select
 
 from executors.node.agent import AgentConfig
@@ -18,6 +17,7 @@ from executors.node.sampler import RawSample, SimulatedSampler
 from executors.node.wiring import SourceConfig, build_agent, node_gpus, node_metrics
 from executors.store import models as m
 from tests.executors.node.test_node_store import CALM, HOT, T0, FakeClock
+from tests.prometheus_helpers import one, parse_series
 
 __all__ = ["CALM", "HOT", "node"]
 
@@ -25,21 +25,10 @@ NODE = "sim-t4-000"
 
 
 def scrape(port: int) -> dict[str, list[tuple[dict[str, str], float]]]:
-    """``GET /metrics``: sample name → [(labels, value)]."""
+    """``GET /metrics`` as Prometheus does: sample name → [(labels, value)]."""
     with urllib.request.urlopen(f"http://127.0.0.1:{port}/metrics", timeout=10) as r:
         assert r.status == 200 and r.headers["Content-Type"].startswith("text/plain")
-        text = r.read().decode()
-    out: dict[str, list[tuple[dict[str, str], float]]] = {}
-    for fam in text_string_to_metric_families(text):
-        for smp in fam.samples:
-            out.setdefault(smp.name, []).append((dict(smp.labels), smp.value))
-    return out
-
-
-def one(series: dict, name: str, **labels: str) -> float:
-    hits = [v for lab, v in series.get(name, []) if all(lab.get(k) == want for k, want in labels.items())]
-    assert len(hits) == 1, (name, labels, series.get(name))
-    return hits[0]
+        return parse_series(r.read().decode())
 
 
 @pytest.fixture()

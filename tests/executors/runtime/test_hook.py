@@ -351,7 +351,7 @@ def test_a_failing_next_sitecustomize_is_reported_as_python_does(tmp_path: Path)
 @pytest.mark.parametrize("when", ["before-torch", "after-torch"])
 def test_the_hook_defers_to_the_runtime_owner_variable(tmp_path: Path, when: str) -> None:
     report = tmp_path / "iteration.json"
-    owner = 'import os\nos.environ["MUXFLOW_ITERATION_REPORT_OWNER"] = "runtime"\n'
+    owner = f'import os\nos.environ["MUXFLOW_ITERATION_REPORT_OWNER"] = {str(report)!r}\n'
     _run(tmp_path, (owner if when == "before-torch" else "") + PRELUDE + (owner if when == "after-torch" else "") + """
 for i in range(5):
     step()
@@ -361,6 +361,17 @@ for i in range(5):
     else:  # the announcement stays, no step counted
         rep = _check(report.read_bytes())
         assert rep["total_iterations"] == 0 and rep["final"] is False
+
+
+def test_an_owner_of_another_report_inherited_from_the_submitting_shell_is_ignored(tmp_path: Path) -> None:
+    """sbatch passes the submitter's environment on: an owner variable naming another report (a process that
+    observed another window, a test runner) must not silence this job's report."""
+    report = tmp_path / "iteration.json"
+    _run(tmp_path, """
+    for i in range(5):
+        step()
+    """, _env(report, MUXFLOW_ITERATION_REPORT_OWNER=str(tmp_path / "other" / "iteration.json")))
+    assert _final(report)["total_iterations"] == 5
 
 
 def test_a_job_still_starting_up_has_announced_its_steps(tmp_path: Path) -> None:

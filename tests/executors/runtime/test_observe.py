@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import atexit
 import json
+import os
 import signal
 from pathlib import Path
 
@@ -26,6 +27,9 @@ def _runtime(tmp_path: Path, monkeypatch, **env: str) -> tuple[Runtime, FakeCloc
         monkeypatch.delenv(k, raising=False)
     for k, v in env.items():
         monkeypatch.setenv(k, v)
+    # the observer names itself the report's owner in this process's environment: put it back after the test
+    # (sbatch hands a test runner's environment to the jobs of later tests)
+    monkeypatch.setenv("MUXFLOW_ITERATION_REPORT_OWNER", "")
     clock, exits = FakeClock(), []
     rt = Runtime(tmp_path / "ckpt", every_steps=3, signals=(), exit=exits.append, clock=clock, wall=clock)
     return rt, clock, exits
@@ -53,6 +57,7 @@ def test_an_observed_job_trains_checkpoints_and_never_stops_by_itself(tmp_path: 
     assert final["final"] is True and final["stopped_by"] == "signal" and final["total_iterations"] == 8
     assert final["iterations"] == 6 and final["warmup_iterations"] == 2
     assert exits == [0] and rt.store.latest()[0] == 8
+    assert os.environ["MUXFLOW_ITERATION_REPORT_OWNER"] == str(report)  # the hook defers for this report only
 
 
 def test_a_dry_run_asked_for_wins_over_observing(tmp_path: Path, monkeypatch) -> None:
