@@ -75,24 +75,13 @@ class SchedulerCollector:
             ):
                 if fam is not None:
                     yield fam
-            actions = GaugeMetricFamily("muxflow_round_last_placements", "The latest round's placements by action.",
-                                        labels=["action"])
-            for a in sorted(set(ACTIONS) | set(r.action_counts)):
-                actions.add_metric([a], float(r.action_counts.get(a, 0)))
-            yield actions
-            unplaced = GaugeMetricFamily("muxflow_round_last_unplaced_jobs",
-                                         "Jobs the latest round did not place, by reason.", labels=["reason"])
-            for reason, n in sorted(r.unplaced.items()):
-                unplaced.add_metric([reason], float(n))
-            yield unplaced
-        rounds = CounterMetricFamily("muxflow_rounds", "Rounds recorded, by status.", labels=["status"])
-        for status, n in sorted(snap.rounds_by_status.items()):
-            rounds.add_metric([status], float(n))
-        yield rounds
-        jobs = GaugeMetricFamily("muxflow_jobs", "Offline jobs by state.", labels=["state"])
-        for state, n in sorted(snap.jobs_by_state.items()):
-            jobs.add_metric([state], float(n))
-        yield jobs
+            yield by_label(GaugeMetricFamily, "muxflow_round_last_placements", "The latest round's placements by "
+                           "action.", "action", {**dict.fromkeys(ACTIONS, 0), **r.action_counts})
+            yield by_label(GaugeMetricFamily, "muxflow_round_last_unplaced_jobs",
+                           "Jobs the latest round did not place, by reason.", "reason", r.unplaced)
+        yield by_label(CounterMetricFamily, "muxflow_rounds", "Rounds recorded, by status.", "status",
+                       snap.rounds_by_status)
+        yield by_label(GaugeMetricFamily, "muxflow_jobs", "Offline jobs by state.", "state", snap.jobs_by_state)
         if snap.oldest_pending_since_utc is not None:
             t = snap.oldest_pending_since_utc
             t = t.replace(tzinfo=t.tzinfo or dt.UTC)
@@ -105,22 +94,13 @@ class SchedulerCollector:
         for (action, status), n in sorted(snap.dispatch.items()):
             dispatch.add_metric([action, status], float(n))
         yield dispatch
-        pred = GaugeMetricFamily("muxflow_predicted_normalized_throughput", "Mean normalised throughput the "
-                                 "latest round predicts for its placements, per GPU type.", labels=["gpu_type"])
-        for t, v in sorted(snap.predicted_tput.items()):
-            pred.add_metric([t], v)
-        yield pred
-        real = GaugeMetricFamily("muxflow_realized_normalized_throughput", "Normalised throughput offline jobs "
-                                 "reached in the last hour (solo-equivalent time over wall time), per GPU type.",
-                                 labels=["gpu_type"])
-        for t, v in sorted(snap.realized_tput.items()):
-            real.add_metric([t], v)
-        yield real
-        ev = CounterMetricFamily("muxflow_evictions", "Evictions recorded by the node agents, per GPU type.",
-                                 labels=["gpu_type"])
-        for t, n in sorted(snap.evictions.items()):
-            ev.add_metric([t], float(n))
-        yield ev
+        yield by_label(GaugeMetricFamily, "muxflow_predicted_normalized_throughput", "Mean normalised throughput "
+                       "the latest round predicts for its placements, per GPU type.", "gpu_type", snap.predicted_tput)
+        yield by_label(GaugeMetricFamily, "muxflow_realized_normalized_throughput", "Normalised throughput offline "
+                       "jobs reached in the last hour (solo-equivalent time over wall time), per GPU type.",
+                       "gpu_type", snap.realized_tput)
+        yield by_label(CounterMetricFamily, "muxflow_evictions", "Evictions recorded by the node agents, per GPU "
+                       "type.", "gpu_type", snap.evictions)
         day = {name: GaugeMetricFamily(name, doc, labels=["service"]) for name, doc in (
             ("muxflow_service_day_requests", "Requests the service's replicas served today (UTC), as recorded."),
             ("muxflow_service_day_slowdown_ratio", "Today's request-weighted slowdown of the service: rate x "
@@ -146,3 +126,11 @@ class SchedulerCollector:
             mig.add_metric(["" if jm.slurm_job_id is None else str(jm.slurm_job_id), str(jm.job_id), jm.user],
                            float(jm.migrations))
         yield mig
+
+
+def by_label(family: type, name: str, doc: str, label: str, values: dict[str, float]) -> Any:
+    """A metric family with one sample per key of ``values`` (in key order), the key as its ``label``."""
+    fam = family(name, doc, labels=[label])
+    for key, v in sorted(values.items()):
+        fam.add_metric([key], float(v))
+    return fam

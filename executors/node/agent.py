@@ -583,8 +583,8 @@ class NodeAgent:
         """(store job id, Slurm job id) → times this agent evicted the job (any GPU of the node)."""
         out: dict[tuple[int | None, int | None], int] = {}
         for loop in self.loops.values():
-            for sid, n in list(loop.evicted_jobs.items()):
-                out[sid] = out.get(sid, 0) + n
+            for key, n in list(loop.evicted_jobs.items()):
+                out[key] = out.get(key, 0) + n
         return out
 
     def shutdown(self) -> None:

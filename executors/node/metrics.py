@@ -61,12 +61,13 @@ class JobMeta:
     job_type: str
 
 
-def _finite(v: Any) -> float | None:
+def _finite(v: Any, per: float = 1.0) -> float | None:
+    """``v / per`` when ``v`` is a finite number, else None (NaN: not available; no series, never a made-up 0)."""
     try:
         f = float(v)
     except (TypeError, ValueError):
         return None
-    return f if math.isfinite(f) else None
+    return f / per if math.isfinite(f) else None
 
 
 class NodeAgentCollector:
@@ -179,21 +180,20 @@ class NodeAgentCollector:
             snap = loop.snapshot()
             s = snap.sample
             if s is not None:
+                free = _finite(s.mem_total_bytes - s.mem_used_bytes, MIB)  # NaN in either: none
                 values = {
                     "DCGM_FI_DEV_GPU_UTIL": _finite(s.gpu_util_pct),
-                    "DCGM_FI_PROF_SM_ACTIVE": None if _finite(s.sm_activity_pct) is None else s.sm_activity_pct / 100,
-                    "DCGM_FI_PROF_SM_OCCUPANCY": (None if _finite(s.sm_occupancy_pct) is None
-                                                  else s.sm_occupancy_pct / 100),
+                    "DCGM_FI_PROF_SM_ACTIVE": _finite(s.sm_activity_pct, 100),
+                    "DCGM_FI_PROF_SM_OCCUPANCY": _finite(s.sm_occupancy_pct, 100),
                     "DCGM_FI_DEV_MEM_COPY_UTIL": _finite(s.mem_bw_util_pct),
-                    "DCGM_FI_DEV_FB_USED": None if _finite(s.mem_used_bytes) is None else s.mem_used_bytes / MIB,
-                    "DCGM_FI_DEV_FB_FREE": (None if _finite(s.mem_total_bytes) is None or _finite(s.mem_used_bytes)
-                                            is None else max(0.0, s.mem_total_bytes - s.mem_used_bytes) / MIB),
+                    "DCGM_FI_DEV_FB_USED": _finite(s.mem_used_bytes, MIB),
+                    "DCGM_FI_DEV_FB_FREE": None if free is None else max(0.0, free),
                     "DCGM_FI_DEV_SM_CLOCK": _finite(s.sm_clock_mhz),
                     "DCGM_FI_DEV_POWER_USAGE": _finite(s.power_w),
                     "DCGM_FI_DEV_GPU_TEMP": _finite(s.temperature_c),
                 }
                 for name, v in values.items():
-                    if v is not None:  # NaN: not available on this GPU; no series rather than a made-up value
+                    if v is not None:
                         g[name].add_metric(gl, v)
             if snap.sample_epoch_s is not None:
                 last.add_metric(ml, snap.sample_epoch_s)
@@ -225,14 +225,13 @@ class NodeAgentCollector:
             if service is not None:
                 sl = [service.name, self.node, str(idx)]
                 row = snap.row
-                qps = _finite(getattr(row, "online_qps", None))
                 lat = _finite(getattr(row, "online_latency_ms", None))
-                p99 = _finite(getattr(row, "online_latency_p99_ms", None))
                 solo = _finite(getattr(row, "online_solo_latency_ms", None))
-                for name, v in (("muxflow_service_requests_per_second", qps),
-                                ("muxflow_service_latency_avg_seconds", None if lat is None else lat / 1000),
-                                ("muxflow_service_latency_p99_seconds", None if p99 is None else p99 / 1000),
-                                ("muxflow_service_solo_latency_seconds", None if solo is None else solo / 1000),
+                for name, v in (("muxflow_service_requests_per_second", _finite(getattr(row, "online_qps", None))),
+                                ("muxflow_service_latency_avg_seconds", _finite(lat, 1000)),
+                                ("muxflow_service_latency_p99_seconds",
+                                 _finite(getattr(row, "online_latency_p99_ms", None), 1000)),
+                                ("muxflow_service_solo_latency_seconds", _finite(solo, 1000)),
                                 ("muxflow_service_slowdown_ratio", slowdown(lat, solo)),
                                 ("muxflow_service_slowdown_allowance_ratio", service.slowdown_allowance),
                                 ("muxflow_service_latency_slo_seconds", service.latency_slo_ms / 1000)):

@@ -43,7 +43,7 @@ from typing import Any
 
 from executors.node.job_files import JobFileRefused, job_directory, read_job_file
 from executors.node.placements import list_slurm_jobs
-from executors.node.xcuda_check import Proc, job_of_processes, proc_uid, read_procs
+from executors.node.xcuda_check import Proc, read_procs, user_pids_of_jobs
 from executors.profiling.metrics import (
     MetricsUnavailable,
     WindowRecorder,
@@ -92,17 +92,17 @@ def signal_masks(pid: int, proc_root: Path) -> tuple[set[int], set[int]]:
 
 def job_user_pids(slurm_job_id: int, procs: dict[int, Proc], proc_root: Path) -> set[int]:
     """The processes of the job that run as its user (slurmstepd and anything else of root's left out)."""
-    return {pid for pid, j in job_of_processes(procs, {slurm_job_id}, proc_root).items()
-            if j == slurm_job_id and proc_uid(pid, proc_root) not in (None, 0)}
+    return user_pids_of_jobs(procs, {slurm_job_id}, proc_root).get(slurm_job_id, set())
 
 
-def job_checkpoint_signals(slurm_job_id: int, procs: dict[int, Proc], proc_root: Path) -> tuple[set[str], bool]:
+def job_checkpoint_signals(slurm_job_id: int, procs: dict[int, Proc], proc_root: Path,
+                           pids: set[int] | None = None) -> tuple[set[str], bool]:
     """The checkpoint signals (SIGUSR1, SIGTERM) some process of the job catches now, and whether its batch shell
     would die of them first: Slurm signals every process of the job, the batch shell included, and when the
     batch shell ends Slurm (``proctrack/cgroup``) kills what is left of the job, so a shell that neither catches
     nor ignores both takes the program down before its checkpoint is written (``trap '' USR1 TERM`` in the
-    script, or ``exec`` of the program, avoids that)."""
-    pids = job_user_pids(slurm_job_id, procs, proc_root)
+    script, or ``exec`` of the program, avoids that). ``pids``: the job's user processes, when already known."""
+    pids = job_user_pids(slurm_job_id, procs, proc_root) if pids is None else pids
     caught: set[str] = set()
     shell_dies = False
     for pid in pids:
@@ -289,11 +289,11 @@ class ProfileWindows:
         if not final:  # the union over the window: a handler installed late still counts
             try:
                 procs = read_procs(self.proc_root)
-                caught, shell_dies = job_checkpoint_signals(a.job.slurm_job_id, procs, self.proc_root)
+                pids = job_user_pids(a.job.slurm_job_id, procs, self.proc_root)  # once for both readings below
+                caught, shell_dies = job_checkpoint_signals(a.job.slurm_job_id, procs, self.proc_root, pids)
                 a.checkpoint_signals |= caught
                 a.shell_dies_first = a.shell_dies_first or (shell_dies and bool(caught))
-                a.cpu_s += job_cpu_delta(a.cpu_seen, {p: procs[p] for p in
-                                                      job_user_pids(a.job.slurm_job_id, procs, self.proc_root)})
+                a.cpu_s += job_cpu_delta(a.cpu_seen, {p: procs[p] for p in pids})
             except OSError as exc:
                 log.debug("cannot read the processes of Slurm job %d: %s", a.job.slurm_job_id, exc)
         rep = {**a.base, "started_unix": a.started_unix, "updated_unix": now,

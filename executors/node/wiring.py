@@ -315,7 +315,7 @@ def _xcuda_counters(job_dir: Path, proc_root: Path):
     ``proc_root`` per call); a job whose directory is refused is logged once and left out."""
     import pwd
 
-    from executors.node.xcuda_check import job_of_processes, proc_uid, read_procs
+    from executors.node.xcuda_check import read_procs, user_pids_of_jobs
     from executors.xcuda.stats import StatsRefused, job_stats
 
     refused: set[tuple[int, str]] = set()
@@ -323,16 +323,12 @@ def _xcuda_counters(job_dir: Path, proc_root: Path):
     def read(jobs: list[tuple[int, str]]) -> dict[int, list]:
         if not jobs:
             return {}
-        procs = read_procs(proc_root)
-        pids: dict[int, list[int]] = {}   # one walk of the process tree for every job
-        for pid, sid in job_of_processes(procs, {sid for sid, _ in jobs}, proc_root).items():
-            if proc_uid(pid, proc_root) not in (None, 0):  # the job user's processes, not slurmstepd's
-                pids.setdefault(sid, []).append(pid)
+        pids = user_pids_of_jobs(read_procs(proc_root), {sid for sid, _ in jobs}, proc_root)  # one walk for all
         out: dict[int, list] = {}
         for sid, user in jobs:
             try:
                 uid = pwd.getpwnam(user).pw_uid if user else None
-                out[sid] = list(job_stats(job_dir, sid, uid, pids.get(sid, [])).values())
+                out[sid] = list(job_stats(job_dir, sid, uid, pids.get(sid, set())).values())
             except (KeyError, StatsRefused) as exc:
                 if (sid, str(exc)) not in refused:
                     refused.add((sid, str(exc)))

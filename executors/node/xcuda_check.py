@@ -1,4 +1,5 @@
-"""Offline processes that run without xCUDA: seen by the node agent and evicted (paper §4.1–4.2; DESIGN §7).
+"""Offline processes that run without xCUDA: seen by the node agent and evicted (paper §4.1–4.2;
+docs/NODE_AGENT.md, "The xCUDA check").
 
 xCUDA paces an offline job's kernels and accounts its memory quota from inside the job's
 processes, loaded by the ``LD_PRELOAD`` the TaskProlog exports. The environment is the job's
@@ -176,6 +177,16 @@ def job_of_processes(procs: dict[int, Proc], wanted: set[int], proc_root: Path) 
                 j = None  # claims a job that runs here as another user: not that job's
         if j in wanted:
             out[pid] = j
+    return out
+
+
+def user_pids_of_jobs(procs: dict[int, Proc], wanted: set[int], proc_root: Path) -> dict[int, set[int]]:
+    """Slurm job id → its processes that run as its user (slurmstepd and anything else of root's left out), for
+    the ``wanted`` jobs, in one walk of the process tree."""
+    out: dict[int, set[int]] = {}
+    for pid, j in job_of_processes(procs, wanted, proc_root).items():
+        if j in wanted and proc_uid(pid, proc_root) not in (None, 0):
+            out.setdefault(j, set()).add(pid)
     return out
 
 

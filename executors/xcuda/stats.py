@@ -106,11 +106,14 @@ def job_stats(job_dir: Path, slurm_job_id: int, uid: int | None, pids: Iterable[
                 for _ in range(attempts):
                     try:
                         data = read_job_file(d, name, uid, SIZE)
-                        if data is None:
-                            break
+                    except JobFileRefused:
+                        break  # a link, another user's file, too large: reading it again changes nothing
+                    if data is None:
+                        break
+                    try:
                         rec = decode(data)
-                    except (StatsRefused, JobFileRefused):
-                        continue
+                    except StatsRefused:
+                        continue  # torn or mid-update: read again
                     if rec.pid == pid:
                         out[pid] = rec
                     break
