@@ -1,4 +1,4 @@
-"""The training-loop side of checkpoint/restart (DESIGN §3 step 9).
+"""The training-loop side of checkpoint/restart (docs/ARCHITECTURE.md, "What runs where": inside a job).
 
     rt = Runtime(os.environ.get("MUXFLOW_CHECKPOINT_DIR", ckpt_dir), every_steps=50)
     step, state = rt.resume()            # (0, None) on a first start
