@@ -8,8 +8,10 @@ catalog per *calibration* and GPU type:
   fitted on every measured type, applied to each job's profile on the GPU type in question —
   measured profiles where the type was measured, profiles synthesized from the measured type
   nearest in speed otherwise (T4, A10, A100, H100 until a site measures them);
-- ``pessimistic``: ``transfer`` with every σ and π inflated by the largest 90th-percentile
-  over-prediction the zero-shot model made leaving one measured type out;
+- ``pessimistic`` and ``optimistic``: ``transfer`` moved to the low and the high end of its 80 %
+  prediction interval (every σ·π × e^hi or × e^lo), the interval built from the residuals on measured
+  types the model was not fitted on — for a measured type the measured-profile interval, for one
+  nobody measured the zero-shot one;
 - one per measured type (``k80``, ``p100``, …): that type's per-job σ/π fit, used unchanged on
   every GPU type (what every simulated result used before the transferable model).
 """
@@ -30,6 +32,7 @@ from scheduler_core.interference import (
 )
 from scheduler_core.interference_errors import (
     TransferReport,
+    model_interval,
     TypeData,
     WithinTypeReport,
     leave_one_type_out,
@@ -37,11 +40,11 @@ from scheduler_core.interference_errors import (
     within_type,
 )
 from scheduler_core.interference_transfer import (
+    Interval,
     JobProfile,
     TransferModel,
     TypeProfiles,
     fit_transfer,
-    pessimistic_factor,
     residual_offsets,
 )
 from scheduler_core.gpu_specs import GPU_SPECS
@@ -51,7 +54,8 @@ DATA_DIR = Path(__file__).resolve().parent.parent / "data" / "gavel"
 COLOCATION_FILE = DATA_DIR / "colocation_throughputs_k80_p100.json"
 SAMPLE_TRACE = DATA_DIR / "philly_vc_0e4a51.sample.trace"
 REFERENCE_GPU = "p100"
-TRANSFER, PESSIMISTIC = "transfer", "pessimistic"
+TRANSFER, PESSIMISTIC, OPTIMISTIC = "transfer", "pessimistic", "optimistic"
+INTERVAL_CALIBRATIONS = (OPTIMISTIC, TRANSFER, PESSIMISTIC)  # low, central, high interference
 
 
 class Calibrator:
@@ -75,7 +79,7 @@ class Calibrator:
         return sorted(self.mset.types)
 
     def calibrations(self) -> list[str]:
-        return [*self.measured_types(), TRANSFER, PESSIMISTIC]
+        return [*self.measured_types(), *INTERVAL_CALIBRATIONS]
 
     def calibration_for(self, gpu_type: str = REFERENCE_GPU) -> Calibration:
         """The per-job σ/π fit of one measured type."""
@@ -113,8 +117,9 @@ class Calibrator:
                 raise ValueError(f"no measured type to carry profiles over to {gpu_type!r} from")
             return synth
         measured = data[gpu_type].profiles(self.stressor)
+        model = self.transfer_model()
         if synth is None:
-            return measured
+            return model.anchor(measured)
         jobs = dict(synth.jobs)
         for job, prof in measured.jobs.items():
             carried = synth.jobs.get(job)
@@ -123,7 +128,7 @@ class Calibrator:
                 prof = JobProfile(prof.iter_time_s, carried.probe_tput, carried.probe_partner_tput, prof.counters,
                                   True)
             jobs[job] = prof
-        return TypeProfiles(gpu_type, measured.stressor, measured.stressor_iter_time_s, jobs)
+        return model.anchor(TypeProfiles(gpu_type, measured.stressor, measured.stressor_iter_time_s, jobs))
 
     def type_offsets(self, gpu_type: str) -> dict[str, tuple[float, float]]:
         """Per-job corrections from the type's own pairs (none for a type without measurements)."""
@@ -136,14 +141,30 @@ class Calibrator:
         """Leave-one-GPU-type-out errors of the per-job fit (before) and the transferable model (after)."""
         return self._once(("loto",), lambda: tuple(leave_one_type_out(self.type_data, self.stressor)))
 
+    def subset_reports(self) -> tuple[TransferReport, ...]:
+        """Leave one type out, trained on every non-empty subset of the other measured types."""
+        return self._once(("loto-subsets",), lambda: tuple(
+            leave_one_type_out(self.type_data, self.stressor, subsets=True)))
+
     def within_type_reports(self) -> tuple[WithinTypeReport, ...]:
         data = self.type_data
         return self._once(("within",), lambda: tuple(
             within_type(data[g], self.stressor) for g in sorted(data) if self.stressor in data[g].iter_times_s))
 
-    def pessimistic_overestimate(self) -> float:
-        """How much lower a pair's throughput can be than predicted (worst zero-shot 90th percentile)."""
-        return max((r.zero_shot.overestimate_p90 for r in self.transfer_reports()), default=0.3)
+    def intervals(self) -> dict[str, Interval | None]:
+        """The fitted model's 80 % intervals: ``after`` (measured profiles), ``zero_shot`` (synthesized)."""
+        return self._once(("intervals",), lambda: model_interval(self.type_data, self.stressor))
+
+    def interval_for(self, gpu_type: str) -> tuple[Interval, float | None]:
+        """The interval that applies on ``gpu_type``, with the type's scale: measured-profile (scaled by the
+        type's own probes) where it was measured, zero-shot otherwise."""
+        measured = gpu_type in self.mset.types
+        iv = self.intervals()["after" if measured else "zero_shot"]
+        if iv is None:
+            raise ValueError("the interference model's interval needs at least two measured GPU types "
+                             f"(measured: {', '.join(self.measured_types())})")
+        scale = self.transfer_model().probe_scale(self.type_profiles(gpu_type)) if measured else None
+        return iv, scale
 
     def catalog_for(self, calibration: str = TRANSFER, gpu_type: str | None = None) -> WorkloadCatalog:
         """Workload traits under one calibration, on one GPU type (None: on the reference type, with a
@@ -157,7 +178,7 @@ class Calibrator:
     def _catalog(self, calibration: str, gpu_type: str | None) -> WorkloadCatalog:
         solo = dict(self.mset.types[REFERENCE_GPU].solo_steps_per_s)
         model = self.transfer_model()
-        if calibration not in (TRANSFER, PESSIMISTIC):
+        if calibration not in INTERVAL_CALIBRATIONS:
             own = self.calibration_for(calibration)
             # A job the type never measured in a pair (e.g. it did not fit in memory beside others)
             # takes the transferable model's traits on that type.
@@ -169,7 +190,11 @@ class Calibrator:
                         for g in sorted(set(GPU_SPECS) | set(self.measured_types()))}
             ref = per_type[REFERENCE_GPU]
             return WorkloadCatalog(ref.offline, ref.online, REFERENCE_GPU, calibration, per_type)
-        factor = pessimistic_factor(self.pessimistic_overestimate()) if calibration == PESSIMISTIC else 1.0
+        if calibration == TRANSFER:
+            factor = 1.0
+        else:
+            iv, scale = self.interval_for(gpu_type)
+            factor = iv.factor(calibration, scale)
         traits = model.calibration(self.type_profiles(gpu_type), factor, self.type_offsets(gpu_type))
         return build_catalog(traits, solo, gpu_type=gpu_type, calibration_name=calibration)
 
@@ -180,6 +205,19 @@ class Calibrator:
                                                [(p.workload, p.partner, p.norm_tput) for p in t.pairs])
                                               for g, t in m.types.items())])
         return hashlib.sha256(blob.encode()).hexdigest()[:12]
+
+
+def model_errors(c: Calibrator) -> dict:
+    """The interference model, its held-out errors (every training subset), intervals and their factors."""
+    intervals = c.intervals()
+    return {"measured_types": c.measured_types(), "sources": list(c.mset.sources), "stressor": c.stressor,
+            "model": c.transfer_model().as_dict(),
+            "leave_one_type_out": [r.as_dict() for r in c.transfer_reports()],
+            "leave_one_type_out_subsets": [r.as_dict() for r in c.subset_reports()],
+            "within_type": [r.as_dict() for r in c.within_type_reports()],
+            "intervals": {k: None if v is None else {
+                **v.as_dict(), "factor_optimistic": round(v.factor(OPTIMISTIC), 4),
+                "factor_pessimistic": round(v.factor(PESSIMISTIC), 4)} for k, v in intervals.items()}}
 
 
 @functools.lru_cache(maxsize=1)

@@ -107,13 +107,7 @@ def interference_info(calibrator: cal.Calibrator | None = None) -> dict:
     return {
         # Per-job σ/π fit, held-out pairs of the same type (Gavel K80/P100).
         "interference_calibration_holdout": [r.as_dict() for r in c.holdout_reports()],
-        "interference_model": {
-            "stressor": c.stressor, "measurements": c.fingerprint(), "sources": list(c.mset.sources),
-            "model": c.transfer_model().as_dict(),
-            "leave_one_type_out": [r.as_dict() for r in c.transfer_reports()],
-            "within_type": [r.as_dict() for r in c.within_type_reports()],
-            "pessimistic_overestimate": round(c.pessimistic_overestimate(), 4),
-        },
+        "interference_model": {"measurements": c.fingerprint(), **cal.model_errors(c)},
     }
 
 

@@ -17,7 +17,7 @@ from dataclasses import dataclass
 
 import numpy as np
 
-from executors.simulated.calibration import TRANSFER, Calibrator, installed_calibrator
+from executors.simulated.calibration import TRANSFER, Calibrator, installed_calibrator, model_errors
 from executors.simulated.evaluation import PREDICTOR_EPOCHS, PREDICTOR_SAMPLES, services_of, train_on_samples
 from executors.simulated.measurements import load_file
 from executors.simulated.profiling import colocation_samples
@@ -75,21 +75,13 @@ def _on_pairs(calibrator: Calibrator, files_types: list[str], profiles_from: Cal
     model = calibrator.transfer_model()
     for g in files_types:
         data = profiles_from.type_data[g]
-        prof = data.profiles(model.stressor)
+        prof = model.anchor(data.profiles(model.stressor))
         offsets = calibrator.type_offsets(g) if g in calibrator.mset.types else {}
         pairs = [p for p in training_pairs(data.pairs, model.stressor)
                  if p.workload in prof.jobs and p.partner in prof.jobs]
         out[g] = pair_errors([model.predict(prof, p.workload, p.partner, offsets) for p in pairs],
                              [p.norm_tput for p in pairs])
     return out
-
-
-def model_errors(c: Calibrator) -> dict:
-    return {"measured_types": c.measured_types(), "sources": list(c.mset.sources), "stressor": c.stressor,
-            "model": c.transfer_model().as_dict(),
-            "leave_one_type_out": [r.as_dict() for r in c.transfer_reports()],
-            "within_type": [r.as_dict() for r in c.within_type_reports()],
-            "pessimistic_overestimate": round(c.pessimistic_overestimate(), 4)}
 
 
 def refit_report(files: list[str], types: list[str] | None = None, samples: int = PREDICTOR_SAMPLES,

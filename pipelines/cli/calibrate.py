@@ -42,32 +42,39 @@ def _pct(v: float) -> str:
     return "-" if v != v else f"{100 * v:.1f}%"
 
 
+def _cov(v: float | None) -> str:
+    return "-" if v is None else f"{100 * v:.0f}%"
+
+
 def format_model_errors(e: dict) -> str:
     lines = [f"measured types: {', '.join(e['measured_types'])} (stressor {e['stressor']!r}; "
              f"{'; '.join(e['sources'])})",
-             "leave one GPU type out (MAPE, MAE of normalized throughput; pairs with the stressor are probes, "
-             "not scored):",
-             f"  {'train -> test':<18} {'pairs':>5}  {'constant':>15}  {'before: per-job':>15}  "
-             f"{'after: transfer':>15}  {'zero-shot':>15}"]
-    for r in e["leave_one_type_out"]:
+             "leave one GPU type out, trained on every subset of the other types (MAPE, MAE of normalized "
+             "throughput; cover = share of the test type's pairs inside the 80% interval built from the other "
+             "held-out types; pairs with the stressor are probes, not scored):",
+             f"  {'train -> test':<22} {'pairs':>5}  {'constant':>13}  {'before: per-job':>15}  "
+             f"{'after: transfer':>15} {'cover':>5}  {'zero-shot':>13} {'cover':>5}"]
+    for r in e["leave_one_type_out_subsets"]:
         cells = [f"{_pct(r[k]['mape'])} {r[k]['mae']:.3f}" for k in ("constant", "before", "after", "zero_shot")]
-        lines.append(f"  {','.join(r['train']) + ' -> ' + r['test']:<18} {r['after']['pairs']:>5}  "
-                     + "  ".join(f"{c:>15}" for c in cells))
+        lines.append(f"  {','.join(r['train']) + ' -> ' + r['test']:<22} {r['after']['pairs']:>5}  {cells[0]:>13}  "
+                     f"{cells[1]:>15}  {cells[2]:>15} {_cov(r['after']['coverage_80']):>5}  {cells[3]:>13} "
+                     f"{_cov(r['zero_shot']['coverage_80']):>5}")
     lines.append("within type (20% of unordered pairs held out, seed 0):")
-    lines.append(f"  {'type':<18} {'pairs':>5}  {'constant':>15}  {'before: per-job':>15}  {'after: transfer':>15}  "
+    lines.append(f"  {'type':<22} {'pairs':>5}  {'constant':>13}  {'before: per-job':>15}  {'after: transfer':>15}  "
                  f"{'+ residuals':>15}")
     for r in e["within_type"]:
         cells = [f"{_pct(r[k]['mape'])} {r[k]['mae']:.3f}" for k in ("constant", "before", "after", "refined")]
-        lines.append(f"  {r['gpu_type']:<18} {r['after']['pairs']:>5}  " + "  ".join(f"{c:>15}" for c in cells))
-    lines.append(f"pessimistic bound: sigma and pi x{_factor(e):.3f} (zero-shot 90th-percentile over-prediction "
-                 f"{_pct(e['pessimistic_overestimate'])})")
+        lines.append(f"  {r['gpu_type']:<22} {r['after']['pairs']:>5}  {cells[0]:>13}  "
+                     + "  ".join(f"{c:>15}" for c in cells[1:]))
+    for which, label in (("after", "measured profiles"), ("zero_shot", "zero-shot")):
+        iv = e["intervals"].get(which)
+        if iv is None:
+            lines.append(f"80% interval, {label}: none (needs two measured GPU types)")
+        else:
+            lines.append(f"80% interval, {label}: log-odds {iv['log_odds_lo']:+.3f} .. {iv['log_odds_hi']:+.3f} "
+                         f"from {iv['residuals']} held-out pairs of {', '.join(iv['from_types'])}; sigma and pi "
+                         f"x{iv['factor_optimistic']:.3f} (optimistic) / x{iv['factor_pessimistic']:.3f} (pessimistic)")
     return "\n".join(lines)
-
-
-def _factor(e: dict) -> float:
-    from scheduler_core.interference_transfer import pessimistic_factor
-
-    return pessimistic_factor(e["pessimistic_overestimate"])
 
 
 def format_predictors(name: str, cells: list[dict]) -> str:

@@ -2,7 +2,7 @@
 
     muxflow simulate --trace T [--gpus 1000] [--hours 24] [--policy muxflow] [--calibration transfer] [--json]
     muxflow simulate compare --trace T [...] [--policies a,b,...] [--out DIR] [--json]
-    muxflow simulate compare --trace T --sensitivity [--calibrations k80,p100,transfer,pessimistic]
+    muxflow simulate compare --trace T --sensitivity [--calibrations optimistic,transfer,pessimistic,k80,p100]
     muxflow simulate jct-bound --trace T [--gpus 1000] [--caps 0.1,0.15,0.2,inf] [--results results.json] [--json]
 
 Every figure is SIMULATED. Progress goes to stderr; ``--json`` output to stdout.
@@ -70,8 +70,8 @@ def _sim_options(fn):
                           "GPU frees (MuxFlow: waiting jobs onto free GPUs only, nothing moves), as the pipeline's "
                           "fills do on Slurm (docs/SLURM.md); --rounds-only places at rounds only (the paper)."),
         click.option("--calibration", default="transfer", show_default=True,
-                     help="Interference calibration: transfer, pessimistic, or a measured GPU type's own fit "
-                          "(k80, p100, ...; docs/CALIBRATION.md)."),
+                     help="Interference calibration: transfer, optimistic, pessimistic, or a measured GPU type's "
+                          "own fit (k80, p100, ...; docs/CALIBRATION.md)."),
         click.option("--json", "as_json", is_flag=True, help="Print the metrics as JSON."),
         click.option("--quiet", is_flag=True, help="No progress lines on stderr."),
     ]
@@ -410,15 +410,16 @@ def _bound_results(path: Path, cfg, calibration: str) -> dict[str, float]:
               help="Rerun under each calibration of --calibrations; report which conclusions hold under all "
                    "(sensitivity.json beside results.json).")
 @click.option("--calibrations", "calibrations_text", default=None,
-              help="Comma-separated calibrations for --sensitivity [default: each measured type, transfer, "
-                   "pessimistic].")
+              help="Comma-separated calibrations for --sensitivity [default: optimistic, transfer, pessimistic: "
+                   "the low end, the centre and the high end of the interference model's 80% interval; a measured "
+                   "type's own fit, e.g. p100, may be added].")
 @_guarded
 def compare(trace_path, gpus, types_text, hours, jobs, arrival_hours, mean_job_hours, seed, sm_fallback_levels,
             migration_penalty, slo_scale, slowdown_allowance, slowdown_budget, max_jobs_per_gpu, round_minutes,
              between_rounds, calibration, as_json, quiet, policy_names, out_dir, sensitivity,
              calibrations_text) -> None:
     """Run every policy on the same trace; print the table normalized like the paper's Figures 11 and 13."""
-    from executors.simulated.calibration import calibrations
+    from executors.simulated.calibration import INTERVAL_CALIBRATIONS
     from executors.simulated.evaluation import plot_comparison, plot_utilization
     from scheduler_core.simulator import POLICIES
     from scheduler_core.simulator.metrics import compare_table
@@ -434,7 +435,7 @@ def compare(trace_path, gpus, types_text, hours, jobs, arrival_hours, mean_job_h
     [calibration] = _check_calibrations([calibration])
     others = []
     if sensitivity:
-        others = _check_calibrations(calibrations_text.split(",") if calibrations_text else calibrations())
+        others = _check_calibrations(calibrations_text.split(",") if calibrations_text else list(INTERVAL_CALIBRATIONS))
         others = [c for c in others if c != calibration]
     elif calibrations_text:
         raise CliError("calibrations: only with --sensitivity")

@@ -8,17 +8,20 @@ import numpy as np
 import pytest
 
 from scheduler_core.interference import PairMeasurement, calibrate
-from scheduler_core.interference_errors import TypeData, leave_one_type_out, within_type
+from scheduler_core.interference_errors import TypeData, leave_one_type_out, model_interval, within_type
 from scheduler_core.interference_transfer import (
     ITER,
     PROBE,
+    Interval,
     JobProfile,
     TypeProfiles,
+    coverage,
     fit_roofline,
     fit_transfer,
+    interval_from,
+    log_odds_of,
     measured_profiles,
     pair_errors,
-    pessimistic_factor,
     residual_offsets,
     synthesize_profiles,
     training_pairs,
@@ -28,12 +31,16 @@ STRESSOR = "stressor"
 JOBS = [STRESSOR] + [f"job{i}" for i in range(24)]
 
 
-def world(seed: int = 0, noise: float = 0.01) -> dict[str, TypeData]:
-    """Two GPU types; each job has fixed kernel traits (a, b) and a roofline (host time, GPU work).
+def world(seed: int = 0, noise: float = 0.01,
+          types: tuple[tuple[str, float, float | None, float], ...] = (("slow", 1.0, None, 0.0),
+                                                                      ("fast", 4.0, None, 0.0))) -> dict[str, TypeData]:
+    """GPU types (name, speed, noise or None for ``noise``, contention level); each job has fixed kernel
+    traits (a, b) and a roofline (host time, GPU work).
 
     Truth: σ = a·u and π = b·u, u the job's GPU-busy fraction on the type, so a job's σ and π change
     between types by its own busy-fraction change: per-job values fitted on one type are wrong on
-    the other, while the stressor probe sees the change.
+    the other, while the stressor probe sees the change. A type's level multiplies every σ·π on it
+    by e^level (a GPU whose jobs contend more than the busy fractions say).
     """
     rng = np.random.default_rng(seed)
     a = dict(zip(JOBS, rng.uniform(0.6, 2.0, len(JOBS))))
@@ -42,14 +49,15 @@ def world(seed: int = 0, noise: float = 0.01) -> dict[str, TypeData]:
     work = dict(zip(JOBS, rng.uniform(0.05, 0.5, len(JOBS))))
     host[STRESSOR] = 0.0
     out = {}
-    for gtype, speed in (("slow", 1.0), ("fast", 4.0)):
+    for gtype, speed, type_noise, level in types:
         t = {j: host[j] + work[j] / speed for j in JOBS}
         u = {j: (work[j] / speed) / t[j] for j in JOBS}
+        sd = noise if type_noise is None else type_noise
         pairs = []
         for x in JOBS:
             for y in JOBS:
-                true = 1.0 / (1.0 + a[x] * u[x] * b[y] * u[y])
-                pairs.append(PairMeasurement(x, y, true * (1.0 + rng.normal(0.0, noise))))
+                true = 1.0 / (1.0 + a[x] * u[x] * b[y] * u[y] * math.exp(level))
+                pairs.append(PairMeasurement(x, y, true * math.exp(rng.normal(0.0, sd))))
         out[gtype] = TypeData(gtype, t, tuple(pairs), speed)
     return out
 
@@ -90,8 +98,8 @@ def test_a_job_without_a_probe_falls_back_to_its_iteration_time() -> None:
     data = world()
     model = fit_transfer([(data["slow"].profiles(STRESSOR), list(data["slow"].pairs))], STRESSOR)
     assert [sm.keys for sm in model.submodels] == [(PROBE, ITER), (ITER,)]
-    bare = JobProfile(iter_time_s=0.3)
-    sens, pres = model.traits(bare, 0.2)
+    bare = TypeProfiles("slow", STRESSOR, 0.2, {"bare": JobProfile(iter_time_s=0.3)})
+    sens, pres = model.traits(bare, "bare")
     solo = model.submodels[-1]
     assert sens == pytest.approx(math.exp(solo.intercept / 2 + solo.sens_coef[0] * math.log(1.5)))
     assert pres == pytest.approx(math.exp(solo.intercept / 2 + solo.pres_coef[0] * math.log(1.5)))
@@ -105,7 +113,7 @@ def test_counters_present_for_every_job_give_a_richer_sub_model() -> None:
     assert model.submodels[0].keys == (PROBE, ITER, "sm_activity_pct")
     assert model.submodels[-1].keys == (ITER,)
     # A profile without the counter is still served, by the sub-model that does not need it.
-    s, p = model.traits(JobProfile(0.3, 0.5, 0.5), 0.2)
+    s, p = model.traits(TypeProfiles("slow", STRESSOR, 0.2, {"j": JobProfile(0.3, 0.5, 0.5)}), "j")
     assert s > 0 and p > 0
 
 
@@ -155,10 +163,94 @@ def test_synthesized_probes_relax_as_a_job_becomes_host_bound() -> None:
     assert faster.stressor_iter_time_s == pytest.approx(roof.iter_time_s(STRESSOR, 8.0))
 
 
-@pytest.mark.parametrize("e", [0.0, 0.1, 0.3])
-def test_pessimistic_factor_lowers_a_typical_pair_by_the_error(e: float) -> None:
-    f = pessimistic_factor(e)
-    assert 1.0 / (1.0 + f * f) == pytest.approx(0.5 * (1.0 - e))
+def test_the_probe_anchor_finds_a_types_own_level_of_contention() -> None:
+    """A GPU on which every pair contends e^0.5 more than elsewhere. Its probes carry the level twice
+    (logit x(A|B) = logit x(A|R) + logit x(R|B) − logit x(R|R)), so the shared coefficients, fitted
+    where the level never moved, count it twice; the type's own probes (pairs too, never targets)
+    show the miss, and the anchor removes most of it."""
+    data = world(types=(("slow", 1.0, None, 0.0), ("fast", 4.0, None, 0.0), ("hot", 2.0, None, 0.5)))
+    model = fit_transfer([(data[g].profiles(STRESSOR), list(data[g].pairs)) for g in ("slow", "fast")], STRESSOR)
+    raw = data["hot"].profiles(STRESSOR)
+    anchored = model.anchor(raw)
+    assert raw.log_odds_shift == 0.0 and anchored.log_odds_shift == pytest.approx(-0.5, abs=0.1)
+    pairs = training_pairs(data["hot"].pairs, STRESSOR)
+    true = [p.norm_tput for p in pairs]
+    before = pair_errors([model.predict(raw, p.workload, p.partner) for p in pairs], true)
+    after = pair_errors([model.predict(anchored, p.workload, p.partner) for p in pairs], true)
+    assert after.mae < 0.6 * before.mae, (before, after)
+    # Synthesized probes measure nothing: no anchor from them.
+    synth = TypeProfiles("x", STRESSOR, raw.stressor_iter_time_s,
+                         {j: JobProfile(p.iter_time_s, p.probe_tput, p.probe_partner_tput, {}, True)
+                          for j, p in raw.jobs.items()})
+    assert model.probe_residuals(synth) == [] and model.anchor(synth).log_odds_shift == 0.0
+    assert model.probe_scale(synth) is None
+
+
+def test_a_noisy_type_weighs_less_and_barely_moves_the_clean_ones(monkeypatch) -> None:
+    """A type measured with 30 % noise joins a clean one. Weighed by its noise it counts for a few
+    per cent of the fit, and the clean types' held-out error stays a fraction of what an equal-weight
+    fit makes of it (its noisy probes still bend the slopes a little: errors in the features)."""
+    data = world(types=(("slow", 1.0, None, 0.0), ("fast", 4.0, None, 0.0), ("noisy", 2.0, 0.3, 0.0)))
+    pairs = training_pairs(data["fast"].pairs, STRESSOR)
+    true = [p.norm_tput for p in pairs]
+
+    def error_on_fast(types: tuple[str, ...]) -> tuple[float, dict[str, float]]:
+        model = fit_transfer([(data[g].profiles(STRESSOR), list(data[g].pairs)) for g in types], STRESSOR)
+        prof = model.anchor(data["fast"].profiles(STRESSOR))
+        return pair_errors([model.predict(prof, p.workload, p.partner) for p in pairs], true).mape, model.type_weights
+
+    alone, _ = error_on_fast(("slow",))
+    weighed, weights = error_on_fast(("slow", "noisy"))
+    assert weights["noisy"] < 0.1 * weights["slow"]
+    monkeypatch.setattr("scheduler_core.interference_transfer.NOISE_PASSES", 0)
+    equal, weights = error_on_fast(("slow", "noisy"))
+    assert weights == {"slow": pytest.approx(1.0), "noisy": pytest.approx(1.0)}
+    assert alone < 0.02 and weighed < 0.05 and weighed < 0.25 * equal, (alone, weighed, equal)
+
+
+def test_intervals_weigh_each_held_out_type_the_same() -> None:
+    many, few = [0.0] * 1000, [1.0] * 10
+    iv = interval_from({"many": (many, 1.0), "few": (few, 1.0)})
+    assert iv.n == 1010 and iv.types == ("few", "many")
+    # Half the weight on each type: the 10th percentile lies in the big type, the 90th in the small one.
+    assert iv.lo == pytest.approx(0.0) and iv.hi == pytest.approx(1.0)
+    scaled = interval_from({"a": ([-2.0, 2.0] * 50, 2.0)})
+    assert (scaled.lo, scaled.hi, scaled.ref_scale) == (pytest.approx(-1.0), pytest.approx(1.0), 2.0)
+    assert scaled.width(4.0) == (pytest.approx(-4.0), pytest.approx(4.0))
+    assert interval_from({"a": ([], 1.0)}) is None
+
+
+def test_interval_bounds_factors_and_coverage() -> None:
+    iv = Interval(0.8, -0.5, 0.5, 100)
+    lo, hi = iv.bounds(0.0)
+    assert lo == pytest.approx(1.0 / (1.0 + math.exp(0.5))) and hi == pytest.approx(1.0 / (1.0 + math.exp(-0.5)))
+    # The pessimistic factor on both σ and π moves a pair to the interval's low end, the optimistic to its top.
+    assert 1.0 / (1.0 + iv.factor("pessimistic") ** 2) == pytest.approx(lo)
+    assert 1.0 / (1.0 + iv.factor("optimistic") ** 2) == pytest.approx(hi)
+    preds = [0.0] * 4
+    assert coverage(iv, preds, [0.5, lo + 1e-9, hi + 1e-3, 0.1]) == pytest.approx(0.5)
+    assert math.isnan(coverage(None, preds, [0.5] * 4))
+    assert log_odds_of(0.5) == 0.0 and log_odds_of(1.2) == log_odds_of(0.99)
+
+
+def test_leave_one_type_out_over_every_subset_with_honest_coverage() -> None:
+    data = world(types=(("slow", 1.0, None, 0.0), ("fast", 4.0, None, 0.0), ("mid", 2.0, 0.05, 0.0)))
+    reports = leave_one_type_out(data, STRESSOR, subsets=True)
+    assert sorted((r.train, r.test) for r in reports) == sorted(
+        [(("fast",), "mid"), (("slow",), "mid"), (("fast", "slow"), "mid"),
+         (("mid",), "fast"), (("slow",), "fast"), (("mid", "slow"), "fast"),
+         (("fast",), "slow"), (("mid",), "slow"), (("fast", "mid"), "slow")])
+    main = {r.test: r for r in leave_one_type_out(data, STRESSOR)}
+    for r in reports:
+        assert 0.0 <= r.after_coverage <= 1.0 and r.after.n > 100
+        if len(r.train) == 2:
+            assert r == main[r.test]
+    # The fitted model's interval rests on every type's held-out pairs.
+    iv = model_interval(data, STRESSOR)["after"]
+    assert iv.types == ("fast", "mid", "slow") and iv.lo < 0.0 < iv.hi
+    # With one type there is nothing to hold out: no interval, coverage unknown.
+    one = {"slow": data["slow"]}
+    assert model_interval(one, STRESSOR) == {"after": None, "zero_shot": None}
 
 
 def test_pair_errors() -> None:

@@ -35,8 +35,15 @@ def test_report_prints_the_leave_one_type_out_table() -> None:
     res = run("calibrate", "report")
     assert res.exit_code == 0, res.stderr
     assert "p100 -> k80" in res.stdout and "k80 -> p100" in res.stdout and "+ residuals" in res.stdout
+    assert "80% interval, measured profiles: log-odds" in res.stdout and "(pessimistic)" in res.stdout
     doc = json.loads(run("calibrate", "report", "--json").stdout)
     assert {r["test"] for r in doc["leave_one_type_out"]} == {"k80", "p100"}
+    # Every row carries the coverage of the interval built without its own type's pairs.
+    for r in doc["leave_one_type_out_subsets"]:
+        assert 0.0 <= r["after"]["coverage_80"] <= 1.0 and 0.0 <= r["zero_shot"]["coverage_80"] <= 1.0
+    iv = doc["intervals"]["after"]
+    assert iv["log_odds_lo"] < 0.0 < iv["log_odds_hi"] and iv["from_types"] == ["k80", "p100"]
+    assert iv["factor_optimistic"] < 1.0 < iv["factor_pessimistic"]
 
 
 def test_check_and_convert(tmp_path) -> None:
@@ -87,7 +94,7 @@ def test_refit_prints_before_and_after_and_how_to_install(v100) -> None:
     assert "predictors, p100 per-job fit" in res.stdout and "predictors, transfer, refit" in res.stdout
     assert f"export {ENV_VAR}={v100.resolve()}" in res.stdout
     # Nothing was installed by the command itself.
-    assert cal.calibrations() == ["k80", "p100", "transfer", "pessimistic"] and ENV_VAR not in os.environ
+    assert cal.calibrations() == ["k80", "p100", "optimistic", "transfer", "pessimistic"] and ENV_VAR not in os.environ
 
 
 def test_refit_json_on_the_data_already_installed_changes_nothing() -> None:

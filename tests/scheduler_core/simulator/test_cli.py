@@ -136,7 +136,8 @@ def test_simulate_under_another_calibration_says_which(in_tmp) -> None:
 def test_an_unknown_calibration_is_a_one_line_error(in_tmp) -> None:
     res = run("simulate", "--trace", str(SAMPLE_TRACE), *TINY, "--calibration", "v100")
     assert res.exit_code == 2
-    assert res.stderr.strip() == "error: calibration: unknown 'v100' (known: k80, p100, transfer, pessimistic)"
+    assert res.stderr.strip() == ("error: calibration: unknown 'v100' "
+                                  "(known: k80, p100, optimistic, transfer, pessimistic)")
     res = run("simulate", "compare", "--trace", str(SAMPLE_TRACE), *TINY, "--calibrations", "k80")
     assert res.exit_code == 2 and res.stderr.strip() == "error: calibrations: only with --sensitivity"
 
@@ -144,24 +145,24 @@ def test_an_unknown_calibration_is_a_one_line_error(in_tmp) -> None:
 def test_compare_sensitivity_reruns_under_each_calibration(in_tmp) -> None:
     out = in_tmp / "sens"
     res = run("simulate", "compare", "--trace", str(SAMPLE_TRACE), *TINY, "--policies",
-              "muxflow,time-sharing,pb-time-sharing", "--sensitivity", "--calibrations", "p100,pessimistic",
-              "--out", str(out), "--quiet")
+              "muxflow,time-sharing,pb-time-sharing", "--sensitivity", "--out", str(out), "--quiet")
     assert res.exit_code == 0, res.stderr
     assert "SIMULATED (calibration transfer)" in res.stdout and "SIMULATED (calibration pessimistic)" in res.stdout
     assert "which conclusions hold under each interference calibration" in res.stdout
     doc = json.loads((out / "sensitivity.json").read_text())
     assert doc["simulated"] is True
-    assert list(doc["calibrations"]) == ["transfer", "p100", "pessimistic"]
+    # By default: the centre and both ends of the interference model's 80 % interval.
+    assert list(doc["calibrations"]) == ["transfer", "optimistic", "pessimistic"]
     matrix = {row["name"]: row for row in doc["matrix"]}
     assert set(matrix) == {"ranking", "jct_ratio", "oversold_ratio", "latency_bound"}
     assert matrix["ranking"]["holds_under_all"] is None  # the ablations did not run
     for row in matrix.values():
-        assert set(row["by_calibration"]) == {"transfer", "p100", "pessimistic"}
+        assert set(row["by_calibration"]) == {"transfer", "optimistic", "pessimistic"}
         assert all(c["holds"] in (True, False, None) for c in row["by_calibration"].values())  # JSON booleans
-    # Each calibration ran its own comparison: the pessimistic bound slows MuxFlow's offline work.
+    # Each calibration ran its own comparison: the interval's low end slows MuxFlow's offline work.
     tput = {cal: next(r for r in part["table"] if r["policy"] == "muxflow")["oversold_gpu"]
             for cal, part in doc["calibrations"].items()}
-    assert tput["pessimistic"] < tput["transfer"]
+    assert tput["pessimistic"] < tput["transfer"] and tput["pessimistic"] < tput["optimistic"]
 
 
 def test_a_smaller_slowdown_allowance_plans_less_online_slowdown(in_tmp) -> None:
