@@ -1,4 +1,4 @@
-"""Dagster assets (orchestration layer; DESIGN §2).
+"""Dagster assets (orchestration layer; docs/DESIGN.md §2).
 
 Thin wrappers over ``scheduler_core`` and the ``executors`` adapters. The
 steps they will wrap already exist as plain functions —

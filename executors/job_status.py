@@ -1,6 +1,6 @@
 """Where is my job: why each offline job is where it is, from the store (``muxflow jobs list``).
 
-A job that does not run is, in its life's order (DESIGN §3):
+A job that does not run is, in its life's order (docs/DESIGN.md §3):
 
 - waiting for profiling (SUBMITTED), or profiling: which runs, on which GPU type, since when;
 - failed profiling, or rejected at submission (FAILED, with the reason);

@@ -49,6 +49,7 @@ from scheduler_core.latency_model import LatencyCurve
 from scheduler_core.latency_model import fit as fit_latency
 from scheduler_core.online_split import fill_split_gaps, fit_split
 from scheduler_core.round import RoundConfig, from_snapshot, plan_round, snapshot
+from scheduler_core.round_clock import DEFAULT_PERIOD_S
 
 log = logging.getLogger(__name__)
 
@@ -189,7 +190,7 @@ def round_config_from_json(d: dict) -> RoundConfig:
 
 def plan_and_record(
     store: Store, cluster: Cluster, window_start: dt.datetime, cfg: RoundConfig,
-    policy: ForecastPolicy = ForecastPolicy(), period_s: int = 900,
+    policy: ForecastPolicy = ForecastPolicy(), period_s: int = DEFAULT_PERIOD_S,
 ) -> tuple[int, RoundResult]:
     """Plan the round of ``window_start`` from the live state and store it with everything needed to replay it.
 

@@ -1,6 +1,6 @@
 """The round service: one way to run a scheduling round, for Dagster, the CLI and the main job.
 
-A round for a window (DESIGN §3 step 5–6, paper §5) has three phases, each a
+A round for a window (docs/DESIGN.md §3 step 5–6, paper §5) has three phases, each a
 method here and each a Dagster asset (``placement_plan``, ``plan_dispatch``,
 ``cluster_interval``); ``muxflow round --once`` runs them in a row
 (:meth:`RoundService.run_once`):

@@ -65,7 +65,7 @@ def utcnow() -> dt.datetime:
 
 
 def pick_up_slurm_submissions(context: SensorEvaluationContext, store, cluster: ClusterResource) -> str:
-    """Import new held ``sbatch -p offline`` jobs (DESIGN §3 step 1) so the sensor's profiling run follows.
+    """Import new held ``sbatch -p offline`` jobs (docs/DESIGN.md §3 step 1) so the sensor's profiling run follows.
 
     Returns a note for the skip message. Slurm not answering does not fail the tick:
     jobs already in the store still get their profiling run, and the note says why

@@ -37,7 +37,7 @@ from executors.profiling.settings import ProfilingSettings, SamplingSettings, ov
 from executors.profiling.settings import SettingsError as ProfilingSettingsError
 from executors.slurm.config import SlurmConfig, SlurmConfigError
 from executors.store.db import ENV_URL, default_url
-from scheduler_core.round_clock import RoundClock
+from scheduler_core.round_clock import DEFAULT_PERIOD_S, RoundClock
 
 SETTINGS_FILE = "muxflow.json"
 RENAMED = ("MUXFLOW_SLURM_REST_URL", "MUXFLOW_SLURM_REST_SOCKET")  # one variable now: MUXFLOW_SLURM_URL
@@ -71,7 +71,7 @@ class MuxflowSettings:
     # The round period: a round plans each window of this length (paper: 15 minutes). It must divide a
     # day; the simulated cluster needs whole minutes. Sensors tick every sensor_interval_s (the round
     # sensor at most a third of the period).
-    round_period_s: int = 900
+    round_period_s: int = DEFAULT_PERIOD_S
     sensor_interval_s: int = 30
     sensors_running: bool = False  # the sensors start with the daemon (else an operator turns them on)
     # Slurm's profile partition: overrides of executors.profiling.settings.ProfilingSettings / SamplingSettings

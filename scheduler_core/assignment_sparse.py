@@ -13,9 +13,10 @@ column generation needs dozens of rounds (docs/BENCHMARKS.md: 612 s). Here:
 2. **Candidate arcs** per job: the GPUs its group got (its best
    ``group_arcs`` of them), its best ``top_arcs`` GPUs at the group prices, and
    its own GPU if it runs.
-3. **Exact on the arcs, priced on every pair.** The sparse assignment on the
-   arcs (SciPy's LAPJVsp, each job with a zero-weight way out so that every job
-   can stay unplaced) is optimal there; its duals come from the matching by
+3. **Exact on the arcs, priced on every pair.** The assignment on the arcs — a
+   min-cost flow (OR-Tools' cost-scaling push-relabel; SciPy's LAPJVsp when
+   OR-Tools cannot take it), each job with a zero-weight way out so that every job
+   can stay unplaced — is optimal there; its duals come from the matching by
    relaxation (:func:`sparse_duals`). Every pair is then priced by class
    (:func:`~scheduler_core.grouped_weights.best_reduced`); a job with a pair of
    positive reduced weight gets its best ``add_arcs`` GPUs at the new prices

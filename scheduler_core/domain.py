@@ -10,7 +10,7 @@ from dataclasses import dataclass, field
 
 
 class JobState(str, enum.Enum):
-    """Offline job life cycle (DESIGN §3)."""
+    """Offline job life cycle (docs/DESIGN.md §3)."""
 
     SUBMITTED = "SUBMITTED"
     PROFILING = "PROFILING"
@@ -98,7 +98,7 @@ class GpuTypeSpec:
 
 @dataclass(frozen=True)
 class OfflineFeatures:
-    """Solo features of an offline job on one GPU type (DESIGN §5), from profiling."""
+    """Solo features of an offline job on one GPU type (docs/DESIGN.md §5), from profiling."""
 
     gpu_util_pct: float
     sm_activity_pct: float
@@ -111,7 +111,7 @@ class OfflineFeatures:
 
 @dataclass(frozen=True)
 class OnlineFeatures:
-    """Solo features of an online service on its GPU (DESIGN §5), from the GPU monitor."""
+    """Solo features of an online service on its GPU (docs/DESIGN.md §5), from the GPU monitor."""
 
     gpu_util_pct: float
     sm_activity_pct: float

@@ -1,4 +1,4 @@
-"""Dynamic SM allocation (paper §4.3, DESIGN §6).
+"""Dynamic SM allocation (paper §4.3, docs/DESIGN.md §6).
 
 The offline job gets the SMs the online service is predicted to leave idle:
 ``pct_off = clamp(100 − forecast_online_sm_pct − headroom, min_pct, max_pct)``.

@@ -1,4 +1,4 @@
-"""Feature vectors of (online service, offline job, SM percentage) triples (DESIGN §5).
+"""Feature vectors of (online service, offline job, SM percentage) triples (docs/DESIGN.md §5).
 
 The speed predictor sees only solo features: what the GPU monitor reports for
 the online service and what profiling measured for the offline job, plus the SM
@@ -19,7 +19,7 @@ RECENT_ONLINE_KEYS = ("gpu_util", "sm", "mem", "bw", "latency", "qps", "clock")
 
 
 def round_online_features(recent: Mapping[str, float], forecast_sm_pct: float) -> OnlineFeatures:
-    """An online service's features as a round sees them (DESIGN §5).
+    """An online service's features as a round sees them (docs/DESIGN.md §5).
 
     ``recent``: means over the last interval (:data:`RECENT_ONLINE_KEYS`); SM activity is the
     forecast for the next interval (the share is planned for it), occupancy 0.55 of that.

@@ -7,7 +7,7 @@ about it to the state changes that make the store true again, in order, plus
 what the cluster itself must still be told (hold the job, so that Slurm's own
 scheduler never restarts a job MuxFlow did not place). The adapter that reads
 the cluster applies them with compare-and-set transitions, so running it twice,
-or after a crash half-way, changes nothing more (DESIGN §3 steps 6–9).
+or after a crash half-way, changes nothing more (docs/DESIGN.md §3 steps 6–9).
 """
 
 from __future__ import annotations

@@ -9,7 +9,7 @@ profiles) whose weights are one row of a
 one per GPU, or several on a GPU that hosts several offline jobs
 (:mod:`scheduler_core.slots`).
 
-Feasibility (DESIGN §3.5): a pair is infeasible when the GPU is not Healthy (a
+Feasibility (docs/DESIGN.md §3.5): a pair is infeasible when the GPU is not Healthy (a
 running job may stay on an Unhealthy GPU as it runs — only Overlimit evicts,
 §4.1 — but is not restarted there with a smaller share), the job's memory
 exceeds the slot's quota, the GPU type is not allowed for the job or it has no

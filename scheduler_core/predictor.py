@@ -345,7 +345,7 @@ def _predict_unchecked(model: SpeedPredictor, x: np.ndarray) -> tuple[np.ndarray
 
 
 def should_promote(candidate: TrainingReport, current_holdout_mae: float | None, tolerance: float = 0.0) -> bool:
-    """A model replaces the current one only if its held-out error is no worse (DESIGN §3.4).
+    """A model replaces the current one only if its held-out error is no worse (docs/DESIGN.md §3.4).
 
     Compare on the same held-out samples where possible: score the current
     model with :meth:`SpeedPredictor.errors` on the candidate's held-out split.

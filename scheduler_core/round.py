@@ -1,4 +1,4 @@
-"""One scheduling round (paper Alg. 1, DESIGN §3.5).
+"""One scheduling round (paper Alg. 1, docs/DESIGN.md §3.5).
 
 healthy GPUs + forecast load → dynamic SM % per GPU → predicted normalized
 throughput and online slowdown for every feasible (GPU, job) pair →

@@ -1,4 +1,4 @@
-"""One user per GPU: an offline job shares a GPU only with an online replica of its own user (DESIGN §4).
+"""One user per GPU: an offline job shares a GPU only with an online replica of its own user (docs/DESIGN.md §4).
 
 MPS runs one server per GPU for one user id at a time: a client of another uid waits until
 every client of the running server has exited (``nvidia-cuda-mps-control`` man page). An

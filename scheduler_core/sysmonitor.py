@@ -1,4 +1,4 @@
-"""SysMonitor: the per-GPU health state machine (paper §4.1, Fig. 6b; DESIGN §8).
+"""SysMonitor: the per-GPU health state machine (paper §4.1, Fig. 6b; docs/DESIGN.md §8).
 
 Each state has thresholds on GPU utilization, SM activity, SM clock and memory.
 Healthy → Unhealthy when any metric reaches its Unhealthy threshold; any live

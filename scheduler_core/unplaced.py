@@ -1,7 +1,7 @@
 """Why a round left a job unplaced (paper §5: a job is matched only along feasible pairs).
 
 For every job the plan does not place, the first constraint of the round's
-feasibility (DESIGN §3.5; :mod:`scheduler_core.pair_weights`) that rules out every
+feasibility (docs/DESIGN.md §3.5; :mod:`scheduler_core.pair_weights`) that rules out every
 GPU, in the order a user can act on:
 
 ``no_gpu_of_allowed_type``   no GPU of a type the job allows is in the round

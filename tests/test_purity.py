@@ -1,4 +1,4 @@
-"""scheduler_core/ stays pure: no database, orchestration or HTTP imports, no environment reads (STYLE.md)."""
+"""scheduler_core/ stays pure: no database, orchestration or HTTP imports, no environment reads (docs/DESIGN.md §2)."""
 
 from __future__ import annotations
 

@@ -1,4 +1,4 @@
-"""Node agent (DESIGN §3 step 8, paper §4.1–4.2): GPU monitor, SysMonitor loop, error detector.
+"""Node agent (docs/DESIGN.md §3 step 8, paper §4.1–4.2): GPU monitor, SysMonitor loop, error detector.
 
 - ``sampler``  — ``GpuSampler`` protocol; ``NvmlSampler`` (nvidia-ml-py) and ``SimulatedSampler``
 - ``ring``     — fixed-capacity numpy ring buffer of raw samples (minutes at ms resolution)

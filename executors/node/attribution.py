@@ -1,4 +1,6 @@
-"""The online replica's share of a real GPU, from NVML's per-process accounting (DESIGN §5: online solo features).
+"""The online replica's share of a real GPU, from NVML's per-process accounting.
+
+Its solo features are what the round's online side needs (docs/DESIGN.md §5).
 
 The node agent measures device totals every sample; what the round needs is the online
 service's own load. Every ``refresh_s`` per GPU (not every 10 ms sample) it reads:

@@ -1,4 +1,4 @@
-"""Real profiling (paper §6, DESIGN §3 step 2): solo profiles of new offline jobs and
+"""Real profiling (paper §6, docs/DESIGN.md §3 step 2): solo profiles of new offline jobs and
 co-location samples, measured by running workloads on the ``profile`` partition.
 
 - :mod:`.solo` — the solo profiler (controller): a dry run of each new job per GPU type.

@@ -1,4 +1,4 @@
-"""GPU metrics of a profiling window, through the node agent's sampler interface (paper §6, DESIGN §5).
+"""GPU metrics of a profiling window, through the node agent's sampler interface (paper §6, docs/DESIGN.md §5).
 
 A :class:`WindowRecorder` samples one GPU on a thread while a workload runs,
 into the node agent's :class:`~executors.node.ring.SampleRing`; the window of

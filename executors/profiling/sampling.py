@@ -9,7 +9,7 @@
    submitted, followed until it ends (or its time limit), like solo profiling.
 3. **Store**: each measured point becomes a ``colocation_samples`` row tagged with
    the GPU type, the method (``mps`` / ``no-mps`` / ``cpu``), the device and the
-   date. Features are the solo ones the predictor sees (DESIGN §5): measured with
+   date. Features are the solo ones the predictor sees (docs/DESIGN.md §5): measured with
    NVML on a GPU; on a node without a GPU the simulated model's (the labels, and
    the run's measured values in its report, are what the CPU measured).
 

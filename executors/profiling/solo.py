@@ -1,4 +1,4 @@
-"""Solo profiling of new offline jobs (paper §6, DESIGN §3 step 2): a dry run on the profile partition.
+"""Solo profiling of new offline jobs (paper §6, docs/DESIGN.md §3 step 2): a dry run on the profile partition.
 
 For every SUBMITTED job and each GPU type it may run on, one *profiling run*: a
 copy of the job's script (its Slurm batch script, or its command) runs under the

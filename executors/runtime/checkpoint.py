@@ -1,4 +1,4 @@
-"""Atomic, verifiable checkpoints (DESIGN §3 step 9).
+"""Atomic, verifiable checkpoints (docs/DESIGN.md §3 step 9).
 
 A checkpoint is one file ``ckpt-<step:012d>.mxck``: a header (magic, format
 version, step, payload length, SHA-256 of the payload) and the pickled state.

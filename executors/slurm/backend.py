@@ -1,6 +1,6 @@
 """The Slurm dispatcher: a :class:`executors.cluster.ClusterBackend` that carries plans out on Slurm.
 
-Plan diff → Slurm actions (DESIGN §3 step 6), all through slurmrestd (requeue
+Plan diff → Slurm actions (docs/DESIGN.md §3 step 6), all through slurmrestd (requeue
 through ``scontrol requeuehold``, which no REST version offers):
 
 - **START**: the held job gets node list = the planned GPU's node, ``--gres=mps:<pct>`` (with

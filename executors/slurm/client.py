@@ -1,6 +1,6 @@
 """A typed slurmrestd client over a unix socket (rest_auth/local) or TCP with a JWT.
 
-The operations are the ones the dispatcher needs (DESIGN §3 step 6): submit a
+The operations are the ones the dispatcher needs (docs/DESIGN.md §3 step 6): submit a
 held job, place it (node list + MPS share) and release it, hold, cancel with
 a signal, requeue, and read jobs, nodes and partitions. Every Slurm error is
 raised as :class:`SlurmRestError` carrying Slurm's own messages.

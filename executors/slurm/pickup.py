@@ -1,6 +1,6 @@
 """Offline pick-up: plain ``sbatch -p offline --gres=mps:N`` submissions become store jobs.
 
-Slurm is the queue of record (DESIGN §3 step 1). ``job_submit.lua`` holds every
+Slurm is the queue of record (docs/DESIGN.md §3 step 1). ``job_submit.lua`` holds every
 offline-partition job at submission, so Slurm's scheduler never starts one;
 :func:`import_submissions` reads those held jobs and imports each one exactly
 once (``offline_jobs.slurm_job_id`` is unique).

@@ -1,7 +1,7 @@
 """What MuxFlow asks of Slurm, independent of the slurmrestd API version.
 
 A :class:`JobSpec` or :class:`JobUpdate` is plain data; the per-version payload
-builders in :mod:`executors.slurm.api` turn it into a request body (DESIGN §3
+builders in :mod:`executors.slurm.api` turn it into a request body (docs/DESIGN.md §3
 steps 1 and 6: submit held, then place with ``--gres=mps:<pct>`` on a node and
 release).
 """

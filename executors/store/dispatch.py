@@ -1,4 +1,4 @@
-"""The dispatch log in the store (DESIGN §3 step 6): one row per planned action, keyed so that a dispatch
+"""The dispatch log in the store (docs/DESIGN.md §3 step 6): one row per planned action, keyed so that a dispatch
 repeated after a crash finds what was already sent.
 
 A row is written as ``intent`` before anything reaches the cluster, becomes ``sent`` once the cluster took

@@ -1,4 +1,4 @@
-"""Job-state repository: the only writer of ``offline_jobs.state`` (DESIGN §3).
+"""Job-state repository: the only writer of ``offline_jobs.state`` (docs/DESIGN.md §3).
 
 Every change goes through :func:`transition`, which validates it against the
 state machine in ``scheduler_core.domain`` and stores it with a compare-and-set

@@ -29,6 +29,7 @@ from sqlalchemy import (
 from sqlalchemy.orm import DeclarativeBase, Mapped, mapped_column, relationship
 
 from scheduler_core.domain import GpuHealth, JobState
+from scheduler_core.round_clock import DEFAULT_PERIOD_S
 
 NAMING = {
     "ix": "ix_%(column_0_label)s",
@@ -231,7 +232,7 @@ class JobTransition(Base):
 
 
 class JobProfile(Base):
-    """Solo features of an offline job on one GPU type (DESIGN §5)."""
+    """Solo features of an offline job on one GPU type (docs/DESIGN.md §5)."""
 
     __tablename__ = "job_profiles"
     id: Mapped[int] = mapped_column(Integer, primary_key=True)
@@ -419,7 +420,7 @@ class SchedulingRound(Base):
     # rounds, nothing running moved; executors.round_runner.plan_fill).
     seq: Mapped[int] = mapped_column(Integer, default=0, server_default="0")
     # Length of the round's window (the round period in force when it was planned).
-    period_s: Mapped[int] = mapped_column(Integer, default=900, server_default="900")
+    period_s: Mapped[int] = mapped_column(Integer, default=DEFAULT_PERIOD_S, server_default=str(DEFAULT_PERIOD_S))
     started_utc: Mapped[dt.datetime] = mapped_column(UtcDateTime, default=utcnow)
     finished_utc: Mapped[dt.datetime | None] = mapped_column(UtcDateTime, nullable=True)
     status: Mapped[str] = mapped_column(String(16), default="planned")

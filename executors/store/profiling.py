@@ -1,4 +1,4 @@
-"""Store queries about profiling (DESIGN §3 step 2, paper §6): solo profiling runs and the profiles they
+"""Store queries about profiling (docs/DESIGN.md §3 step 2, paper §6): solo profiling runs and the profiles they
 leave, co-location sampling runs and the samples they measure.
 
 Each function takes the caller's session, so the caller's transaction is the boundary.

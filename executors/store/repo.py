@@ -25,6 +25,7 @@ from scheduler_core.domain import (
     RoundResult,
 )
 from scheduler_core.predictor import PredictorConfig, SpeedPredictor, TrainingReport
+from scheduler_core.round_clock import DEFAULT_PERIOD_S
 
 
 def upsert_gpu_type(s: Session, spec: GpuTypeSpec) -> m.GpuType:
@@ -233,7 +234,7 @@ def recent_online_series(s: Session, gpu_ids: list[int], since_utc: dt.datetime)
 
 def record_round(
     s: Session, window_start: dt.datetime, result: RoundResult, snapshot: dict, simulated: bool,
-    jobs_pending: int, action_of: dict[int, str], period_s: int = 900, seq: int = 0,
+    jobs_pending: int, action_of: dict[int, str], period_s: int = DEFAULT_PERIOD_S, seq: int = 0,
     started_utc: dt.datetime | None = None,
 ) -> m.SchedulingRound:
     """Store a round (``seq`` 0) or a fill of its window (``seq`` 1, 2, …) with its placements."""

@@ -1,4 +1,4 @@
-"""Runs the SQL reports shipped in ``sql/reports`` (DESIGN §3, step 10).
+"""Runs the SQL reports shipped in ``sql/reports`` (docs/DESIGN.md §3, step 10).
 
 Each report is one portable SELECT in a ``.sql`` file whose first comment lines
 are ``-- title:`` and ``-- description:``. The same file runs unchanged on

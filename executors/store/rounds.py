@@ -146,7 +146,7 @@ class WindowFigures:
 
     @property
     def oversold(self) -> float | None:
-        """Oversold GPU realised over the window's executions (DESIGN §9)."""
+        """Oversold GPU realised over the window's executions (docs/DESIGN.md §9)."""
         return self.solo_equiv_s / self.wall_s if self.wall_s > 0 else None
 
 

@@ -156,7 +156,8 @@ def _load(trace_path):
     from executors.simulated.evaluation import load_trace
 
     if trace_path is None:
-        raise CliError("--trace is required (a Philly-format trace, e.g. ../shared/data/gavel/philly_vc_0e4a51.trace)")
+        raise CliError("--trace is required (a Philly-format trace, e.g. "
+                       "executors/data/gavel/philly_vc_0e4a51.sample.trace)")
     return load_trace(trace_path)
 
 

@@ -1,4 +1,4 @@
-"""Trace-driven cluster simulator (paper §7.1, §7.3, §7.4; DESIGN §9).
+"""Trace-driven cluster simulator (paper §7.1, §7.3, §7.4; docs/DESIGN.md §9).
 
 ``run_simulation(trace, inputs, config, policy)`` plays a Philly-format
 offline trace against a fleet of simulated GPUs whose online services follow

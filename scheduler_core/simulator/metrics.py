@@ -1,4 +1,4 @@
-"""The paper's metrics (§7.1, DESIGN §9) from one simulation run, and the normalized comparison table.
+"""The paper's metrics (§7.1, docs/DESIGN.md §9) from one simulation run, and the normalized comparison table.
 
 Online latency. Each GPU-minute has a mean request latency (solo latency from
 the service's load, times the sharing mechanism's slowdown) and a request rate.
@@ -12,7 +12,7 @@ every GPU is shared; in a simulation with idle capacity most minutes are not).
 
 Offline. JCT = completion − arrival (queueing included) over finished jobs;
 ``jct_censored_s`` also counts unfinished jobs up to the end of the run (a lower
-bound on their JCT). Oversold GPU = Σ T_sep / Σ T_real (DESIGN §9): solo time
+bound on their JCT). Oversold GPU = Σ T_sep / Σ T_real (docs/DESIGN.md §9): solo time
 of the useful work done over the wall time jobs held a GPU. Offline normalized
 throughput = dedicated-GPU equivalents of the offline work per GPU, averaged
 over the run. ``shortest_quarter``: the same JCT, and the wait to first start,

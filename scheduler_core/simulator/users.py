@@ -1,4 +1,4 @@
-"""Who runs what in a simulation: the user of each GPU's online replica and of each offline job (DESIGN §4).
+"""Who runs what in a simulation: the user of each GPU's online replica and of each offline job (docs/DESIGN.md §4).
 
 MPS serves one user per GPU, so a MuxFlow round pairs a job only with a GPU whose replica
 runs as the job's user (:mod:`scheduler_core.run_as`). To measure what that costs, a

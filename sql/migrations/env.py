@@ -1,4 +1,4 @@
-"""Alembic environment for the feature store (DESIGN §3, step 3).
+"""Alembic environment for the feature store (docs/DESIGN.md §3, step 3).
 
 The connection comes from, in order: ``config.attributes["connection"]`` (set by
 ``executors.store.migrate``), ``-x url=...`` on the command line, the

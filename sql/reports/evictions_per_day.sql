@@ -1,5 +1,5 @@
 -- title: Evictions per day
--- description: Per UTC day and data source: evictions, distinct jobs and GPUs affected, offline executions started that day, and the eviction rate = evictions / executions started (NULL on days without executions; the paper reports 1.5%, DESIGN §9).
+-- description: Per UTC day and data source: evictions, distinct jobs and GPUs affected, offline executions started that day, and the eviction rate = evictions / executions started (NULL on days without executions; the paper reports 1.5%, docs/DESIGN.md §9).
 --
 -- Portable across PostgreSQL and SQLite: days are the first 10 characters of
 -- the UTC timestamp text (see utilization_per_hour.sql). Days come from both

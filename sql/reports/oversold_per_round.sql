@@ -1,5 +1,5 @@
 -- title: Oversold GPU per scheduling round
--- description: Per scheduling round: its window, placements and predicted objective, and the realised oversold GPU = sum of solo-equivalent time / sum of wall time over the executions booked to its window, those of jobs its fills started included (DESIGN §9; 1 = as fast as on a dedicated GPU, NULL without executions).
+-- description: Per scheduling round: its window, placements and predicted objective, and the realised oversold GPU = sum of solo-equivalent time / sum of wall time over the executions booked to its window, those of jobs its fills started included (docs/DESIGN.md §9; 1 = as fast as on a dedicated GPU, NULL without executions).
 --
 -- Portable across PostgreSQL and SQLite; window_start_utc is rendered as
 -- 'YYYY-MM-DD HH:MM:SS' UTC text (see utilization_per_hour.sql for why the

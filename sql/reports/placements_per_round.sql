@@ -1,5 +1,5 @@
 -- title: Placements per scheduling round
--- description: Per scheduling round and each fill after it (fill 0: the round; 1, 2, ...: waiting jobs started on GPUs that freed up between rounds): GPUs considered, pending jobs, placements and how many of them start, keep or migrate a job, evictions dispatched, and the predicted objective (DESIGN §3, step 5).
+-- description: Per scheduling round and each fill after it (fill 0: the round; 1, 2, ...: waiting jobs started on GPUs that freed up between rounds): GPUs considered, pending jobs, placements and how many of them start, keep or migrate a job, evictions dispatched, and the predicted objective (docs/DESIGN.md §3, step 5).
 --
 -- Portable across PostgreSQL and SQLite. Evictions come from dispatch_log
 -- because a plan's evictions have no placement row and action_counts is JSON,

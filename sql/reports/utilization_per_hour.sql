@@ -1,5 +1,5 @@
 -- title: GPU utilization per hour
--- description: Per UTC hour and data source: GPU-minutes, average GPU utilization, SM activity and memory used (% of total) over all minutes, and split into shared minutes (an offline job co-located) and online-only minutes (DESIGN §9, cluster metrics).
+-- description: Per UTC hour and data source: GPU-minutes, average GPU utilization, SM activity and memory used (% of total) over all minutes, and split into shared minutes (an offline job co-located) and online-only minutes (docs/DESIGN.md §9, cluster metrics).
 --
 -- Portable across PostgreSQL and SQLite. The hour is the first 13 characters
 -- of the timestamp's text form ('YYYY-MM-DD HH', shown with ':00'): SQLite

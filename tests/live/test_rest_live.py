@@ -1,4 +1,4 @@
-"""The REST client against the live dev cluster: the dispatch mechanism of DESIGN §3 step 6, end to end.
+"""The REST client against the live dev cluster: the dispatch mechanism of docs/DESIGN.md §3 step 6, end to end.
 
 A job is submitted held with ``--gres=mps:30``, pinned to a chosen node with a
 new MPS share, released, and must run there with

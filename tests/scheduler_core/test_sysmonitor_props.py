@@ -1,4 +1,4 @@
-"""Hypothesis properties of the SysMonitor state machine (scheduler_core/sysmonitor.py, DESIGN §8).
+"""Hypothesis properties of the SysMonitor state machine (scheduler_core/sysmonitor.py, docs/DESIGN.md §8).
 
 - Overlimit always evicts within one sample;
 - no flapping when metrics oscillate around a threshold (inside the hysteresis band);

@@ -401,7 +401,7 @@ def test_trace_bad_line_names_line_number(bad: str) -> None:
     assert "line 3" in str(info.value)
 
 
-# -- job state machine (DESIGN §3) -----------------------------------------------------
+# -- job state machine (docs/DESIGN.md §3) -----------------------------------------------------
 
 
 @pytest.mark.parametrize(("current", "target"), list(itertools.product(JobState, JobState)))

@@ -1,4 +1,4 @@
-"""slurmrestd OpenAPI versions, chosen by name (a setting, DESIGN §4)."""
+"""slurmrestd OpenAPI versions, chosen by name (a setting, docs/DESIGN.md §4)."""
 
 from __future__ import annotations
 

@@ -328,7 +328,7 @@ class DevCluster:
             slurmds.append(_Component(
                 f"slurmd-{node.name}",
                 # nsenter, not `ip netns exec`: the latter remounts /sys and
-                # slurmd then cannot initialize its cgroup plugin (DESIGN §4).
+                # slurmd then cannot initialize its cgroup plugin (docs/DESIGN.md §4).
                 ["nsenter", f"--net={layout.netns_path(node)}", *wrap(["slurmd", "-D", "-f", conf, "-N", node.name])],
                 [logs / f"slurmd-{node.name}.out", logs / f"slurmd-{node.name}.log", logs / "slurmctld.log"],
                 lambda n=node.name: self._nodes_ready(layout, [n]), env))

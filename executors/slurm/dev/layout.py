@@ -3,7 +3,7 @@
 All state lives under one directory (default ``/tmp/muxflow-slurm``): the
 configuration, a dedicated munge key and socket (a system munged is never
 touched), the JWT key, spool and state directories, logs, process records and
-the slurmrestd socket. GPUs are plain files (DESIGN §4): Slurm schedules
+the slurmrestd socket. GPUs are plain files (docs/DESIGN.md §4): Slurm schedules
 ``gpu`` and ``mps`` GRES on them without a device behind.
 """
 
@@ -403,7 +403,7 @@ class DevClusterLayout:
         return "\n".join(lines) + "\n"
 
     def render_gres_conf(self) -> str:
-        """Plain files stand in for GPUs; ``Flags=all_sharing`` on every mps line (DESIGN §4).
+        """Plain files stand in for GPUs; ``Flags=all_sharing`` on every mps line (docs/DESIGN.md §4).
 
         Slurm 22.05's default for mps is one_sharing: once an MPS job runs on a node, later
         ones must use that same GPU. all_sharing lets MPS jobs use every GPU of a node at once.

@@ -1,4 +1,4 @@
-"""A host bridge plus one network namespace per dev node, joined by veth pairs (DESIGN §4).
+"""A host bridge plus one network namespace per dev node, joined by veth pairs (docs/DESIGN.md §4).
 
 Debian's Slurm has no multiple-slurmd support, so each slurmd gets its own
 network namespace and address. slurmd is later entered into it with

@@ -1,4 +1,4 @@
-"""Initial feature-store schema: all tables of executors/store/models.py (DESIGN §3).
+"""Initial feature-store schema: all tables of executors/store/models.py (docs/DESIGN.md §3).
 
 Revision ID: 0001
 Revises:

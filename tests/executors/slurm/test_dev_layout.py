@@ -56,7 +56,7 @@ def test_config_has_what_the_issue_asks() -> None:
     assert "NodeName=mx-a10-1 Name=gpu Type=a10g2 File=/tmp/muxflow-slurm/gpu/mx-a10-1-gpu2" in gres
     assert ("NodeName=mx-a10-1 Name=mps Type=a10g2 Count=100 File=/tmp/muxflow-slurm/gpu/mx-a10-1-gpu2 "
             "Flags=all_sharing") in gres
-    # without all_sharing Slurm 22.05 runs MPS jobs on one GPU of a node at a time (DESIGN §4)
+    # without all_sharing Slurm 22.05 runs MPS jobs on one GPU of a node at a time (docs/DESIGN.md §4)
     assert all(line.endswith("Flags=all_sharing") for line in gres if "Name=mps" in line)
 
 
