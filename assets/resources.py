@@ -15,7 +15,7 @@ from executors.profiling.backend import SlurmProfiler
 from executors.slurm.config import SlurmConfig, SlurmConfigError
 from executors.store.db import Store
 from executors.store.migrate import current_revision, head_revision
-from scheduler_core.predictor import PredictorConfig
+from scheduler_core.prediction.predictor import PredictorConfig
 
 
 class FeatureStoreResource(ConfigurableResource):

@@ -7,7 +7,7 @@ Thin: each asset is one phase of :class:`executors.round_service.RoundService`.
   settings, plan). Materialized again for a window that already has a round, it
   re-plans from that snapshot and fails unless the plan comes out identical. Its
   blocking check ``plan_feasible`` re-derives every constraint from the snapshot
-  (``scheduler_core.plan_check``).
+  (``scheduler_core.round.check``).
 * ``plan_dispatch`` sends the stored plan to the cluster; every action has a
   key, so a retry or a re-run sends nothing twice.
 * ``cluster_interval`` books what the cluster reported during the window
@@ -16,7 +16,7 @@ Thin: each asset is one phase of :class:`executors.round_service.RoundService`.
 * ``utilization_report`` runs the SQL reports over everything booked.
 
 Partitions are dynamic: the round sensor adds one key per window as the window
-starts (``scheduler_core.round_clock``: windows of the round period, aligned to
+starts (``scheduler_core.round.clock``: windows of the round period, aligned to
 midnight UTC), so the UI lists exactly the rounds that ran, and periods shorter
 than a minute (tests) work as well as the paper's 15 minutes.
 """
@@ -47,9 +47,9 @@ from executors import round_runner
 from executors.round_service import RoundError, RoundService
 from executors.store import models as m
 from executors.store import rounds as rounds_db
-from scheduler_core.plan_check import plan_violations
-from scheduler_core.round import RoundConfig, from_snapshot
-from scheduler_core.round_clock import RoundClock
+from scheduler_core.round.check import plan_violations
+from scheduler_core.round.plan import RoundConfig, from_snapshot
+from scheduler_core.round.clock import RoundClock
 
 GROUP = "rounds"
 ROUND_PARTITIONS = "rounds"
@@ -166,7 +166,7 @@ def build_round_assets(clock: RoundClock, round_cfg: RoundConfig, report_dir: st
 
 def _round_metadata(rnd: m.SchedulingRound, result) -> dict:
     counts = rnd.action_counts or {}
-    # why the jobs this plan leaves out are not placed, by reason (scheduler_core.unplaced; `muxflow jobs list`)
+    # why the jobs this plan leaves out are not placed, by reason (scheduler_core.jobs.unplaced; `muxflow jobs list`)
     unplaced = ((rnd.stats or {}).get("unplaced") or {}).get("counts") or {}
     return {
         "jobs_unplaced": sum(unplaced.values()),

@@ -7,7 +7,7 @@ A job that does not run is, in its life's order (docs/DESIGN.md §3):
 - waiting for the next round (on a real cluster: for a GPU to free up — a fill — or the next round):
   it became PENDING after the latest plan (the latest round, or a fill after it) was made;
 - not placed by the latest plan, and why: no feasible GPU and which constraint, or lost in
-  the matching to other jobs (the plan's ``stats["unplaced"]``, :mod:`scheduler_core.unplaced`);
+  the matching to other jobs (the plan's ``stats["unplaced"]``, :mod:`scheduler_core.jobs.unplaced`);
 - planned but not yet on the cluster (the dispatch's state), or placed and waiting for the
   cluster to start it (PLACED).
 
@@ -27,7 +27,7 @@ from executors.store import models as m
 from executors.store import profiling as profstore
 from executors.store import rounds as rounds_db
 from executors.store.db import Session
-from scheduler_core import unplaced as u
+from scheduler_core.jobs import unplaced as u
 from scheduler_core.domain import JobState
 
 NO_FEASIBLE = "no feasible GPU: "

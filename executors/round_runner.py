@@ -1,7 +1,7 @@
 """Runs one scheduling round against the store and a cluster, and books what the cluster reports.
 
 The same code path serves the simulated cluster and (later) Slurm: snapshot
-from the store → ``scheduler_core.round.plan_round`` → round and placements
+from the store → ``scheduler_core.round.plan.plan_round`` → round and placements
 stored → each action logged as intent, sent, then logged with its result
 (an action key makes a repeated dispatch a no-op) → job states moved.
 """
@@ -29,7 +29,7 @@ from executors.store.rounds import (
     round_for_window,
     stored_result,
 )
-from scheduler_core.admission import remaining_solo_s
+from scheduler_core.jobs.admission import remaining_solo_s
 from scheduler_core.domain import (
     SCHEDULABLE_JOB_STATES,
     Action,
@@ -41,15 +41,15 @@ from scheduler_core.domain import (
     PlanAction,
     RoundResult,
 )
-from scheduler_core.dynamic_sm import SmPolicy
-from scheduler_core.features import round_online_features
-from scheduler_core.forecast import ForecastPolicy, forecast_next
-from scheduler_core.latency_budget import budget_allowances
-from scheduler_core.latency_model import LatencyCurve
-from scheduler_core.latency_model import fit as fit_latency
-from scheduler_core.online_split import fill_split_gaps, fit_split
-from scheduler_core.round import RoundConfig, from_snapshot, plan_round, snapshot
-from scheduler_core.round_clock import DEFAULT_PERIOD_S
+from scheduler_core.online.dynamic_sm import SmPolicy
+from scheduler_core.prediction.features import round_online_features
+from scheduler_core.online.forecast import ForecastPolicy, forecast_next
+from scheduler_core.online.latency_budget import budget_allowances
+from scheduler_core.online.latency_model import LatencyCurve
+from scheduler_core.online.latency_model import fit as fit_latency
+from scheduler_core.online.split import fill_split_gaps, fit_split
+from scheduler_core.round.plan import RoundConfig, from_snapshot, plan_round, snapshot
+from scheduler_core.round.clock import DEFAULT_PERIOD_S
 
 log = logging.getLogger(__name__)
 
@@ -93,7 +93,7 @@ def _split_filled(rows, series, pooled) -> dict[int, dict[str, np.ndarray]]:
     """Each GPU's series with the online split's gap minutes estimated from the replica's request rate.
 
     The curves are fitted per (service, GPU type) on the minutes the monitors could split
-    (:mod:`scheduler_core.online_split`): under MPS a real GPU has none while an offline job runs.
+    (:mod:`scheduler_core.online.split`): under MPS a real GPU has none while an offline job runs.
     """
     curves = {k: fit_split(v) for k, v in pooled.items()}
     out, gpus, minutes = {}, 0, 0

@@ -29,9 +29,9 @@ from executors.store import repo
 from executors.store import rounds as rounds_db
 from executors.store.db import Store
 from scheduler_core.domain import RoundResult
-from scheduler_core.forecast import ForecastPolicy
-from scheduler_core.round import RoundConfig
-from scheduler_core.round_clock import RoundClock
+from scheduler_core.online.forecast import ForecastPolicy
+from scheduler_core.round.plan import RoundConfig
+from scheduler_core.round.clock import RoundClock
 
 
 class RoundError(RuntimeError):

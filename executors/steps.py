@@ -19,9 +19,9 @@ from executors.store import repo
 from executors.store.db import Store
 from executors.store.jobs import transition
 from scheduler_core.domain import JobState, OfflineFeatures, OnlineFeatures
-from scheduler_core.features import offline_vector, online_vector, pair_matrix
+from scheduler_core.prediction.features import offline_vector, online_vector, pair_matrix
 from scheduler_core.gpu_specs import get_spec
-from scheduler_core.predictor import PredictorConfig, TrainingReport, should_promote, train
+from scheduler_core.prediction.predictor import PredictorConfig, TrainingReport, should_promote, train
 from scheduler_core.workloads import WorkloadCatalog
 
 log = logging.getLogger(__name__)

@@ -50,7 +50,7 @@ from executors.store import inventory
 from executors.store import rounds as rounds_db
 from pipelines.settings import MuxflowSettings
 from scheduler_core.domain import JobState
-from scheduler_core.round import RoundConfig
+from scheduler_core.round.plan import RoundConfig
 
 # Dagster's own @sensor passes its beta `owners` parameter internally and warns about it.
 warnings.filterwarnings("ignore", message="Parameter `owners`", module="dagster")

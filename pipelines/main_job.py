@@ -37,7 +37,7 @@ from executors.store.db import Store, cannot_open
 from executors.store.migrate import upgrade
 from executors.submission import SubmissionError, spec_from_trace, submit
 from pipelines.settings import MuxflowSettings, write_settings
-from scheduler_core.predictor import PredictorConfig
+from scheduler_core.prediction.predictor import PredictorConfig
 
 log = logging.getLogger(__name__)
 ROUND = dt.timedelta(minutes=15)

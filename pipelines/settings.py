@@ -37,7 +37,7 @@ from executors.profiling.settings import ProfilingSettings, SamplingSettings, ov
 from executors.profiling.settings import SettingsError as ProfilingSettingsError
 from executors.slurm.config import SlurmConfig, SlurmConfigError
 from executors.store.db import ENV_URL, default_url
-from scheduler_core.round_clock import DEFAULT_PERIOD_S, RoundClock
+from scheduler_core.round.clock import DEFAULT_PERIOD_S, RoundClock
 
 SETTINGS_FILE = "muxflow.json"
 RENAMED = ("MUXFLOW_SLURM_REST_URL", "MUXFLOW_SLURM_REST_SOCKET")  # one variable now: MUXFLOW_SLURM_URL
@@ -87,9 +87,9 @@ class MuxflowSettings:
     samples_per_type: int = 2000
     max_holdout_mae: float = 0.10  # asset check bound on a predictor's held-out MAE of normalized throughput
     migration_penalty: float = 0.05
-    # Offline jobs a round may put on one GPU, each with its own MPS share (scheduler_core.slots; 1: the paper).
+    # Offline jobs a round may put on one GPU, each with its own MPS share (scheduler_core.round.slots; 1: the paper).
     max_jobs_per_gpu: int = 1
-    epochs: int | None = None  # predictor training epochs; None: the network's (scheduler_core.predictor_config)
+    epochs: int | None = None  # predictor training epochs; None: the network's (scheduler_core.prediction.config)
     predictor_hidden: int | None = None  # the MLP's hidden units per layer; None: the default (32; the paper's 64)
     report_dir: str = ".muxflow/report"
     warmup_minutes: int = 60  # simulated cluster: online-only history recorded before its first round

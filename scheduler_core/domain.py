@@ -140,11 +140,11 @@ class GpuCandidate:
     current_job_id: int | None = None  # a job running there (the round reads all of them from the jobs)
     current_sm_pct: int | None = None
     # The service's p99 latency SLO and its replica's p99 alone at the forecast load
-    # (scheduler_core.latency_model); with both, the SLO bounds the allowance.
+    # (scheduler_core.online.latency_model); with both, the SLO bounds the allowance.
     latency_slo_ms: float | None = None
     forecast_p99_ms: float | None = None
     # The user the online replica runs as: only jobs of that user share the GPU (MPS serves one uid per GPU,
-    # scheduler_core.run_as); None: not declared, any job.
+    # scheduler_core.jobs.run_as); None: not declared, any job.
     run_as_user: str | None = None
 
 
@@ -160,10 +160,10 @@ class JobCandidate:
     current_gpu_id: int | None = None
     current_sm_pct: int | None = None
     run_as_user: str | None = None  # the user its processes run as (Slurm: the submitter); None: unknown
-    # Solo seconds of work it has left (scheduler_core.admission orders an overloaded round by it); None: unknown.
+    # Solo seconds of work it has left (scheduler_core.jobs.admission orders an overloaded round by it); None: unknown.
     remaining_s: float | None = None
     # False: moving it would cost its progress (it does not checkpoint): once running it stays where it is
-    # (scheduler_core.round: kept, never migrated, resized or preempted; only a failing GPU moves it).
+    # (scheduler_core.round.plan: kept, never migrated, resized or preempted; only a failing GPU moves it).
     movable: bool = True
 
 
@@ -182,7 +182,7 @@ class PlannedPlacement:
     mem_quota_bytes: int
     predicted_norm_tput: float
     predicted_online_slowdown: float  # the job's part of the GPU's: 1 + its share of the slowdown
-    slot: int = 0  # which of the GPU's offline jobs this is (0 = the first; several per GPU, scheduler_core.slots)
+    slot: int = 0  # which of the GPU's offline jobs this is (0 = the first; several per GPU, scheduler_core.round.slots)
 
 
 @dataclass(frozen=True)
@@ -203,7 +203,7 @@ class RoundResult:
     jobs_considered: int
     feasible_pairs: int
     timings_s: dict[str, float] = field(default_factory=dict)
-    # Optimality proof of the matching (scheduler_core.certificate): the plan's
+    # Optimality proof of the matching (scheduler_core.matching.certificate): the plan's
     # matching objective is within optimality_gap_bound of the best possible.
     certified_optimal: bool = False
     optimality_gap_bound: float | None = None

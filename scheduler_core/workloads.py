@@ -16,7 +16,7 @@ from collections.abc import Mapping
 from dataclasses import dataclass, field
 
 from scheduler_core.gpu_specs import GIB
-from scheduler_core.interference import Calibration, WorkloadTraits
+from scheduler_core.interference.pairs import Calibration, WorkloadTraits
 
 # Family memory at batch 16 (GiB) and growth per doubling of the batch.
 _FAMILY_MEM = {

@@ -36,7 +36,7 @@ from executors.node.ring import SampleRing
 from executors.node.sampler import GpuSampler, RawSample
 from executors.xcuda import shm
 from scheduler_core.domain import GpuHealth
-from scheduler_core.sysmonitor import GpuSample, SysMonitor, SysMonitorConfig
+from scheduler_core.guard.sysmonitor import GpuSample, SysMonitor, SysMonitorConfig
 
 log = logging.getLogger(__name__)
 

@@ -27,7 +27,7 @@ import tomllib
 from dataclasses import asdict, fields, replace
 from pathlib import Path
 
-from scheduler_core.sysmonitor import SysMonitorConfig, Thresholds
+from scheduler_core.guard.sysmonitor import SysMonitorConfig, Thresholds
 
 LEVELS = ("healthy", "unhealthy", "overlimit")
 METRICS = tuple(f.name for f in fields(Thresholds))

@@ -10,7 +10,7 @@ Two sources, polled on a thread of their own so that the sampling thread only re
 
 Each job is looked up in the feature store once (``JobInfoLoader``): its memory and the
 interference traits the simulated GPU needs — the catalog's for a job type it knows, else
-derived from the job's profile on this GPU type (``scheduler_core.gpu_model.offline_traits``).
+derived from the job's profile on this GPU type (``scheduler_core.interference.gpu_model.offline_traits``).
 A Slurm job whose plan names a job this store does not know (another deployment's, a test
 run's on a shared cluster) is ignored, and logged once.
 """
@@ -25,7 +25,7 @@ from collections.abc import Callable, Mapping
 from dataclasses import dataclass, field
 from typing import Protocol
 
-from scheduler_core.interference import WorkloadTraits
+from scheduler_core.interference.pairs import WorkloadTraits
 
 log = logging.getLogger(__name__)
 
@@ -145,7 +145,7 @@ class JobInfoLoader:
             return self._cache[job_id]
         from executors.store import models as m
         from executors.store.profiling import profile_on
-        from scheduler_core.gpu_model import offline_traits
+        from scheduler_core.interference.gpu_model import offline_traits
 
         with self.store.session() as s:
             job = s.get(m.OfflineJob, job_id)

@@ -1,6 +1,6 @@
 """A simulated GPU that follows what really runs on it (``muxflow node-agent --simulated``).
 
-Each sample is the one simulated GPU model (``scheduler_core.gpu_model``, the same the
+Each sample is the one simulated GPU model (``scheduler_core.interference.gpu_model``, the same the
 simulated cluster and the trace-driven simulator use), driven by
 
 - the **online replica's request rate**: scraped from its endpoint (``executors.node.scrape``)
@@ -32,15 +32,15 @@ import numpy as np
 from executors.node.placements import Placements
 from executors.node.sampler import NAN, RawSample
 from scheduler_core.domain import GpuTypeSpec
-from scheduler_core.gpu_model import (
+from scheduler_core.interference.gpu_model import (
     XCUDA_TARGET_UTIL,
     OnlineModel,
     clock_frac,
     on_one_gpu,
     online_alone,
 )
-from scheduler_core.interference import InterferenceParams
-from scheduler_core.online_load import diurnal_qps
+from scheduler_core.interference.pairs import InterferenceParams
+from scheduler_core.online.load import diurnal_qps
 
 log = logging.getLogger(__name__)
 

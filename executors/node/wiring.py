@@ -37,8 +37,8 @@ from executors.node.xcuda_check import Violation, XcudaCheck, XcudaWatch
 from executors.store import inventory
 from executors.store import models as m
 from scheduler_core.domain import GpuHealth, GpuTypeSpec
-from scheduler_core.gpu_model import XCUDA_TARGET_UTIL
-from scheduler_core.sysmonitor import SysMonitor
+from scheduler_core.interference.gpu_model import XCUDA_TARGET_UTIL
+from scheduler_core.guard.sysmonitor import SysMonitor
 
 log = logging.getLogger(__name__)
 
@@ -187,7 +187,7 @@ def build_agent(
 def _assemble(store, pairs, replicas: dict[int, Replica], placements: Placements, closers: list, catalog,
               src: SourceConfig, *, simulated: bool, cfg: AgentConfig, shm_dir: Path | None, requeue, evict_callback,
               mps_pipe_dir: str | None, sampler: GpuSampler | None, seed: int, clock) -> NodeAgent:
-    from scheduler_core.gpu_model import OnlineModel
+    from scheduler_core.interference.gpu_model import OnlineModel
     from scheduler_core.workloads import ONLINE_FAMILIES
 
     agent_clock = clock

@@ -5,7 +5,7 @@ co-location samples, measured by running workloads on the ``profile`` partition.
 - :mod:`.probe` — what runs around the job on the profile node: profiling mode, GPU metrics, bound.
 - :mod:`.outcome` — the probe's report → the profile, or why profiling failed.
 - :mod:`.colocate` — the co-location harness (a service at a QPS + a job at SM % 10…90 on one GPU).
-- :mod:`.sampling` — the sampling controller: plan (``scheduler_core.sampling_plan``) → runs → samples.
+- :mod:`.sampling` — the sampling controller: plan (``scheduler_core.prediction.sampling_plan``) → runs → samples.
 - :mod:`.metrics` — GPU metrics of a window through the node agent's samplers (NVML or the simulated model).
 - :mod:`.runs`, :mod:`.slurm_exec`, :mod:`.local` — where the runs execute: Slurm, or this machine.
 - :mod:`.backend` — the Slurm backend's ``profile_new_jobs`` / ``collect_samples``.

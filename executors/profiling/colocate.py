@@ -226,7 +226,7 @@ class Harness:
     def load(self) -> float:
         """The service's load (share of its family's capacity on this GPU type) for the simulated model."""
         from scheduler_core.gpu_specs import get_spec
-        from scheduler_core.online_load import capacity_qps
+        from scheduler_core.online.load import capacity_qps
         from scheduler_core.workloads import ONLINE_FAMILIES
 
         cap = capacity_qps(ONLINE_FAMILIES[self.service_family], get_spec(self.gpu_type))

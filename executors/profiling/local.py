@@ -28,7 +28,7 @@ from executors.profiling.runs import (
     RunSpec,
     command_script,
 )
-from scheduler_core.job_sync import ClusterView
+from scheduler_core.jobs.sync import ClusterView
 
 
 @dataclass

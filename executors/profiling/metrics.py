@@ -243,7 +243,7 @@ def simulated_job_model(job_type: str, mem_bytes: float | None = None) -> Simula
     from dataclasses import replace
 
     from executors.simulated.calibration import default_catalog
-    from scheduler_core.interference import WorkloadTraits
+    from scheduler_core.interference.pairs import WorkloadTraits
     from scheduler_core.workloads import OfflineWorkload
 
     catalog = default_catalog()

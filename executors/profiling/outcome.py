@@ -1,6 +1,6 @@
 """From a profiling run's probe report to the job's solo profile, or to why profiling failed.
 
-The profile holds the solo features of `scheduler_core/features.py`. Where the GPU metrics are
+The profile holds the solo features of `scheduler_core/prediction/features.py`. Where the GPU metrics are
 real (NVML) every feature is measured, the iteration time included. Where they
 come from the simulated model (a node without a GPU), the features are the
 model's — *including its iteration time*, because the predictor's features

@@ -19,7 +19,7 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Protocol
 
-from scheduler_core.job_sync import ClusterView
+from scheduler_core.jobs.sync import ClusterView
 
 PHASE_PENDING = "pending"
 PHASE_RUNNING = "running"

@@ -1,6 +1,6 @@
 """Co-location sample collection on a GPU-time budget (paper §6: ~2,000 measured samples per GPU type).
 
-1. **Plan** (:func:`scheduler_core.sampling_plan.plan_sampling`): the store's online
+1. **Plan** (:func:`scheduler_core.prediction.sampling_plan.plan_sampling`): the store's online
    services (each at its mean QPS × ``qps_scale``) × the offline reference
    workloads (one job type per family at the configured size) × the SM sweep, on
    each GPU type the profile partition has, given the samples already measured.
@@ -46,7 +46,7 @@ from executors.store import profiling as profstore
 from executors.store.db import Store
 from executors.workloads.models import FAMILIES, workload_size
 from scheduler_core.domain import OfflineFeatures, OnlineFeatures
-from scheduler_core.sampling_plan import PairCandidate, SamplingCost, SamplingPlan, plan_sampling
+from scheduler_core.prediction.sampling_plan import PairCandidate, SamplingCost, SamplingPlan, plan_sampling
 
 log = logging.getLogger(__name__)
 
@@ -90,7 +90,7 @@ def samples_from_report(rep: dict[str, Any], run_id: int, service_name: str, job
         from executors.simulated.calibration import default_catalog
         from executors.simulated.profiling import online_features
         from scheduler_core.gpu_specs import get_spec
-        from scheduler_core.online_load import capacity_qps
+        from scheduler_core.online.load import capacity_qps
         from scheduler_core.workloads import ONLINE_FAMILIES
 
         cap = capacity_qps(ONLINE_FAMILIES[rep["service_family"]], get_spec(gpu_type))

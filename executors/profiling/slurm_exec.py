@@ -32,7 +32,7 @@ from executors.slurm.errors import SlurmError
 from executors.slurm.models import PENDING, Node
 from executors.slurm.spec import JobSpec
 from executors.slurm.sync import view_of
-from scheduler_core.job_sync import ClusterView
+from scheduler_core.jobs.sync import ClusterView
 
 log = logging.getLogger(__name__)
 _RUNNING_STATES = frozenset({"RUNNING", "CONFIGURING", "COMPLETING", "SUSPENDED", "STOPPED"})

@@ -52,7 +52,7 @@ from executors.store import repo
 from executors.store.db import Store
 from executors.store.jobs import ConcurrentTransition, IllegalTransition, entered_at, transition
 from scheduler_core.domain import JobState, OfflineFeatures
-from scheduler_core.job_sync import decide
+from scheduler_core.jobs.sync import decide
 
 log = logging.getLogger(__name__)
 

@@ -56,7 +56,7 @@ from executors.store import repo
 from executors.store.db import Store
 from executors.store.jobs import IllegalTransition, transition
 from scheduler_core.domain import JobState
-from scheduler_core.job_sync import ClusterView, Seen, decide
+from scheduler_core.jobs.sync import ClusterView, Seen, decide
 
 log = logging.getLogger(__name__)
 _RUNNING_STATES = frozenset({"RUNNING", "CONFIGURING", "COMPLETING", "SUSPENDED", "STOPPED"})

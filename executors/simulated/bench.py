@@ -57,7 +57,7 @@ class BenchJobType:
 def bench_services(seed: int, n_services: int = N_SERVICES, gpu_types=BENCH_GPU_TYPES) -> list[BenchService]:
     """Online services: family, GPU type, memory, slowdown allowance and this interval's load."""
     from executors.simulated.cluster import rng_stream
-    from scheduler_core.online_load import diurnal_qps
+    from scheduler_core.online.load import diurnal_qps
     from scheduler_core.workloads import ONLINE_FAMILIES
 
     rng = rng_stream(seed, "bench-services")
@@ -174,7 +174,7 @@ def bench_predictors(seed: int = 0, samples_per_type: int = 2000, epochs: int | 
     Returns ({type: model}, {type: (report, seconds)}, {type: (x, y_tput, y_slowdown)}).
     """
     from executors.simulated.calibration import default_catalog
-    from scheduler_core.predictor import one_torch_thread
+    from scheduler_core.prediction.predictor import one_torch_thread
 
     catalog = default_catalog()
     services = [(s.name, s.family, s.mem_bytes) for s in bench_services(seed)]
@@ -189,7 +189,7 @@ def _train_each(gpu_types, catalog, services, seed, samples_per_type, epochs, cf
     from executors.simulated.cluster import rng_stream
     from executors.simulated.profiling import colocation_samples
     from executors.steps import training_matrix
-    from scheduler_core.predictor import PredictorConfig, train
+    from scheduler_core.prediction.predictor import PredictorConfig, train
 
     for t in gpu_types:
         rng = rng_stream(seed, f"bench-samples-{t}")
@@ -224,8 +224,8 @@ def round_figures(res, wall: float) -> dict:
 
 
 def run_fast(gpus, jobs, models, cfg) -> dict:
-    from scheduler_core.plan_check import plan_violations
-    from scheduler_core.round import plan_round
+    from scheduler_core.round.check import plan_violations
+    from scheduler_core.round.plan import plan_round
 
     t0 = time.perf_counter()
     res = plan_round(gpus, jobs, models, cfg)
@@ -248,7 +248,7 @@ def run_fast(gpus, jobs, models, cfg) -> dict:
 
 
 def run_dense(gpus, jobs, models, cfg) -> dict:
-    from scheduler_core.round_dense import plan_round_dense
+    from scheduler_core.round.dense import plan_round_dense
 
     t0 = time.perf_counter()
     res = plan_round_dense(gpus, jobs, models, cfg)
@@ -289,7 +289,7 @@ def report_row(report, seconds: float) -> dict:
 def forecast_traces(n_gpus: int, days: int, seed: int) -> np.ndarray:
     """Per-minute SM activity of ``n_gpus`` simulated online GPUs over ``days`` days (seeded)."""
     from executors.simulated.cluster import rng_stream
-    from scheduler_core.online_load import simulated_sm_trace
+    from scheduler_core.online.load import simulated_sm_trace
     from scheduler_core.workloads import ONLINE_FAMILIES
 
     rng = rng_stream(seed, "bench-forecast")

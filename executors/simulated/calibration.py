@@ -4,7 +4,7 @@ Measurements: the bundled Gavel K80/P100 pairs plus a site's own files
 (:mod:`executors.simulated.measurements`, ``MUXFLOW_MEASUREMENTS``). From them, one workload
 catalog per *calibration* and GPU type:
 
-- ``transfer`` (the default): the transferable model (:mod:`scheduler_core.interference_transfer`)
+- ``transfer`` (the default): the transferable model (:mod:`scheduler_core.interference.transfer`)
   fitted on every measured type, applied to each job's profile on the GPU type in question —
   measured profiles where the type was measured, profiles synthesized from the measured type
   nearest in speed otherwise (T4, A10, A100, H100 until a site measures them);
@@ -24,13 +24,13 @@ import json
 from pathlib import Path
 
 from executors.simulated.measurements import MeasurementSet, installed
-from scheduler_core.interference import (
+from scheduler_core.interference.pairs import (
     Calibration,
     HoldoutReport,
     calibrate,
     holdout_error,
 )
-from scheduler_core.interference_errors import (
+from scheduler_core.interference.errors import (
     TransferReport,
     model_interval,
     TypeData,
@@ -39,7 +39,7 @@ from scheduler_core.interference_errors import (
     synthesized_for,
     within_type,
 )
-from scheduler_core.interference_transfer import (
+from scheduler_core.interference.transfer import (
     Interval,
     JobProfile,
     TransferModel,

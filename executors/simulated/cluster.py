@@ -4,7 +4,7 @@ Every GPU runs one online service replica whose request rate follows its
 daily cycle (with noise and occasional bursts); the offline jobs placed on the
 GPU (one, or several where the round splits it) run under their MPS shares. What the GPU reports, the job's normalized
 throughput and the service's slowdown come from the one simulated GPU model,
-``scheduler_core.gpu_model``. A SysMonitor per GPU evicts offline work
+``scheduler_core.interference.gpu_model``. A SysMonitor per GPU evicts offline work
 on Overlimit. Everything it reports is labelled ``simulated``.
 
 Randomness comes from one named stream per purpose derived from a single seed
@@ -30,7 +30,7 @@ from executors.cluster import (
     RunningJob,
 )
 from scheduler_core.domain import Action, GpuHealth, GpuTypeSpec, PlanAction
-from scheduler_core.gpu_model import (
+from scheduler_core.interference.gpu_model import (
     XCUDA_TARGET_UTIL,
     OnlineModel,
     clock_frac,
@@ -38,10 +38,10 @@ from scheduler_core.gpu_model import (
     online_alone,
 )
 from scheduler_core.gpu_specs import get_spec
-from scheduler_core.interference import InterferenceParams
-from scheduler_core.online_load import diurnal_qps
+from scheduler_core.interference.pairs import InterferenceParams
+from scheduler_core.online.load import diurnal_qps
 from scheduler_core.rng import rng_stream  # noqa: F401  (re-exported: executors use it from here)
-from scheduler_core.sysmonitor import GpuSample, SysMonitor, SysMonitorConfig
+from scheduler_core.guard.sysmonitor import GpuSample, SysMonitor, SysMonitorConfig
 from scheduler_core.workloads import ONLINE_FAMILIES, WorkloadCatalog
 
 SOURCE = "simulated"

@@ -19,7 +19,7 @@ from pathlib import Path
 
 from executors.simulated import calibration as cal
 from executors.simulated.profiling import colocation_samples, offline_profile
-from scheduler_core.predictor import PredictorConfig, SpeedPredictor, one_torch_thread, train
+from scheduler_core.prediction.predictor import PredictorConfig, SpeedPredictor, one_torch_thread, train
 from scheduler_core.rng import rng_stream
 from scheduler_core.simulator import SimConfig, SimInputs
 from scheduler_core.trace import TraceJob, parse_trace
@@ -28,7 +28,7 @@ from scheduler_core.workloads import ONLINE_FAMILIES, WorkloadCatalog
 log = logging.getLogger(__name__)
 
 PREDICTOR_SAMPLES = 2000
-PREDICTOR_EPOCHS = None  # the network's default (scheduler_core.predictor_config)
+PREDICTOR_EPOCHS = None  # the network's default (scheduler_core.prediction.config)
 
 
 def load_trace(path: str | os.PathLike[str]) -> list[TraceJob]:

@@ -33,9 +33,9 @@ from dataclasses import dataclass, field
 from pathlib import Path
 
 from scheduler_core.gpu_specs import GPU_SPECS
-from scheduler_core.interference import PairMeasurement
-from scheduler_core.interference_errors import TypeData
-from scheduler_core.interference_transfer import COUNTERS
+from scheduler_core.interference.pairs import PairMeasurement
+from scheduler_core.interference.errors import TypeData
+from scheduler_core.interference.transfer import COUNTERS
 
 FORMAT = "muxflow.colocation/1"
 ENV_VAR = "MUXFLOW_MEASUREMENTS"

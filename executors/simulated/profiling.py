@@ -17,8 +17,8 @@ import numpy as np
 
 from scheduler_core.domain import OfflineFeatures, OnlineFeatures
 from scheduler_core.gpu_specs import get_spec
-from scheduler_core.interference import InterferenceParams, colocate
-from scheduler_core.online_load import (
+from scheduler_core.interference.pairs import InterferenceParams, colocate
+from scheduler_core.online.load import (
     capacity_qps,
     solo_gpu_util_pct,
     solo_latency_ms,

@@ -21,7 +21,7 @@ from executors.simulated.calibration import TRANSFER, Calibrator, installed_cali
 from executors.simulated.evaluation import PREDICTOR_EPOCHS, PREDICTOR_SAMPLES, services_of, train_on_samples
 from executors.simulated.measurements import load_file
 from executors.simulated.profiling import colocation_samples
-from scheduler_core.interference_transfer import PairErrors, pair_errors, training_pairs
+from scheduler_core.interference.transfer import PairErrors, pair_errors, training_pairs
 from scheduler_core.rng import rng_stream
 from scheduler_core.simulator import SimConfig
 

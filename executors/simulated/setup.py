@@ -11,7 +11,7 @@ from executors.store import repo
 from executors.store.db import Session
 from scheduler_core.domain import JobState
 from scheduler_core.gpu_specs import get_spec
-from scheduler_core.online_load import peak_slo_ms
+from scheduler_core.online.load import peak_slo_ms
 from scheduler_core.workloads import ONLINE_FAMILIES, WorkloadCatalog
 
 FAMILY_ORDER = ("cnn", "transformer", "recommender", "lm")

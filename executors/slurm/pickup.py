@@ -213,7 +213,7 @@ def import_submissions(store, client, known_job_types: set[str] | None = None, *
             allowed_gpu_types=sorted(set(spec.allowed_gpu_types)), checkpoint_dir=spec.checkpoint_dir,
             priority=spec.priority, total_steps=spec.total_steps, slurm_job_id=job.job_id,
             checkpointing=spec.checkpointing,
-            # Slurm runs the job as its submitter: MPS lets it share only a GPU of that user (scheduler_core.run_as).
+            # Slurm runs the job as its submitter: MPS lets it share only a GPU of that user (scheduler_core.jobs.run_as).
             run_as_user=job.user_name or None,
             state_reason=f"imported from Slurm job {job.job_id}",
         ))

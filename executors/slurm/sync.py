@@ -5,7 +5,7 @@ Slurm starts a placed job (PLACED → RUNNING, at Slurm's start time), finishes 
 node failure (→ PENDING, and it is held so that only a round places it again), and
 finishes the requeue-hold of an eviction (EVICTED → PENDING). A job Slurm no longer
 knows is FAILED with that reason. Nodes Slurm says are unusable take their GPUs out of the rounds
-and hand their jobs back (:mod:`executors.slurm.node_faults`). The decisions are :func:`scheduler_core.job_sync.decide`;
+and hand their jobs back (:mod:`executors.slurm.node_faults`). The decisions are :func:`scheduler_core.jobs.sync.decide`;
 this module reads Slurm once per call (one job listing), applies them with
 compare-and-set transitions (audited in ``job_transitions``) and books each stretch
 of running that ended as a ``job_executions`` row (steps from the job's checkpoints
@@ -37,7 +37,7 @@ from executors.store import profiling as profstore
 from executors.store import repo
 from executors.store import rounds as rounds_db
 from scheduler_core.domain import JobState
-from scheduler_core.job_sync import ClusterView, Decision, Seen, decide
+from scheduler_core.jobs.sync import ClusterView, Decision, Seen, decide
 
 log = logging.getLogger(__name__)
 

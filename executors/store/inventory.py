@@ -115,7 +115,7 @@ class ServiceSpec:
     latency_slo_ms: float
     slowdown_allowance: float
     mem_bytes: int
-    slowdown_budget: float | None = None  # scheduler_core.latency_budget; None: the flat allowance
+    slowdown_budget: float | None = None  # scheduler_core.online.latency_budget; None: the flat allowance
 
 
 def register_online_service(s: Session, spec: ServiceSpec, gpu_ids: list[int], metrics_urls: dict[int, str],
@@ -123,7 +123,7 @@ def register_online_service(s: Session, spec: ServiceSpec, gpu_ids: list[int], m
     """An online service with one replica on each of ``gpu_ids`` (and its endpoint where given); its id.
 
     ``run_as_user``: the user the replicas run as (only that user's offline jobs share their GPUs,
-    ``scheduler_core.run_as``). Refuses a name in use, an unknown GPU, a GPU that already hosts a
+    ``scheduler_core.jobs.run_as``). Refuses a name in use, an unknown GPU, a GPU that already hosts a
     service and a user name that cannot be one (:class:`InventoryError`); nothing is written then.
     """
     if run_as_user is not None:

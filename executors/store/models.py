@@ -29,7 +29,7 @@ from sqlalchemy import (
 from sqlalchemy.orm import DeclarativeBase, Mapped, mapped_column, relationship
 
 from scheduler_core.domain import GpuHealth, JobState
-from scheduler_core.round_clock import DEFAULT_PERIOD_S
+from scheduler_core.round.clock import DEFAULT_PERIOD_S
 
 NAMING = {
     "ix": "ix_%(column_0_label)s",
@@ -149,7 +149,7 @@ class OnlineService(Base):
     peak_hour_utc: Mapped[float] = mapped_column(Float, default=20.0)
     latency_slo_ms: Mapped[float] = mapped_column(Float)
     slowdown_allowance: Mapped[float] = mapped_column(Float, default=0.2)
-    # The mean slowdown of its requests it accepts over the day (scheduler_core.latency_budget), the
+    # The mean slowdown of its requests it accepts over the day (scheduler_core.online.latency_budget), the
     # allowance then its per-minute cap; NULL: the flat allowance on every minute.
     slowdown_budget: Mapped[float | None] = mapped_column(Float, nullable=True, default=None)
     mem_bytes: Mapped[int] = mapped_column(BigInteger)
@@ -458,7 +458,7 @@ class Placement(Base):
     predicted_norm_tput: Mapped[float] = mapped_column(Float)
     predicted_online_slowdown: Mapped[float] = mapped_column(Float)
     action: Mapped[str] = mapped_column(String(16))
-    # Which of its GPU's offline jobs this is (several per GPU, scheduler_core.slots): one job per slot.
+    # Which of its GPU's offline jobs this is (several per GPU, scheduler_core.round.slots): one job per slot.
     slot: Mapped[int] = mapped_column(Integer, default=0, server_default="0")
     __table_args__ = (
         UniqueConstraint("round_id", "job_id", name="uq_placements_round_job"),

@@ -24,8 +24,8 @@ from scheduler_core.domain import (
     PlannedPlacement,
     RoundResult,
 )
-from scheduler_core.predictor import PredictorConfig, SpeedPredictor, TrainingReport
-from scheduler_core.round_clock import DEFAULT_PERIOD_S
+from scheduler_core.prediction.predictor import PredictorConfig, SpeedPredictor, TrainingReport
+from scheduler_core.round.clock import DEFAULT_PERIOD_S
 
 
 def upsert_gpu_type(s: Session, spec: GpuTypeSpec) -> m.GpuType:

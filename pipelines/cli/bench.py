@@ -38,7 +38,7 @@ from executors.simulated.bench import (
 from executors.simulated.calibration import SAMPLE_TRACE
 from pipelines.cli.common import HELP, SEED
 from pipelines.cli.simulate import _guarded, policy_list
-from scheduler_core.predictor_config import PredictorConfig
+from scheduler_core.prediction.config import PredictorConfig
 
 
 class SizeList(click.ParamType):
@@ -118,7 +118,7 @@ def bench_round(n_gpus, n_jobs, sizes, seed, baseline, baseline_sizes, dense_max
     GPUs carry simulated online services, jobs simulated profiles; the
     predictors are real MLPs (4×32, 400 epochs) trained on 2,000 simulated samples per GPU type.
     """
-    from scheduler_core.round import RoundConfig
+    from scheduler_core.round.plan import RoundConfig
 
     if distinct_profiles and profiles not in (None, "distinct"):
         raise click.UsageError("--distinct-profiles is --profiles distinct; give one of them")
@@ -278,8 +278,8 @@ def bench_predictor(seed, samples_per_type, epochs, sweep, sweep_type, hidden_si
 @click.option("--json", "as_json", is_flag=True, help="Print JSON only.")
 def bench_forecast(n_gpus, days, seed, as_json) -> None:
     """Online-load forecaster vs last-value on simulated diurnal SM traces (every 15-minute interval after day 1)."""
-    from scheduler_core.dynamic_sm import SmPolicy
-    from scheduler_core.forecast import ForecastPolicy, backtest
+    from scheduler_core.online.dynamic_sm import SmPolicy
+    from scheduler_core.online.forecast import ForecastPolicy, backtest
 
     traces = forecast_traces(n_gpus, days, seed)
     headroom = SmPolicy().headroom_pct

@@ -203,7 +203,7 @@ def sample(ctx, per_type, seed, real, local, show_plan, show_runs, budget_min, w
 def train(ctx, epochs: int, seed: int, arch: str, hidden: int | None) -> None:
     """Train one speed predictor per GPU type; promote it if no worse than the current one."""
     from executors.steps import train_predictors
-    from scheduler_core.predictor import PredictorConfig
+    from scheduler_core.prediction.predictor import PredictorConfig
 
     cfg = PredictorConfig(arch=arch, epochs=epochs, hidden=hidden, seed=seed)
     outcomes = train_predictors(store_of(ctx), cfg)

@@ -60,7 +60,7 @@ def round_cmd(ctx, once: bool, fill: bool, migration_penalty: float | None, max_
     from executors.simulated.backend import SimulatedBackend
     from executors.simulated.cluster import SimSettings
     from executors.slurm.retry import SlurmUnavailable
-    from scheduler_core.round import RoundConfig
+    from scheduler_core.round.plan import RoundConfig
 
     if once == fill:
         raise CliError("round: give --once (a round) or --fill (a fill after the latest round)")
@@ -200,7 +200,7 @@ def run_cmd(ctx, types_text, services, hours, jobs, samples, epochs, trace, repo
     """
     from executors.simulated.calibration import SAMPLE_TRACE
     from pipelines.main_job import MainJobConfig, reset_dagster_home, run_main_job
-    from scheduler_core.predictor import PredictorConfig
+    from scheduler_core.prediction.predictor import PredictorConfig
 
     url = ctx.obj["db"]
     types = parse_types(types_text)

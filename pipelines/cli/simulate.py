@@ -19,7 +19,7 @@ from pathlib import Path
 
 import click
 from pipelines.cli.common import HELP, SEED, CliError, FiniteFloat, parse_types, writable_dir
-from scheduler_core.dynamic_sm import SmPolicy
+from scheduler_core.online.dynamic_sm import SmPolicy
 
 CACHE_DIR = Path(".muxflow") / "cache"
 DEFAULT_OUT = Path(".muxflow") / "simulate"
@@ -280,8 +280,8 @@ def list_policies() -> None:
 def composition(gpu_type, calibration, corunner_efficiency, as_json) -> None:
     """How far the round's rule for several jobs per GPU is from the simulated GPU running them (SIMULATED)."""
     from executors.simulated.evaluation import simulation_catalog
-    from scheduler_core.composition import LOADS, OFFLINE_SHARES, composition_errors
-    from scheduler_core.round import RoundConfig
+    from scheduler_core.interference.composition import LOADS, OFFLINE_SHARES, composition_errors
+    from scheduler_core.round.plan import RoundConfig
     from scheduler_core.simulator import SimConfig
 
     [calibration] = _check_calibrations([calibration])

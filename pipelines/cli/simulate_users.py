@@ -3,7 +3,7 @@
     muxflow simulate users --trace T [--gpus 200] [--hours 24] [--users-list 0,4,16] [--zipf 1.0] [--json]
 
 MPS serves one user per GPU, so a round pairs a job only with a GPU whose online replica runs as
-the job's user (``scheduler_core.run_as``). This runs the MuxFlow policy once per team count of
+the job's user (``scheduler_core.jobs.run_as``). This runs the MuxFlow policy once per team count of
 ``--users-list`` (0: no user declared, the rule off: the reference), users drawn as
 ``scheduler_core.simulator.users`` documents, and prints JCT, finished jobs, oversold GPU and
 placements per round against the reference. Every figure is SIMULATED.

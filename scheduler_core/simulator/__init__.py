@@ -4,7 +4,7 @@
 offline trace against a fleet of simulated GPUs whose online services follow
 daily request cycles, and returns the paper's metrics. Every 15 simulated
 minutes the policy plans a round; the MuxFlow family plans it with the
-production round code (:func:`scheduler_core.round.plan_round`) on candidates
+production round code (:func:`scheduler_core.round.plan.plan_round`) on candidates
 built from what the simulated GPU monitors observed, and the plan is carried
 out by the simulated executor (:mod:`scheduler_core.simulator.fleet`).
 Everything it reports is simulated.

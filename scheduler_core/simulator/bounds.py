@@ -5,7 +5,7 @@ whatever the planner does. For a cap ``c`` on the replica's latency slowdown in 
 (``slowdown − 1 ≤ c``, the flat allowance's promise) it gives, per job type, the fastest the job can
 run on any GPU of the simulated cluster: alone beside an idle replica (request rate 0) of the
 service and GPU type that suit it best, at the MPS share (1–100 %) that runs it fastest within the
-cap, on the simulated GPU of the simulator itself (:func:`scheduler_core.gpu_model.with_offline`,
+cap, on the simulated GPU of the simulator itself (:func:`scheduler_core.interference.gpu_model.with_offline`,
 xCUDA pacing included). Every job then starts the moment it arrives, never waits, never migrates,
 never warms up, and runs at that rate until it finishes or the day ends: the mean of those JCTs
 (censored at the end of the run, as :func:`scheduler_core.simulator.metrics.compute_metrics`
@@ -27,7 +27,7 @@ from dataclasses import dataclass
 
 import numpy as np
 
-from scheduler_core.gpu_model import OnlineModel, online_alone, with_offline
+from scheduler_core.interference.gpu_model import OnlineModel, online_alone, with_offline
 from scheduler_core.gpu_specs import get_spec
 from scheduler_core.simulator.config import SimConfig
 from scheduler_core.simulator.workload import JobTable

@@ -4,11 +4,11 @@ from __future__ import annotations
 
 from dataclasses import dataclass, field
 
-from scheduler_core.gpu_model import XCUDA_TARGET_UTIL
+from scheduler_core.interference.gpu_model import XCUDA_TARGET_UTIL
 from scheduler_core.gpu_specs import GPU_SPECS
-from scheduler_core.interference import InterferenceParams
-from scheduler_core.online_load import peak_slo_ms
-from scheduler_core.sysmonitor import SysMonitorConfig
+from scheduler_core.interference.pairs import InterferenceParams
+from scheduler_core.online.load import peak_slo_ms
+from scheduler_core.guard.sysmonitor import SysMonitorConfig
 from scheduler_core.workloads import ONLINE_FAMILIES
 
 
@@ -23,9 +23,9 @@ class ServiceSpec:
     peak_hour_utc: float
     slowdown_allowance: float = 0.2
     # p99 latency SLO (ms): a pair is feasible only if the replica's p99 alone at the forecast load
-    # (scheduler_core.latency_model) times the predicted slowdown stays within it. None: no SLO.
+    # (scheduler_core.online.latency_model) times the predicted slowdown stays within it. None: no SLO.
     slo_p99_ms: float | None = None
-    # The mean slowdown of its requests the service accepts over the day (scheduler_core.latency_budget):
+    # The mean slowdown of its requests the service accepts over the day (scheduler_core.online.latency_budget):
     # MuxFlow rounds share its GPUs more in quiet minutes and less at the peak, each minute within
     # ``slowdown_allowance``. None: the flat allowance on every minute (the paper's).
     slowdown_budget: float | None = None
@@ -117,14 +117,14 @@ class SimConfig:
     migration_penalty: float | None = None
     # Users of the online replicas and offline jobs (scheduler_core.simulator.users): 0 = none declared (every
     # job may share every GPU), else that many teams with Zipf(users_zipf_s) weights; MPS policies then pair a
-    # job only with a GPU whose replica runs as its team (scheduler_core.run_as).
+    # job only with a GPU whose replica runs as its team (scheduler_core.jobs.run_as).
     users: int = 0
     users_zipf_s: float = 1.0
     # p99 SLOs for services that declare none: this many times the replica's p99 alone at its daily peak on
-    # the slowest GPU type (online_load.peak_slo_ms, rounded up to 10 ms). None: only declared SLOs.
+    # the slowest GPU type (online.load.peak_slo_ms, rounded up to 10 ms). None: only declared SLOs.
     slo_scale: float | None = None
     # Offline jobs an MPS policy's round may put on one GPU, each with its own share (RoundConfig.max_jobs_per_gpu,
-    # scheduler_core.slots); 1 = the paper.
+    # scheduler_core.round.slots); 1 = the paper.
     max_jobs_per_gpu: int = 1
     # Place waiting jobs between rounds too, in the minute a job arrives or a GPU frees (every policy's planner,
     # called with RoundView.between_rounds: MuxFlow's only starts waiting jobs on free GPUs), as the pipeline's

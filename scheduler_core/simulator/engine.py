@@ -19,7 +19,7 @@ from dataclasses import dataclass, field
 import numpy as np
 
 from scheduler_core.domain import OfflineFeatures
-from scheduler_core.round import RoundConfig
+from scheduler_core.round.plan import RoundConfig
 from scheduler_core.rng import rng_stream
 from scheduler_core.simulator.config import SimConfig
 from scheduler_core.simulator.fleet import DONE, FUTURE, QUEUED, RUNNING, Fleet, hour_of_day
@@ -88,7 +88,7 @@ def run_simulation(trace: list[TraceJob], inputs: SimInputs, cfg: SimConfig, pol
             if policy.sharing == "mps":  # MPS shares of one GPU's jobs together within the GPU
                 shares = np.bincount(fleet.gpu[run], weights=fleet.sm_pct[run], minlength=fleet.n)
                 inv["gpus_over_100_pct_shares"] += int((shares > 100).sum())
-            # Under MPS a job next to a replica of another user would wait for it (scheduler_core.run_as).
+            # Under MPS a job next to a replica of another user would wait for it (scheduler_core.jobs.run_as).
             gu, ju = fleet.gpu_user[fleet.gpu[run]], fleet.job_user[run]
             inv["jobs_next_to_another_user"] += int(((gu >= 0) & (ju >= 0) & (gu != ju)).sum())
         return stats, applied, run

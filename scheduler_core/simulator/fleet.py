@@ -1,22 +1,22 @@
 """The simulator's cluster executor: a fleet of simulated GPUs, advanced one minute at a time, vectorized.
 
 Every GPU hosts one online service replica whose request rate follows its
-daily cycle with AR(1) noise and bursts (:mod:`scheduler_core.online_load`);
+daily cycle with AR(1) noise and bursts (:mod:`scheduler_core.online.load`);
 offline jobs placed by a policy share it under one of four sharing
 mechanisms:
 
 - ``mps``: space-sharing under an MPS share (MuxFlow and its ablations): the
-  calibrated interference model :func:`scheduler_core.interference.colocate`.
+  calibrated interference model :func:`scheduler_core.interference.pairs.colocate`.
 - ``time``: GPU-driver time slices (Time-sharing, as in Gandiva).
 - ``priority``: priority time slices (PB-time-sharing, as in AntMan/PAI).
 - ``salus``: iteration-level switching between several resident jobs, shortest
   remaining time first (Salus).
 - ``none``: no offline work (Online-only).
 
-Under ``mps`` the GPU is :mod:`scheduler_core.gpu_model` (the one simulated GPU
+Under ``mps`` the GPU is :mod:`scheduler_core.interference.gpu_model` (the one simulated GPU
 of the pipeline's cluster and the node agent too); the other mechanisms are
 modelled here; protected policies run one
-:class:`scheduler_core.sysmonitor.SysMonitor` per GPU — the production state
+:class:`scheduler_core.guard.sysmonitor.SysMonitor` per GPU — the production state
 machine, stepped only where a sample could change its state.
 
 Actions are those of a production plan (:class:`scheduler_core.domain.PlanAction`);
@@ -32,16 +32,16 @@ from dataclasses import dataclass
 import numpy as np
 
 from scheduler_core.domain import Action, GpuHealth, PlanAction
-from scheduler_core.features import RECENT_ONLINE_KEYS
-from scheduler_core.gpu_model import OnlineModel, clock_frac, online_alone, with_offline_jobs
+from scheduler_core.prediction.features import RECENT_ONLINE_KEYS
+from scheduler_core.interference.gpu_model import OnlineModel, clock_frac, online_alone, with_offline_jobs
 from scheduler_core.gpu_specs import get_spec
-from scheduler_core.interference import WorkloadTraits
-from scheduler_core.online_load import diurnal_qps
+from scheduler_core.interference.pairs import WorkloadTraits
+from scheduler_core.online.load import diurnal_qps
 from scheduler_core.rng import rng_stream
 from scheduler_core.simulator.config import SimConfig
 from scheduler_core.simulator.users import assign_users
 from scheduler_core.simulator.workload import JobTable
-from scheduler_core.sysmonitor import GpuSample, SysMonitor, Thresholds
+from scheduler_core.guard.sysmonitor import GpuSample, SysMonitor, Thresholds
 from scheduler_core.workloads import ONLINE_FAMILIES, WorkloadCatalog
 
 SHARING_MODES = ("none", "mps", "time", "priority", "salus")

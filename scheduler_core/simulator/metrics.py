@@ -24,7 +24,7 @@ from __future__ import annotations
 
 import numpy as np
 
-from scheduler_core.latency_model import P99_OF_MEAN
+from scheduler_core.online.latency_model import P99_OF_MEAN
 from scheduler_core.simulator.config import SimConfig
 from scheduler_core.simulator.fleet import DONE, FUTURE
 

@@ -7,7 +7,7 @@ service, and a planner called once per round::
     planner(view: RoundView) -> (list[PlanAction], dict of round stats)
 
 The MuxFlow family plans with the production round,
-:func:`scheduler_core.round.plan_round` — speed predictor, dynamic SM,
+:func:`scheduler_core.round.plan.plan_round` — speed predictor, dynamic SM,
 maximum-weight matching — configured as the ablation says:
 
 - MuxFlow: dynamic SM + matching.
@@ -34,12 +34,12 @@ from scheduler_core.domain import (
     OfflineFeatures,
     PlanAction,
 )
-from scheduler_core.dynamic_sm import SmPolicy
-from scheduler_core.features import round_online_features
-from scheduler_core.forecast import ForecastPolicy, forecast_many
-from scheduler_core.latency_budget import budget_allowances
-from scheduler_core.latency_model import ServiceLatencyModels
-from scheduler_core.round import RoundConfig, plan_round
+from scheduler_core.online.dynamic_sm import SmPolicy
+from scheduler_core.prediction.features import round_online_features
+from scheduler_core.online.forecast import ForecastPolicy, forecast_many
+from scheduler_core.online.latency_budget import budget_allowances
+from scheduler_core.online.latency_model import ServiceLatencyModels
+from scheduler_core.round.plan import RoundConfig, plan_round
 from scheduler_core.simulator.config import SimConfig
 from scheduler_core.simulator.users import user_name
 
@@ -107,7 +107,7 @@ class _MuxFlowPlanner:
     def _latency_limits(self, f, recent: dict, hist: np.ndarray, fc: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
         """Each replica's p99 alone at its forecast load, from its service's latency model (NaN: no SLO or no
         model yet), and its allowance for the interval (its service's budget, where it declares one, shapes it
-        from its SM history ``hist``: :mod:`scheduler_core.latency_budget`)."""
+        from its SM history ``hist``: :mod:`scheduler_core.online.latency_budget`)."""
         out = np.full(f.n, np.nan)
         allow = np.asarray(f.allowance, dtype=float).copy()
         for s, spec in enumerate(self.cfg.services):

@@ -1,7 +1,7 @@
 """Who runs what in a simulation: the user of each GPU's online replica and of each offline job (docs/DESIGN.md §4).
 
 MPS serves one user per GPU, so a MuxFlow round pairs a job only with a GPU whose replica
-runs as the job's user (:mod:`scheduler_core.run_as`). To measure what that costs, a
+runs as the job's user (:mod:`scheduler_core.jobs.run_as`). To measure what that costs, a
 simulation can give users to both sides (``SimConfig.users`` > 0; 0: nobody declares a
 user and the rule is off). The distribution, documented in docs/EVALUATION.md:
 

@@ -2,7 +2,7 @@
 -- description: Per UTC day, online service and data source: the requests its replicas served, their request-weighted mean latency and the same alone, the slowdown over all requests and over the requests of shared minutes (an offline job co-located), beside the service's slowdown allowance and budget; a budget is kept when slowdown_all_requests stays within it. Minutes without a request rate, a latency or a solo latency (labelled gaps) are left out.
 --
 -- The slowdown is request-weighted: SUM(rate x latency) / SUM(rate x latency alone) - 1, the
--- quantity a slowdown budget bounds (scheduler_core/latency_budget.py). Portable across
+-- quantity a slowdown budget bounds (scheduler_core/online/latency_budget.py). Portable across
 -- PostgreSQL and SQLite; the day is the first 10 characters of the timestamp's text form (see
 -- utilization_per_hour.sql).
 SELECT

@@ -23,9 +23,9 @@ from executors.store.db import Store
 from executors.store.jobs import transition
 from executors.submission import JobSpec, submit
 from scheduler_core.domain import Action, JobState
-from scheduler_core.predictor import PredictorConfig
-from scheduler_core.round import RoundConfig
-from scheduler_core.round_clock import RoundClock
+from scheduler_core.prediction.predictor import PredictorConfig
+from scheduler_core.round.plan import RoundConfig
+from scheduler_core.round.clock import RoundClock
 
 WINDOW = dt.datetime(2026, 3, 2, 12, 0, tzinfo=dt.timezone.utc)
 

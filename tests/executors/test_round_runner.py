@@ -19,10 +19,10 @@ from executors.store.db import Store
 from executors.store.jobs import transition
 from executors.store.migrate import upgrade
 from scheduler_core.domain import Action, JobState, PlanAction, RoundResult
-from scheduler_core.forecast import ForecastPolicy
+from scheduler_core.online.forecast import ForecastPolicy
 from scheduler_core.gpu_specs import get_spec
-from scheduler_core.latency_budget import budget_allowances
-from scheduler_core.pair_weights import slo_allowance
+from scheduler_core.online.latency_budget import budget_allowances
+from scheduler_core.round.weights import slo_allowance
 
 NOW = dt.datetime(2026, 3, 2, 12, 0, tzinfo=dt.timezone.utc)
 

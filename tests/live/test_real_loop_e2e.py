@@ -569,7 +569,7 @@ def test_real_loop_end_to_end_from_sbatch_to_done(dev_cluster, make_postgres_dat
         # A window's round (seq 0), not one of its fills: the UI's partitions are the rounds' (a fill is a run of
         # fill_job), and the first placements of a window are often a fill's.
         first_round = next(r for r in per_round if r[2] > 0 and r[4] == 0)
-        from scheduler_core.round_clock import RoundClock
+        from scheduler_core.round.clock import RoundClock
 
         key = RoundClock(PERIOD_S).key(dt.datetime.fromisoformat(first_round[1]).replace(tzinfo=dt.timezone.utc))
         text, shown = partition_metadata(ui_url, "placement_plan", key, ("round_id", "placements"),

@@ -18,7 +18,7 @@ On a private dev cluster, on its ``mx-t4-1``, which has one gres Type per GPU (`
 - Shares adding up to more than the GPU's MPS count (60 % + 60 % on GPU 2, which has 100): both are
   dispatched, Slurm runs one and keeps the other PENDING with reason ``Resources`` until the first has ended,
   then runs it on GPU 2 at its 60 %: Slurm never oversubscribes a named GPU. (The planner never plans more
-  than 100 % on a GPU, scheduler_core.slots; this is what Slurm would do if it did.)
+  than 100 % on a GPU, scheduler_core.round.slots; this is what Slurm would do if it did.)
 - One of two co-placed jobs ends: its Epilog leaves GPU 2's MPS defaults at the other's share and quota (the
   largest of the plans still on the GPU), not the whole GPU. The Prologs of co-placed jobs set the largest of
   their plans likewise, whichever runs last.

@@ -32,7 +32,7 @@ from executors.round_service import RoundService
 from executors.slurm import plan as plans
 from executors.slurm.pickup import import_submissions
 from executors.store import models as m
-from scheduler_core.round_clock import RoundClock
+from scheduler_core.round.clock import RoundClock
 from tests.processes import processes, stop
 from tests.live.conftest import cancel_quietly
 from tests.live.muxflow_helpers import REPO, backend, make_store, register, sbatch, write_script

@@ -17,9 +17,9 @@ from executors.store.jobs import transition
 from executors.submission import JobSpec, submit
 from pipelines.cli import main
 from scheduler_core.domain import GpuCandidate, GpuHealth, JobCandidate, JobState
-from scheduler_core.round import plan_round, snapshot
+from scheduler_core.round.plan import plan_round, snapshot
 from tests.executors.slurm.fake_slurm import FakeSlurm, make_job, store_with_fake_nodes
-from tests.scheduler_core.test_round import ONLINE, PROFILE, StubPredictor
+from tests.scheduler_core.round.test_plan import ONLINE, PROFILE, StubPredictor
 
 GIB = 1024**3
 

@@ -32,7 +32,7 @@ from pipelines.definitions import build_definitions
 from pipelines.main_job import DagsterDriver
 from pipelines.settings import MuxflowSettings, SettingsError, load_settings, write_settings
 from scheduler_core.domain import JobState
-from scheduler_core.round_clock import RoundClock
+from scheduler_core.round.clock import RoundClock
 
 REPO = Path(__file__).resolve().parents[2]
 START = dt.datetime(2026, 1, 5, 0, 0, tzinfo=dt.timezone.utc)

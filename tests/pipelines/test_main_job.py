@@ -7,7 +7,7 @@ from pathlib import Path
 import pytest
 
 from pipelines.main_job import MainJobConfig, run_main_job
-from scheduler_core.predictor import PredictorConfig
+from scheduler_core.prediction.predictor import PredictorConfig
 
 pytestmark = pytest.mark.slow
 

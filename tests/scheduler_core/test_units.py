@@ -12,12 +12,12 @@ from hypothesis import given, settings
 from hypothesis import strategies as st
 
 from scheduler_core.domain import JOB_TRANSITIONS, GpuHealth, IllegalTransition, JobState, check_transition
-from scheduler_core.dynamic_sm import SmPolicy, offline_sm_pct
-from scheduler_core.features import N_FEATURES, FeatureError
-from scheduler_core.forecast import ForecastPolicy, forecast_next
-from scheduler_core.interference import InterferenceParams, WorkloadTraits, colocate
-from scheduler_core.predictor import PredictorConfig, SpeedPredictor, train
-from scheduler_core.sysmonitor import GpuSample, SysMonitor
+from scheduler_core.online.dynamic_sm import SmPolicy, offline_sm_pct
+from scheduler_core.prediction.features import N_FEATURES, FeatureError
+from scheduler_core.online.forecast import ForecastPolicy, forecast_next
+from scheduler_core.interference.pairs import InterferenceParams, WorkloadTraits, colocate
+from scheduler_core.prediction.predictor import PredictorConfig, SpeedPredictor, train
+from scheduler_core.guard.sysmonitor import GpuSample, SysMonitor
 from scheduler_core.trace import TraceError, parse_trace
 
 # -- dynamic SM (paper §4.3) ---------------------------------------------------

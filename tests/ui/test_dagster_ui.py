@@ -59,7 +59,7 @@ def _build_instance(root: Path) -> tuple[Path, str, str, dict, dict]:
     from sqlalchemy import create_engine, text
 
     from pipelines.main_job import MainJobConfig, run_main_job
-    from scheduler_core.predictor import PredictorConfig
+    from scheduler_core.prediction.predictor import PredictorConfig
 
     home = root / "dagster_home"
     db_url = f"sqlite:///{root / 'store.db'}"

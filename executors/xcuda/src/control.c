@@ -1,4 +1,4 @@
-/* See control.h. Mirrored by scheduler_core/xcuda_control.py: change both. */
+/* See control.h. Mirrored by scheduler_core/guard/xcuda_control.py: change both. */
 #include "control.h"
 
 #include <math.h>

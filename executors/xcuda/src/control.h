@@ -1,7 +1,7 @@
 /*
  * Controller maths of xCUDA's compute pacing (paper §4.1, Eq. 1-2, PID),
  * CUDA-free and side-effect-free so it is unit-tested on its own and mirrored
- * line for line by scheduler_core/xcuda_control.py.
+ * line for line by scheduler_core/guard/xcuda_control.py.
  *
  * Control variable: the GPU load U_GPU = U_SM * a_C. Actuator: the offline
  * process's kernel-launch rate. The PID works on ln(rate) in velocity form,

@@ -1,7 +1,7 @@
 /*
  * Unit tests of the controller maths (src/control.c): hand-computed values,
  * a closed loop against a simulated GPU, and the shared test vectors
- * (control_vectors.csv) that scheduler_core/xcuda_control.py must match too.
+ * (control_vectors.csv) that scheduler_core/guard/xcuda_control.py must match too.
  *
  *   test_control VECTORS.csv          run everything, check the vectors
  *   test_control --write VECTORS.csv  re-record the vectors (on purpose only)

@@ -1,5 +1,5 @@
 """An online service's slowdown budget: the mean slowdown of its requests it accepts over the day
-(``scheduler_core.latency_budget``); NULL, as every existing service gets, keeps the flat allowance.
+(``scheduler_core.online.latency_budget``); NULL, as every existing service gets, keeps the flat allowance.
 
 Revision ID: 0011
 Revises: 0010

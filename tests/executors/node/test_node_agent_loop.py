@@ -15,7 +15,7 @@ from executors.node.evictor import CallbackEvictor, SlurmEvictor
 from executors.node.sampler import RawSample, SimulatedSampler
 from executors.xcuda import shm
 from scheduler_core.domain import GpuHealth
-from scheduler_core.sysmonitor import SysMonitorConfig
+from scheduler_core.guard.sysmonitor import SysMonitorConfig
 
 T0 = dt.datetime(2026, 1, 1, 12, 0, tzinfo=dt.timezone.utc).timestamp()
 

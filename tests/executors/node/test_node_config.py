@@ -7,7 +7,7 @@ import json
 import pytest
 
 from executors.node.config import ConfigError, load_sysmonitor_config, parse_sysmonitor_config
-from scheduler_core.sysmonitor import SysMonitorConfig
+from scheduler_core.guard.sysmonitor import SysMonitorConfig
 
 
 def test_defaults_and_overrides(tmp_path):

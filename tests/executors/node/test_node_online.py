@@ -17,9 +17,9 @@ from executors.node.sampler import SimulatedSampler
 from executors.node.scrape import ReplicaScraper, Scrapers
 from executors.node.simgpu import Replica, SimulatedGpu
 from executors.simulated.calibration import default_catalog
-from scheduler_core.gpu_model import OnlineModel
+from scheduler_core.interference.gpu_model import OnlineModel
 from scheduler_core.gpu_specs import get_spec
-from scheduler_core.online_load import diurnal_qps
+from scheduler_core.online.load import diurnal_qps
 from scheduler_core.workloads import ONLINE_FAMILIES
 from tests.executors.node.test_node_agent_loop import T0, FakeClock
 from tests.executors.node.test_scrape import Replica as FakeReplica

@@ -24,7 +24,7 @@ from executors.store import repo
 from executors.store.db import Store
 from executors.submission import JobSpec, submit
 from scheduler_core.gpu_specs import get_spec
-from scheduler_core.job_sync import ClusterView, Seen
+from scheduler_core.jobs.sync import ClusterView, Seen
 
 GOOD_PROBE = {
     "exit_code": 0, "killed_at_deadline": False, "terminated": False, "elapsed_s": 9.5,

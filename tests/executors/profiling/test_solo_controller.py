@@ -21,7 +21,7 @@ from tests.executors.profiling.helpers import (
 )
 from executors.store.jobs import transition
 from scheduler_core.domain import JobState
-from scheduler_core.job_sync import ClusterView, Seen
+from scheduler_core.jobs.sync import ClusterView, Seen
 
 
 @pytest.fixture

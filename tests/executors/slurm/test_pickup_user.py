@@ -1,5 +1,5 @@
 """The pick-up keeps who submitted each job: the user it runs as decides which GPUs it may share (MPS serves
-one user per GPU; scheduler_core.run_as)."""
+one user per GPU; scheduler_core.jobs.run_as)."""
 
 from __future__ import annotations
 

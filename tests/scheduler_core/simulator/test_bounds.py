@@ -10,7 +10,7 @@ import pytest
 
 from executors.simulated.evaluation import jct_bound_report, simulation_catalog
 from scheduler_core.gpu_specs import get_spec
-from scheduler_core.interference import InterferenceParams
+from scheduler_core.interference.pairs import InterferenceParams
 from scheduler_core.rng import rng_stream
 from scheduler_core.simulator import POLICIES, SimConfig, get_policy, run_simulation
 from scheduler_core.simulator.bounds import arrived_mask, best_rates, idle_dominates, jct_bound

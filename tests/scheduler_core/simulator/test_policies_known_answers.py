@@ -15,8 +15,8 @@ from dataclasses import replace
 import pytest
 
 from scheduler_core.gpu_specs import get_spec
-from scheduler_core.interference import colocate
-from scheduler_core.online_load import load_of, solo_gpu_util_pct, solo_sm_activity_pct
+from scheduler_core.interference.pairs import colocate
+from scheduler_core.online.load import load_of, solo_gpu_util_pct, solo_sm_activity_pct
 from scheduler_core.simulator import get_policy, run_simulation
 from scheduler_core.workloads import ONLINE_FAMILIES
 from tests.scheduler_core.simulator.conftest import flat_config, trace_job

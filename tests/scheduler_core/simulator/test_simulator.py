@@ -106,7 +106,7 @@ class StubPredictor:
 
     Throughput grows with the offline share and shrinks with the online service's SM activity;
     the online slowdown grows with the share and with both sides' SM activity (feature columns
-    of :data:`scheduler_core.features.FEATURE_NAMES`: 1 on_sm_activity_pct, 9 off_sm_activity_pct,
+    of :data:`scheduler_core.prediction.features.FEATURE_NAMES`: 1 on_sm_activity_pct, 9 off_sm_activity_pct,
     15 the offline job's MPS share). Values are rounded to 1e-6 so that last-bit differences
     between BLAS builds cannot change a plan.
     """
@@ -225,7 +225,7 @@ def test_comparison_is_normalized_to_muxflow_and_online_only(all_results) -> Non
 
 def test_services_get_slos_only_when_declared_or_scaled() -> None:
     from scheduler_core.gpu_specs import get_spec
-    from scheduler_core.online_load import peak_slo_ms
+    from scheduler_core.online.load import peak_slo_ms
     from scheduler_core.simulator import ServiceSpec
     from scheduler_core.workloads import ONLINE_FAMILIES
 
