@@ -30,7 +30,7 @@ from executors.slurm.retry import Retry, SlurmUnavailable
 from executors.slurm.client import SlurmNotFound
 from executors.slurm.errors import SlurmError
 from executors.slurm.models import PENDING, Node
-from executors.slurm.spec import JobSpec
+from executors.slurm.spec import BatchJob
 from executors.slurm.sync import view_of
 from scheduler_core.jobs.sync import ClusterView
 
@@ -86,7 +86,7 @@ class SlurmProfileExecutor:
     def submit(self, spec: RunSpec) -> int:
         nodes = self._call(f"list the {self.partition} partition's nodes", self.client.list_nodes)
         gres, nodelist = whole_gpu_request(nodes, self.partition, spec.gpu_type)
-        job = JobSpec(
+        job = BatchJob(
             name=spec.name, script=spec.script, partition=self.partition, environment=self.environment,
             working_dir=str(spec.run_dir), gres_per_node=gres, nodelist=nodelist, requeue=False,
             stdout_path=str(spec.run_dir / "slurm-%j.out"), stderr_path=str(spec.run_dir / "slurm-%j.out"),

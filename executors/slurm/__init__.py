@@ -16,10 +16,10 @@ from executors.slurm.errors import (
 )
 from executors.slurm.models import ControllerPing, Job, Node, Partition, SlurmVersion, SubmitResult
 from executors.slurm.settings import SlurmRestSettings
-from executors.slurm.spec import JobSignal, JobSpec, JobUpdate
+from executors.slurm.spec import JobSignal, BatchJob, JobUpdate
 
 __all__ = [
-    "API_VERSIONS", "DEFAULT_API_VERSION", "ApiVersion", "ControllerPing", "Job", "JobSignal", "JobSpec",
+    "API_VERSIONS", "DEFAULT_API_VERSION", "ApiVersion", "ControllerPing", "Job", "JobSignal", "BatchJob",
     "JobUpdate", "Node", "Partition", "PayloadError", "SlurmApi", "SlurmAuthError", "SlurmError",
     "SlurmErrorEntry", "SlurmNotFound", "SlurmRestClient", "SlurmRestError", "SlurmRestSettings",
     "SlurmTransportError", "SlurmUnsupported", "SlurmVersion", "SubmitResult", "api_version",

@@ -55,7 +55,7 @@ from executors.slurm.dev import DevCluster
 from executors.slurm.errors import SlurmError
 from executors.slurm.pickup import import_submissions, submission_comment
 from executors.slurm.scontrol import ScontrolRequeue
-from executors.slurm.spec import JobSpec as SlurmJobSpec
+from executors.slurm.spec import BatchJob
 from executors.store import dispatch as dispatch_log
 from executors.store import inventory, repo
 from executors.store import jobs as jobstore
@@ -174,7 +174,7 @@ def run_dispatch_bench(placements: int, *, db_url: str | None = None, state_dir:
             raise BenchError("the dev cluster has no GPU nodes registered")
 
         t = time.perf_counter()
-        gate = client.submit(SlurmJobSpec(name=f"{prefix}-gate", script="#!/bin/sh\ntrue\n", partition="profile",
+        gate = client.submit(BatchJob(name=f"{prefix}-gate", script="#!/bin/sh\ntrue\n", partition="profile",
                                           hold=True, stdout_path="/dev/null", working_dir="/tmp")).job_id
         submitted.append(gate)
         say(f"submitting {placements} held jobs (gate job {gate}) …")
@@ -182,7 +182,7 @@ def run_dispatch_bench(placements: int, *, db_url: str | None = None, state_dir:
             spec = JobSpec(name=f"{prefix}-{i}", command="sleep 600", job_type=JOB_TYPE, mem_bytes=MEM_BYTES,
                            allowed_gpu_types=tuple(gpu_types), checkpoint_dir=f"/tmp/{prefix}/ckpt-{i}",
                            total_steps=1000)
-            submitted.append(client.submit(SlurmJobSpec(
+            submitted.append(client.submit(BatchJob(
                 name=spec.name, script=SCRIPT, partition="offline", hold=True, gres_per_node="mps:10",
                 comment=submission_comment(spec), dependency=f"afterok:{gate}", stdout_path="/dev/null",
                 working_dir="/tmp", time_limit_min=10)).job_id)

@@ -26,7 +26,7 @@ from executors.slurm.errors import (
 )
 from executors.slurm.models import ControllerPing, Job, Node, Partition, SlurmVersion, SubmitResult
 from executors.slurm.settings import SlurmRestSettings
-from executors.slurm.spec import JobSpec, JobUpdate
+from executors.slurm.spec import BatchJob, JobUpdate
 
 log = logging.getLogger(__name__)
 
@@ -45,7 +45,7 @@ class SlurmNotFound(SlurmRestError):
 class SlurmApi(Protocol):
     """What the dispatcher needs from Slurm; :class:`SlurmRestClient` is the real one."""
 
-    def submit(self, spec: JobSpec) -> SubmitResult: ...
+    def submit(self, spec: BatchJob) -> SubmitResult: ...
     def get_job(self, job_id: int) -> Job: ...
     def list_jobs(self) -> list[Job]: ...
     def update_job(self, job_id: int, update: JobUpdate) -> None: ...
@@ -141,7 +141,7 @@ class SlurmRestClient:
         return self.request("GET", "/openapi/v3")
 
     # -- jobs ----------------------------------------------------------------
-    def submit(self, spec: JobSpec) -> SubmitResult:
+    def submit(self, spec: BatchJob) -> SubmitResult:
         data = self.request("POST", self.api.submit_path(), body=self.api.build_submit(spec))
         if data.get("job_id") in (None, 0):
             raise SlurmRestError("POST", self.api.submit_path(), 200, self.api.parse_errors(data),

@@ -33,7 +33,7 @@ from dataclasses import dataclass
 from executors.slurm.errors import SlurmError
 from executors.slurm.hostlist import gres_count, parse_gres
 from executors.slurm.models import Job
-from executors.slurm.spec import JobSpec as SlurmJobSpec
+from executors.slurm.spec import BatchJob
 from executors.slurm.spec import JobUpdate
 from executors.store import inventory
 from executors.store import jobs as jobstore
@@ -257,7 +257,7 @@ def submit_held(store, client, spec: JobSpec, script: str, *, mps_pct: int, work
         raise SubmissionError("mps", f"must be within 1..100, got {mps_pct}")
     if not script.startswith("#!"):
         raise SubmissionError("script", "must start with an interpreter line such as #!/bin/sh")
-    job = SlurmJobSpec(name=spec.name, script=script, partition=OFFLINE_PARTITION, hold=True,
+    job = BatchJob(name=spec.name, script=script, partition=OFFLINE_PARTITION, hold=True,
                        gres_per_node=f"mps:{mps_pct}", comment=submission_comment(spec), working_dir=working_dir,
                        environment=environment)
     sid = int(sbatch(job)) if sbatch is not None else client.submit(job).job_id

@@ -45,7 +45,7 @@ class SbatchAsCaller:
             self.env["SLURM_CONF"] = slurm_conf
 
     def __call__(self, spec) -> int:
-        """Submit ``spec`` (an :class:`executors.slurm.spec.JobSpec`; its script on sbatch's standard input)."""
+        """Submit ``spec`` (an :class:`executors.slurm.spec.BatchJob`; its script on sbatch's standard input)."""
         argv = [self.sbatch, "--parsable", "-p", spec.partition, "-J", spec.name]
         if spec.hold:
             argv.append("--hold")

@@ -1,6 +1,6 @@
 """What MuxFlow asks of Slurm, independent of the slurmrestd API version.
 
-A :class:`JobSpec` or :class:`JobUpdate` is plain data; the per-version payload
+A :class:`BatchJob` or :class:`JobUpdate` is plain data; the per-version payload
 builders in :mod:`executors.slurm.api` turn it into a request body (docs/DESIGN.md §3
 steps 1 and 6: submit held, then place with ``--gres=mps:<pct>`` on a node and
 release).
@@ -75,7 +75,7 @@ class JobSignal:
 
 
 @dataclass(frozen=True)
-class JobSpec:
+class BatchJob:
     """A batch job to submit. ``gres_per_node`` is in ``--gres`` form (``mps:30``)."""
 
     name: str

@@ -106,7 +106,7 @@ def gpu_inventory(s: Session) -> list[tuple[str, bool, int, str, str, str | None
 
 
 @dataclass(frozen=True)
-class ServiceSpec:
+class ServiceRegistration:
     name: str
     family: str
     qps_min: float
@@ -118,7 +118,7 @@ class ServiceSpec:
     slowdown_budget: float | None = None  # scheduler_core.online.latency_budget; None: the flat allowance
 
 
-def register_online_service(s: Session, spec: ServiceSpec, gpu_ids: list[int], metrics_urls: dict[int, str],
+def register_online_service(s: Session, spec: ServiceRegistration, gpu_ids: list[int], metrics_urls: dict[int, str],
                             run_as_user: str | None = None) -> int:
     """An online service with one replica on each of ``gpu_ids`` (and its endpoint where given); its id.
 

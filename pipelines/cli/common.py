@@ -190,3 +190,18 @@ def parse_types(text: str) -> dict[str, int]:
     if not out:
         raise CliError("types: name at least one GPU type")
     return out
+
+
+def text_table(cells: list[list[str]]) -> list[str]:
+    """Left-aligned columns, the first row a header underlined with dashes."""
+    widths = [max(len(row[i]) for row in cells) for i in range(len(cells[0]))]
+    lines = ["  ".join(c.ljust(w) for c, w in zip(row, widths)) for row in cells]
+    lines.insert(1, "  ".join("-" * w for w in widths))
+    return lines
+
+
+def columns_table(rows: list[dict], cols: list[tuple[str, str, str]]) -> list[str]:
+    """One line per row: ``cols`` are (key, header, format); a missing or None value prints as '-'."""
+    cells = [[h for _, h, _ in cols]]
+    cells += [["-" if r.get(k) is None else f.format(r[k]) for k, _, f in cols] for r in rows]
+    return text_table(cells)

@@ -61,7 +61,7 @@ def online_register(ctx, name, family, qps_min, qps_max, peak_hour, slo_ms, allo
     if not ids:
         raise CliError("gpu-ids: name at least one GPU")
     urls = parse_endpoint_options(endpoints, ids)
-    spec = inventory.ServiceSpec(name, family, qps_min, qps_max, peak_hour, slo_ms, allowance, mem, budget)
+    spec = inventory.ServiceRegistration(name, family, qps_min, qps_max, peak_hour, slo_ms, allowance, mem, budget)
     with store_of(ctx).session() as s:  # an InventoryError (a ValueError) is one line, nothing written
         inventory.register_online_service(s, spec, ids, urls, run_as)
     with_url = f", {len(urls)} with a metrics endpoint" if urls else ""

@@ -18,7 +18,7 @@ from dataclasses import replace
 from pathlib import Path
 
 import click
-from pipelines.cli.common import HELP, SEED, CliError, FiniteFloat, parse_types, writable_dir
+from pipelines.cli.common import HELP, SEED, CliError, FiniteFloat, columns_table, parse_types, text_table, writable_dir
 from scheduler_core.online.dynamic_sm import SmPolicy
 
 CACHE_DIR = Path(".muxflow") / "cache"
@@ -500,9 +500,7 @@ def format_conclusions(matrix: list[dict]) -> str:
     for row in matrix:
         cells.append([row["name"], *(word[row["by_calibration"][c]["holds"]] for c in cals),
                       word[row["holds_under_all"]]])
-    widths = [max(len(r[i]) for r in cells) for i in range(len(cells[0]))]
-    lines = ["  ".join(c.ljust(w) for c, w in zip(r, widths)) for r in cells]
-    lines.insert(1, "  ".join("-" * w for w in widths))
+    lines = text_table(cells)
     for row in matrix:
         lines.append(f"{row['name']}: {row['claim']}")
         lines.extend(f"  {c}: {row['by_calibration'][c]['value']}" for c in cals)
@@ -518,12 +516,7 @@ def format_table(rows: list[dict], calibration: str = "transfer") -> str:
             ("oversold_vs_muxflow", "oversold/MuxFlow", "{:.3f}"), ("gpu_util_pct", "GPU util %", "{:.1f}"),
             ("sm_activity_pct", "SM act %", "{:.1f}"), ("eviction_rate", "evict rate", "{:.4f}"),
             ("slo_violation_frac", "SLO viol/svc-min", "{:.4f}")]
-    cells = [[h for _, h, _ in cols]]
-    for r in rows:
-        cells.append(["-" if r.get(k) is None else f.format(r[k]) for k, _, f in cols])
-    widths = [max(len(row[i]) for row in cells) for i in range(len(cols))]
-    lines = ["  ".join(c.ljust(w) for c, w in zip(row, widths)) for row in cells]
-    lines.insert(1, "  ".join("-" * w for w in widths))
+    lines = columns_table(rows, cols)
     return (f"SIMULATED (calibration {calibration}) — latency normalized to Online-only, JCT and oversold GPU to "
             "MuxFlow\n" + "\n".join(lines))
 

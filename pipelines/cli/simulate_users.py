@@ -16,7 +16,7 @@ from dataclasses import replace
 
 import click
 
-from pipelines.cli.common import HELP, CliError
+from pipelines.cli.common import HELP, CliError, columns_table
 from pipelines.cli.simulate import (
     _check_calibrations,
     _config,
@@ -97,12 +97,7 @@ def format_users_table(rows: list[dict], zipf_s: float) -> str:
             ("oversold_vs_none", "oversold/none", "{:.3f}"), ("placements_per_round", "placed/round", "{:.1f}"),
             ("norm_tput", "norm tput", "{:.4f}"), ("p99_latency_vs_online_only", "p99 lat", "{:.3f}"),
             ("plan_s_mean", "round s", "{:.3f}")]
-    cells = [[h for _, h, _ in cols]]
-    for r in rows:
-        cells.append(["-" if r.get(k) is None else f.format(r[k]) for k, _, f in cols])
-    widths = [max(len(row[i]) for row in cells) for i in range(len(cols))]
-    lines = ["  ".join(c.ljust(w) for c, w in zip(row, widths)) for row in cells]
-    lines.insert(1, "  ".join("-" * w for w in widths))
+    lines = columns_table(rows, cols)
     return (f"SIMULATED — MuxFlow with one user per GPU (teams with Zipf({zipf_s:g}) sizes; 0 = no user declared), "
             "JCT (every arrived job, unfinished ones counted to the end) and oversold GPU against no constraint\n"
             + "\n".join(lines))

@@ -17,7 +17,7 @@ import pytest
 from executors.slurm.client import SlurmNotFound
 from executors.slurm.errors import SlurmAuthError, SlurmRestError
 from executors.slurm.scontrol import ScontrolRequeue
-from executors.slurm.spec import JobSignal, JobSpec, JobUpdate
+from executors.slurm.spec import JobSignal, BatchJob, JobUpdate
 from tests.live.muxflow_helpers import read_env
 
 DATA = Path(__file__).resolve().parents[1] / "executors" / "slurm" / "data"
@@ -33,7 +33,7 @@ def env_script(out_dir: Path) -> str:
 def test_held_job_placed_on_chosen_node_with_mps_share(dev_cluster) -> None:
     out = dev_cluster.job_dir("place")
     with dev_cluster.client("local") as c:
-        res = c.submit(JobSpec(name="mx-place", script=env_script(out), partition="offline", hold=True,
+        res = c.submit(BatchJob(name="mx-place", script=env_script(out), partition="offline", hold=True,
                                gres_per_node="mps:30", working_dir=str(out), signal=JobSignal("USR1", 30),
                                environment={"PATH": "/usr/bin:/bin", "MUXFLOW_TEST": "place"},
                                comment="muxflow:test"))
@@ -62,7 +62,7 @@ def test_place_in_one_update_over_jwt_and_local_socket(dev_cluster) -> None:
     """A root job submitted over TCP+JWT is placed through the unix socket (the dispatcher's SlurmUser rights)."""
     out = dev_cluster.job_dir("place-jwt")
     with dev_cluster.client("jwt", user="root") as jwt, dev_cluster.client("local") as local:
-        res = jwt.submit(JobSpec(name="mx-place-jwt", script=env_script(out), partition="offline", hold=True,
+        res = jwt.submit(BatchJob(name="mx-place-jwt", script=env_script(out), partition="offline", hold=True,
                                  gres_per_node="mps:30", working_dir=str(out)))
         assert jwt.get_job(res.job_id).user_name == "root"
         local.place(res.job_id, "mx-t4-1", "mps:45")
@@ -79,7 +79,7 @@ def test_two_shares_on_one_node_at_once(dev_cluster) -> None:
               f"touch {out}/started.$SLURM_JOB_ID\n"
               f"while [ ! -e {out}/stop ]; do sleep 0.1; done\n")
     with dev_cluster.client() as c:
-        ids = [c.submit(JobSpec(name=f"mx-share-{pct}", script=script, partition="offline", hold=True,
+        ids = [c.submit(BatchJob(name=f"mx-share-{pct}", script=script, partition="offline", hold=True,
                                 gres_per_node="mps:10", working_dir=str(out))).job_id for pct in (30, 60)]
         try:
             for job_id, pct in zip(ids, (30, 60), strict=True):
@@ -101,14 +101,14 @@ def test_cancel_with_signal_reaches_the_batch_shell_then_cancel(dev_cluster) -> 
               f"touch {out}/ready.$SLURM_JOB_ID\n"
               "while true; do sleep 0.1; done\n")
     with dev_cluster.client() as c:
-        job_id = c.submit(JobSpec(name="mx-signal", script=script, partition="profile", gres_per_node="mps:10",
+        job_id = c.submit(BatchJob(name="mx-signal", script=script, partition="profile", gres_per_node="mps:10",
                                   working_dir=str(out))).job_id
         dev_cluster.wait_for("the trap to be set", lambda: (out / f"ready.{job_id}").exists())
         c.cancel(job_id, "USR1")
         dev_cluster.wait_for("the batch shell to get USR1", lambda: (out / f"got.{job_id}").exists())
         assert dev_cluster.wait_job(c, job_id, lambda j: j.finished, "exit after USR1").state == "COMPLETED"
 
-        held = c.submit(JobSpec(name="mx-cancel", script="#!/bin/sh\ntrue\n", partition="offline", hold=True)).job_id
+        held = c.submit(BatchJob(name="mx-cancel", script="#!/bin/sh\ntrue\n", partition="offline", hold=True)).job_id
         c.cancel(held)
         assert dev_cluster.wait_job(c, held, lambda j: j.finished, "cancel").state == "CANCELLED"
 
@@ -118,7 +118,7 @@ def test_requeue_hold_through_scontrol_fallback(dev_cluster) -> None:
     script = f"#!/bin/sh\ntouch {out}/run.$SLURM_RESTART_COUNT\nwhile true; do sleep 0.1; done\n"
     with dev_cluster.client() as c:
         c.requeue_fallback = ScontrolRequeue(str(dev_cluster.layout.slurm_conf))
-        job_id = c.submit(JobSpec(name="mx-requeue", script=script, partition="offline", hold=True,
+        job_id = c.submit(BatchJob(name="mx-requeue", script=script, partition="offline", hold=True,
                                   gres_per_node="mps:20", working_dir=str(out))).job_id
         try:
             c.place(job_id, "mx-a10-1", "mps:20")
@@ -138,7 +138,7 @@ def test_requeue_hold_through_scontrol_fallback(dev_cluster) -> None:
 def test_slurm_errors_surface_with_their_messages(dev_cluster) -> None:
     with dev_cluster.client() as c:
         with pytest.raises(SlurmRestError, match="Invalid partition name specified"):
-            c.submit(JobSpec(name="mx-bad", script="#!/bin/sh\ntrue\n", partition="no-such-partition"))
+            c.submit(BatchJob(name="mx-bad", script="#!/bin/sh\ntrue\n", partition="no-such-partition"))
         with pytest.raises(SlurmNotFound, match="Invalid job id specified"):
             c.get_job(987654321)
         with pytest.raises(SlurmRestError, match="Invalid job id specified"):
@@ -148,7 +148,7 @@ def test_slurm_errors_surface_with_their_messages(dev_cluster) -> None:
             c.request("POST", c.api.job_path(1), body={"required_nodes": "mx-t4-1"})
         with pytest.raises(SlurmRestError, match="Requested node configuration is not available"):
             # (profile: a held offline job, see job_submit.lua, is not checked against the nodes at submission)
-            c.submit(JobSpec(name="mx-bad-gres", script="#!/bin/sh\ntrue\n", partition="profile",
+            c.submit(BatchJob(name="mx-bad-gres", script="#!/bin/sh\ntrue\n", partition="profile",
                              gres_per_node="gpu:v100:1"))
 
 

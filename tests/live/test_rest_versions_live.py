@@ -20,7 +20,7 @@ from executors.slurm.api import API_VERSIONS, api_version, offered_versions
 from executors.slurm import plan as plans
 from executors.slurm.backend import placement_plan
 from executors.slurm.client import SlurmRestClient
-from executors.slurm.spec import JobSpec, JobUpdate
+from executors.slurm.spec import BatchJob, JobUpdate
 from tests.live.site_helpers import release_of, site_cluster, write_artifact  # noqa: F401
 
 GOLDEN = Path(__file__).resolve().parents[1] / "executors" / "slurm" / "golden"
@@ -52,19 +52,19 @@ def test_every_offered_version_live(site_cluster) -> None:
         with _client(live, version) as c:
             api = c.api
             # job 1 exists before the gated body (afterok:1) is sent
-            first = c.submit(JobSpec(name="first", script="#!/bin/sh\ntrue\n", partition="profile",
+            first = c.submit(BatchJob(name="first", script="#!/bin/sh\ntrue\n", partition="profile",
                                      stdout_path="/dev/null")).job_id
             # the golden updates go to a job that cannot start (its dependency waits on a held job): each finds it
             # pending, whatever the one before released
-            gate = c.submit(JobSpec(name="gate", script="#!/bin/sh\ntrue\n", partition="offline", hold=True,
+            gate = c.submit(BatchJob(name="gate", script="#!/bin/sh\ntrue\n", partition="offline", hold=True,
                                     stdout_path="/dev/null")).job_id
-            target = c.submit(JobSpec(name="target", script="#!/bin/sh\nsleep 300\n", partition="offline",
+            target = c.submit(BatchJob(name="target", script="#!/bin/sh\nsleep 300\n", partition="offline",
                                       hold=True, gres_per_node="mps:30", stdout_path="/dev/null",
                                       dependency=f"afterok:{gate}")).job_id
             # it takes the USR1 below as a MuxFlow job does (a checkpoint request), so only the cancel ends it
             # ("ready" once the trap is set: a USR1 sent before it would end the job FAILED)
             loop = "#!/bin/sh\ntrap 'echo usr1' USR1\necho ready\nwhile :; do sleep 1; done\n"
-            held = c.submit(JobSpec(name="placed", script=loop, partition="offline", hold=True,
+            held = c.submit(BatchJob(name="placed", script=loop, partition="offline", hold=True,
                                     gres_per_node="mps:30", stdout_path=f"{d}/%j.out")).job_id
             submitted = [first, gate, target, held]
             for name, body in _golden(version).items():
@@ -77,7 +77,7 @@ def test_every_offered_version_live(site_cluster) -> None:
                     c.request("POST", api.job_path(target), body=body)
                     assert c.get_job(target).state == "PENDING"
                 else:
-                    sid = c.submit(JobSpec(name="cancel", script="#!/bin/sh\nsleep 300\n", partition="profile",
+                    sid = c.submit(BatchJob(name="cancel", script="#!/bin/sh\nsleep 300\n", partition="profile",
                                            stdout_path="/dev/null")).job_id
                     submitted.append(sid)
                     if body:  # a signal reaches a running job only

@@ -16,7 +16,7 @@ from typing import Any, ClassVar
 from executors.slurm.errors import SlurmErrorEntry
 from executors.slurm.hostlist import expand_hostlist, parse_gres
 from executors.slurm.models import ControllerPing, Job, Node, Partition, SlurmVersion, SubmitResult, epoch_to_utc
-from executors.slurm.spec import JobSpec, JobUpdate, signal_name
+from executors.slurm.spec import BatchJob, JobUpdate, signal_name
 
 
 class ApiVersion(ABC):
@@ -68,7 +68,7 @@ class ApiVersion(ABC):
 
     # -- requests ------------------------------------------------------------
     @abstractmethod
-    def build_submit(self, spec: JobSpec) -> dict[str, Any]:
+    def build_submit(self, spec: BatchJob) -> dict[str, Any]:
         """The JSON body of ``POST {prefix}/job/submit``."""
 
     @abstractmethod

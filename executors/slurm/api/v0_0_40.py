@@ -24,7 +24,7 @@ from typing import Any, ClassVar
 from executors.slurm.api.base import ApiVersion, as_int, as_str
 from executors.slurm.hostlist import expand_hostlist
 from executors.slurm.models import ControllerPing, Partition, epoch_to_utc
-from executors.slurm.spec import JobSpec, JobUpdate
+from executors.slurm.spec import BatchJob, JobUpdate
 
 
 DEFAULT_WORKING_DIR = "/tmp"
@@ -60,7 +60,7 @@ class V0040(ApiVersion):
     verified_live: ClassVar[bool] = True
     supports_requeue: ClassVar[bool] = False
 
-    def build_submit(self, spec: JobSpec) -> dict[str, Any]:
+    def build_submit(self, spec: BatchJob) -> dict[str, Any]:
         job: dict[str, Any] = {
             "name": spec.name,
             "partition": spec.partition,

@@ -19,7 +19,7 @@ import httpx
 
 from executors.slurm.api import api_version
 from executors.slurm.dev import DevCluster
-from executors.slurm.spec import JobSignal, JobSpec, JobUpdate
+from executors.slurm.spec import JobSignal, BatchJob, JobUpdate
 
 DATA = Path(__file__).resolve().parent / "data"
 
@@ -54,7 +54,7 @@ def main() -> int:
     call("partitions", "GET", api.partitions_path())
 
     script = "#!/bin/sh\necho started\nsleep 60\n"
-    job = JobSpec(name="capture", script=script, partition="offline", hold=True, gres_per_node="mps:30",
+    job = BatchJob(name="capture", script=script, partition="offline", hold=True, gres_per_node="mps:30",
                   working_dir=str(layout.jobs_dir), environment={"PATH": "/usr/bin:/bin", "MUXFLOW_JOB": "capture"},
                   signal=JobSignal("USR1", 60), comment="muxflow:capture", time_limit_min=10)
     sub = call("job_submit_held", "POST", api.submit_path(), api.build_submit(job))
@@ -83,7 +83,7 @@ def main() -> int:
         time.sleep(0.2)
     call("job_cancelled", "GET", api.job_path(job_id))
 
-    bad = api.build_submit(JobSpec(name="bad", script=script, partition="no-such-partition"))
+    bad = api.build_submit(BatchJob(name="bad", script=script, partition="no-such-partition"))
     call("error_unknown_partition", "POST", api.submit_path(), bad)
     call("error_unknown_job", "GET", api.job_path(999999))
     call("error_cancel_unknown_job", "DELETE", api.job_path(999999))

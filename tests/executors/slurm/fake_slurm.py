@@ -24,7 +24,7 @@ from executors.slurm.client import SlurmNotFound
 from executors.slurm.errors import SlurmErrorEntry, SlurmRestError, SlurmTransportError
 from executors.slurm.hostlist import parse_gres, per_gpu_type
 from executors.slurm.models import Job, Node, SubmitResult
-from executors.slurm.spec import JobSpec, JobUpdate
+from executors.slurm.spec import BatchJob, JobUpdate
 
 PLAN_KEY = bytes(range(32))  # the tests' plan key (executors.slurm.plan)
 USER = pwd.getpwuid(os.geteuid()).pw_name  # the fake jobs' owner: whoever runs the tests (owns their files)
@@ -86,7 +86,7 @@ class FakeSlurm:
         return self.jobs[job_id]
 
     # -- the client API ---------------------------------------------------------------
-    def submit(self, spec: JobSpec) -> SubmitResult:
+    def submit(self, spec: BatchJob) -> SubmitResult:
         self._call("submit", spec.name)
         job_id, self._next = self._next, self._next + 1
         self.jobs[job_id] = make_job(job_id, comment=spec.comment or "", name=spec.name, partition=spec.partition,

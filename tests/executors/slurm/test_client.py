@@ -13,10 +13,10 @@ from executors.slurm.client import SlurmNotFound, SlurmRestClient
 from executors.slurm.errors import SlurmAuthError, SlurmRestError, SlurmTransportError, SlurmUnsupported, TokenFileError
 from executors.slurm.jwt import mint_hs256
 from executors.slurm.settings import SlurmRestSettings
-from executors.slurm.spec import JobSpec, JobUpdate
+from executors.slurm.spec import BatchJob, JobUpdate
 
 DATA = Path(__file__).resolve().parent / "data"
-SPEC = JobSpec(name="j", script="#!/bin/sh\n", partition="offline", hold=True, gres_per_node="mps:30")
+SPEC = BatchJob(name="j", script="#!/bin/sh\n", partition="offline", hold=True, gres_per_node="mps:30")
 
 
 def captured(name: str) -> tuple[int, dict[str, Any]]:

@@ -17,7 +17,7 @@ import pytest
 
 from executors.slurm.api import API_VERSIONS, api_version
 from executors.slurm.errors import PayloadError
-from executors.slurm.spec import JobSignal, JobSpec, JobUpdate
+from executors.slurm.spec import JobSignal, BatchJob, JobUpdate
 
 HERE = Path(__file__).resolve().parent
 GOLDEN = HERE / "golden"
@@ -28,7 +28,7 @@ SCHEMA_038 = HERE / "data" / "openapi_v0.0.38.json"
 LIVE_ONLY_KEYS_038 = {"nodelist"}
 LIVE_TYPES_038 = {"begin_time": str}
 
-FULL = JobSpec(
+FULL = BatchJob(
     name="muxflow-offline-17",
     script="#!/bin/sh\nexec python -m train --resume\n",
     partition="offline",
@@ -43,10 +43,10 @@ FULL = JobSpec(
     time_limit_min=600,
     comment="muxflow:job=17",
 )
-MINIMAL = JobSpec(name="probe", script="#!/bin/sh\ntrue\n", partition="profile")
-GATED = JobSpec(name="bench-1", script="#!/bin/sh\nsleep 600\n", partition="offline", hold=True,
+MINIMAL = BatchJob(name="probe", script="#!/bin/sh\ntrue\n", partition="profile")
+GATED = BatchJob(name="bench-1", script="#!/bin/sh\nsleep 600\n", partition="offline", hold=True,
                 gres_per_node="mps:1", dependency="afterok:1")  # the live test's first job is job 1
-PINNED = JobSpec(name="online-svc", script="#!/bin/sh\nexec serve\n", partition="online", nodelist="mx-t4-1",
+PINNED = BatchJob(name="online-svc", script="#!/bin/sh\nexec serve\n", partition="online", nodelist="mx-t4-1",
                  gres_per_node="mps:100")
 
 REQUESTS: dict[str, Any] = {
@@ -107,12 +107,12 @@ def test_payload_matches_golden(version: str, name: str) -> None:
 
 
 def test_v0040_batch_only_signal_golden() -> None:
-    spec = JobSpec(name="ckpt", script="#!/bin/sh\n", partition="offline", signal=JobSignal("USR1", 60, True))
+    spec = BatchJob(name="ckpt", script="#!/bin/sh\n", partition="offline", signal=JobSignal("USR1", 60, True))
     check_golden(GOLDEN / "v0.0.40" / "submit_batch_signal.json", api_version("v0.0.40").build_submit(spec))
 
 
 def test_v0038_refuses_batch_only_signal() -> None:
-    spec = JobSpec(name="ckpt", script="#!/bin/sh\n", partition="offline", signal=JobSignal("USR1", 60, True))
+    spec = BatchJob(name="ckpt", script="#!/bin/sh\n", partition="offline", signal=JobSignal("USR1", 60, True))
     with pytest.raises(PayloadError, match="batch shell"):
         api_version("v0.0.38").build_submit(spec)
 
@@ -186,7 +186,7 @@ def test_v0038_served_paths_match_the_builders() -> None:
 def test_job_spec_validation(kwargs: dict[str, Any], match: str) -> None:
     base = {"name": "j", "script": "#!/bin/sh\n", "partition": "offline"}
     with pytest.raises(PayloadError, match=match):
-        JobSpec(**{**base, **kwargs})
+        BatchJob(**{**base, **kwargs})
 
 
 def test_signal_names_normalised_and_checked() -> None:
