@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import os
 import re
 from pathlib import Path
 
@@ -15,12 +16,12 @@ DESIGN_REF = re.compile(r"docs/DESIGN\.md §(\d+)")
 
 def _text_files() -> list[Path]:
     out = []
-    for path in ROOT.rglob("*"):
-        rel = path.relative_to(ROOT)
-        if any(part in SKIP_DIRS or part.endswith(".egg-info") for part in rel.parts):
-            continue
-        if path.is_file() and path.suffix in TEXT and path.stat().st_size < 2_000_000:
-            out.append(path)
+    for top, dirs, files in os.walk(ROOT):
+        dirs[:] = [d for d in dirs if d not in SKIP_DIRS and not d.endswith(".egg-info")]  # never entered
+        for name in files:
+            path = Path(top) / name
+            if path.suffix in TEXT and path.stat().st_size < 2_000_000:
+                out.append(path)
     return out
 
 

@@ -32,10 +32,11 @@ from scheduler_core.interference.pairs import (
 )
 from scheduler_core.interference.errors import (
     TransferReport,
-    model_interval,
     TypeData,
     WithinTypeReport,
+    held_out_folds,
     leave_one_type_out,
+    model_interval,
     synthesized_for,
     within_type,
 )
@@ -137,14 +138,20 @@ class Calibrator:
         return self._once(("offsets", gpu_type), lambda: residual_offsets(
             self.transfer_model(), self.type_profiles(gpu_type), self.mset.types[gpu_type].pairs))
 
+    def _folds(self):
+        """Each measured type held out from a model fitted on the others: fitted once, shared by the
+        leave-one-type-out reports and the intervals."""
+        return self._once(("folds",), lambda: held_out_folds(self.type_data, self.stressor))
+
     def transfer_reports(self) -> tuple[TransferReport, ...]:
         """Leave-one-GPU-type-out errors of the per-job fit (before) and the transferable model (after)."""
-        return self._once(("loto",), lambda: tuple(leave_one_type_out(self.type_data, self.stressor)))
+        return self._once(("loto",), lambda: tuple(
+            leave_one_type_out(self.type_data, self.stressor, folds=self._folds())))
 
     def subset_reports(self) -> tuple[TransferReport, ...]:
         """Leave one type out, trained on every non-empty subset of the other measured types."""
         return self._once(("loto-subsets",), lambda: tuple(
-            leave_one_type_out(self.type_data, self.stressor, subsets=True)))
+            leave_one_type_out(self.type_data, self.stressor, subsets=True, folds=self._folds())))
 
     def within_type_reports(self) -> tuple[WithinTypeReport, ...]:
         data = self.type_data
@@ -153,7 +160,8 @@ class Calibrator:
 
     def intervals(self) -> dict[str, Interval | None]:
         """The fitted model's 80 % intervals: ``after`` (measured profiles), ``zero_shot`` (synthesized)."""
-        return self._once(("intervals",), lambda: model_interval(self.type_data, self.stressor))
+        return self._once(("intervals",), lambda: model_interval(self.type_data, self.stressor,
+                                                                 folds=self._folds()))
 
     def interval_for(self, gpu_type: str) -> tuple[Interval, float | None]:
         """The interval that applies on ``gpu_type``, with the type's scale: measured-profile (scaled by the

@@ -149,14 +149,16 @@ def held_out_intervals(folds: Mapping[str, _Fold], level: float = INTERVAL_LEVEL
             for which in ("after", "zero_shot")}
 
 
-def leave_one_type_out(types: Mapping[str, TypeData], stressor: str, subsets: bool = False) -> list[TransferReport]:
+def leave_one_type_out(types: Mapping[str, TypeData], stressor: str, subsets: bool = False,
+                       folds: Mapping[str, _Fold] | None = None) -> list[TransferReport]:
     """Train on every type but one, test on that one; one report per test type.
 
     Each report's coverage is that of the interval built from the other test types' residuals, so
     a type's own pairs never widen or narrow its interval. With ``subsets``, one report per test
     type and non-empty subset of the other types (every subset's model scored the same way).
+    ``folds``: :func:`held_out_folds` of the same types, where the caller already has them.
     """
-    folds = _all_but_one(types, stressor)
+    folds = held_out_folds(types, stressor) if folds is None else folds
     out = []
     for test in sorted(types):
         others = tuple(g for g in sorted(types) if g != test)
@@ -169,7 +171,9 @@ def leave_one_type_out(types: Mapping[str, TypeData], stressor: str, subsets: bo
     return out
 
 
-def _all_but_one(types: Mapping[str, TypeData], stressor: str) -> dict[str, _Fold]:
+def held_out_folds(types: Mapping[str, TypeData], stressor: str) -> dict[str, _Fold]:
+    """Each type held out from a model fitted on all the others: the splits that both the
+    leave-one-type-out reports and the fitted model's intervals rest on (one model fit each)."""
     folds = {}
     for test in sorted(types):
         fold = _fold(types, tuple(g for g in sorted(types) if g != test), test, stressor)
@@ -178,10 +182,10 @@ def _all_but_one(types: Mapping[str, TypeData], stressor: str) -> dict[str, _Fol
     return folds
 
 
-def model_interval(types: Mapping[str, TypeData], stressor: str,
-                   level: float = INTERVAL_LEVEL) -> dict[str, Interval | None]:
+def model_interval(types: Mapping[str, TypeData], stressor: str, level: float = INTERVAL_LEVEL,
+                   folds: Mapping[str, _Fold] | None = None) -> dict[str, Interval | None]:
     """The intervals of the model fitted on every type: from every type's held-out residuals."""
-    return held_out_intervals(_all_but_one(types, stressor), level)
+    return held_out_intervals(held_out_folds(types, stressor) if folds is None else folds, level)
 
 
 @dataclass(frozen=True)
