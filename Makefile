@@ -33,10 +33,10 @@ ui: install
 	@test -f "$(DAGSTER_HOME)/muxflow.json" || echo "note: no $(DAGSTER_HOME)/muxflow.json yet; run 'make run' first to have rounds to look at"
 	$(VENV)/bin/dagster-webserver -w workspace.yaml -h 127.0.0.1 -p $(UI_PORT)
 
-# xCUDA, the LD_PRELOAD library, its fake driver, harness and C unit tests (executors/xcuda/build/).
+# xCUDA, the LD_PRELOAD library, its fake driver, harness and C unit tests (executors/node/xcuda/build/).
 .PHONY: xcuda
 xcuda:
-	$(MAKE) -C executors/xcuda
+	$(MAKE) -C executors/node/xcuda
 
 # The tests never read the user's instance: whatever the checkout holds (`make run`'s .dagster_home/muxflow.json
 # and .muxflow/) and whatever the shell exports, they run with DAGSTER_HOME a fresh, empty folder of their own and

@@ -2,7 +2,7 @@
 
 Thin wrappers over ``scheduler_core`` and the ``executors`` adapters. The
 steps they will wrap already exist as plain functions —
-``executors.steps`` (profiling, co-location samples, predictor training) and
-``executors.round_runner`` (plan, record, dispatch, book) — and the main job
+``executors.scheduler.predictors`` (predictor training and promotion) and
+``executors.scheduler.round_runner`` (plan, record, dispatch, book) — and the main job
 (``pipelines.main_job``) calls them in order today.
 """

@@ -9,6 +9,7 @@ from dagster import MetadataValue
 from assets.plots import png_markdown
 from executors.store.db import Store
 from executors.store.reports import run_report, write_csv
+from executors.store.summary import utilization_per_minute
 
 REPORTS = ("utilization_per_hour", "oversold_per_round", "evictions_per_day", "online_latency_per_day")
 
@@ -73,7 +74,6 @@ def write_run_plots(store: Store, out: Path, rounds: list[dict]) -> list[str]:
     matplotlib.use("Agg")
     import matplotlib.pyplot as plt
 
-    from executors.store.summary import utilization_per_minute
 
     with store.session() as s:
         per_min = utilization_per_minute(s)

@@ -1,4 +1,4 @@
-"""Dagster resources: the feature store, the cluster and the predictor store.
+"""Dagster resources: the feature store, the cluster, the predictor store and the scheduling settings.
 
 Thin handles over the adapters in ``executors``. Which implementation a run
 gets is configuration (``pipelines.settings``), resolved when the run starts;
@@ -6,16 +6,21 @@ importing this module opens nothing.
 """
 
 
+import datetime as dt
+
 from dagster import ConfigurableResource, Failure, InitResourceContext, ResourceDependency
 from pydantic import PrivateAttr
 
-from executors import steps
 from executors.cluster import ClusterBackend, Profiler
-from executors.profiling.backend import SlurmProfiler
-from executors.slurm.config import SlurmConfig, SlurmConfigError
+from executors.scheduler import predictors
+from executors.scheduler.profiling.backend import SlurmProfiler
+from executors.scheduler.slurm.config import SlurmConfig, SlurmConfigError
+from executors.store import repo
 from executors.store.db import Store
 from executors.store.migrate import current_revision, head_revision
 from scheduler_core.prediction.predictor import PredictorConfig
+from scheduler_core.round.clock import DEFAULT_PERIOD_S, RoundClock
+from scheduler_core.round.plan import RoundConfig
 
 
 class FeatureStoreResource(ConfigurableResource):
@@ -57,11 +62,11 @@ class ClusterResource(ConfigurableResource):
     slurm_retry_deadline_s: float = 60.0
     slurm_plan_key_file: str | None = None  # the key that signs plans (docs/SECURITY.md)
     slurm_reference_jwt_file: str | None = None  # the unprivileged account reference workloads run as
-    xcuda_kp: float = 1.0  # xCUDA's PID gains, sent with every placement (executors/xcuda/README.md)
+    xcuda_kp: float = 1.0  # xCUDA's PID gains, sent with every placement (executors/node/xcuda/README.md)
     xcuda_ki: float = 20.0
     xcuda_kd: float = 0.0
     slurm_name_gpus: bool = False  # shares name the planned GPU (docs/SLURM.md: only where jobs do not move)
-    # Overrides of executors.profiling.settings.ProfilingSettings / SamplingSettings for the Slurm profiler.
+    # Overrides of executors.scheduler.profiling.settings.ProfilingSettings / SamplingSettings for the Slurm profiler.
     profiling: dict = {}
     sampling: dict = {}
 
@@ -112,14 +117,38 @@ class PredictorStoreResource(ConfigurableResource):
     def config(self) -> PredictorConfig:
         return PredictorConfig(epochs=self.epochs, hidden=self.hidden, seed=self.seed)
 
-    def train_candidate(self, gpu_type: str) -> steps.TrainOutcome:
-        return steps.train_candidate(self.feature_store.store, gpu_type, self.config())
+    def train_candidate(self, gpu_type: str) -> predictors.TrainOutcome:
+        return predictors.train_candidate(self.feature_store.store, gpu_type, self.config())
 
-    def promote_latest(self, gpu_type: str) -> steps.Promotion:
-        from executors.store import repo
-
+    def promote_latest(self, gpu_type: str) -> predictors.Promotion:
         with self.feature_store.store.session() as s:
             version = repo.latest_model_version(s, gpu_type)
         if version is None:
             raise Failure(description=f"no trained model for GPU type {gpu_type}: materialize its candidate first")
-        return steps.promote(self.feature_store.store, gpu_type, version, self.max_holdout_mae)
+        return predictors.promote(self.feature_store.store, gpu_type, version, self.max_holdout_mae)
+
+
+class SchedulingResource(ConfigurableResource):
+    """What the round, profiling and report assets, the jobs and the sensors read of the deployment's settings
+    (``pipelines.settings``): the round windows, the round's configuration, profiling's seed and sample budget."""
+
+    round_period_s: int = DEFAULT_PERIOD_S
+    rounds_start: str  # ISO 8601 with a time zone: the first window a round may plan
+    rounds_end: str | None = None  # exclusive; None: open-ended (a live cluster)
+    migration_penalty: float = 0.05
+    max_jobs_per_gpu: int = 1
+    seed: int = 0
+    samples_per_type: int = 2000
+    report_dir: str = ".muxflow/report"
+
+    def clock(self) -> RoundClock:
+        return RoundClock(self.round_period_s)
+
+    def round_config(self) -> RoundConfig:
+        return RoundConfig(migration_penalty=self.migration_penalty, max_jobs_per_gpu=self.max_jobs_per_gpu)
+
+    def start(self) -> dt.datetime:
+        return dt.datetime.fromisoformat(self.rounds_start)
+
+    def end(self) -> dt.datetime | None:
+        return dt.datetime.fromisoformat(self.rounds_end) if self.rounds_end else None

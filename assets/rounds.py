@@ -1,6 +1,6 @@
 """The scheduling round, one partition per round window: plan → dispatch → what the cluster reported.
 
-Thin: each asset is one phase of :class:`executors.round_service.RoundService`.
+Thin: each asset is one phase of :class:`executors.scheduler.round_service.RoundService`.
 
 * ``placement_plan`` plans the window from the live state (after the job states
   follow the cluster) and stores the round (inputs snapshot, predictor versions,
@@ -42,14 +42,14 @@ from dagster import (
 )
 
 from assets.plots import predicted_vs_realised_plot
-from assets.resources import ClusterResource, FeatureStoreResource
-from executors import round_runner
-from executors.round_service import RoundError, RoundService
+from assets.reports import write_utilization_report
+from assets.resources import ClusterResource, FeatureStoreResource, SchedulingResource
+from executors.scheduler import round_runner
+from executors.scheduler.round_service import RoundError, RoundService
 from executors.store import models as m
 from executors.store import rounds as rounds_db
 from scheduler_core.round.check import plan_violations
-from scheduler_core.round.plan import RoundConfig, from_snapshot
-from scheduler_core.round.clock import RoundClock
+from scheduler_core.round.plan import from_snapshot
 
 GROUP = "rounds"
 ROUND_PARTITIONS = "rounds"
@@ -65,103 +65,108 @@ def round_failure(exc: RoundError) -> Failure:
     return Failure(description=str(exc), metadata=meta)
 
 
-def build_round_assets(clock: RoundClock, round_cfg: RoundConfig, report_dir: str) -> list:
-    def service(feature_store: FeatureStoreResource, cluster: ClusterResource) -> RoundService:
-        try:
-            return RoundService(feature_store.store, cluster.backend(), round_cfg, clock)
-        except RoundError as exc:
-            raise round_failure(exc) from exc
+def service(feature_store: FeatureStoreResource, cluster: ClusterResource,
+            scheduling: SchedulingResource) -> RoundService:
+    try:
+        return RoundService(feature_store.store, cluster.backend(), scheduling.round_config(), scheduling.clock())
+    except RoundError as exc:
+        raise round_failure(exc) from exc
 
-    def window_of(context: AssetExecutionContext) -> dt.datetime:
-        try:
-            return clock.parse_key(context.partition_key)
-        except ValueError as exc:
-            raise Failure(description=str(exc)) from exc
 
-    @asset(
-        group_name=GROUP, partitions_def=round_partitions,
-        deps=[AssetDep("speed_predictor", partition_mapping=AllPartitionMapping()),
-              "offline_job_profiles", "online_service_features"],
-        check_specs=[AssetCheckSpec(FEASIBLE_CHECK, asset="placement_plan", blocking=True,
-                                    description="each job once, each GPU once, SM within bounds, memory quota within "
-                                                "forecast free memory, new work on Healthy GPUs only")],
-        description="The round's plan: forecast → dynamic SM → predicted throughput → maximum-weight matching.",
+def window_of(context: AssetExecutionContext, scheduling: SchedulingResource) -> dt.datetime:
+    try:
+        return scheduling.clock().parse_key(context.partition_key)
+    except ValueError as exc:
+        raise Failure(description=str(exc)) from exc
+
+
+@asset(
+    group_name=GROUP, partitions_def=round_partitions,
+    deps=[AssetDep("speed_predictor", partition_mapping=AllPartitionMapping()),
+          "offline_job_profiles", "online_service_features"],
+    check_specs=[AssetCheckSpec(FEASIBLE_CHECK, asset="placement_plan", blocking=True,
+                                description="each job once, each GPU once, SM within bounds, memory quota within "
+                                            "forecast free memory, new work on Healthy GPUs only")],
+    description="The round's plan: forecast → dynamic SM → predicted throughput → maximum-weight matching.",
+)
+def placement_plan(context: AssetExecutionContext, feature_store: FeatureStoreResource, cluster: ClusterResource,
+                   scheduling: SchedulingResource) -> MaterializeResult:
+    window = window_of(context, scheduling)
+    svc = service(feature_store, cluster, scheduling)
+    try:
+        planned = svc.plan(window)
+    except RoundError as exc:
+        raise round_failure(exc) from exc
+    with feature_store.store.session() as s:
+        rnd = s.get(m.SchedulingRound, planned.round_id)
+        gpus, jobs = from_snapshot(rnd.snapshot)
+        stored = rounds_db.stored_result(s, rnd)
+        cfg = round_runner.round_config_from_json(rnd.snapshot.get("config", {}))
+        meta = _round_metadata(rnd, planned.result)
+    violations = plan_violations(gpus, jobs, stored.placements, stored.actions, cfg.sm, cfg.max_jobs_per_gpu)
+    if planned.warmup_minutes:
+        meta["warmup_minutes_recorded"] = planned.warmup_minutes
+    if planned.sync is not None and planned.sync.changed:
+        meta["job_states_synced"] = MetadataValue.json(planned.sync.transitions)
+    meta["replayed_from_snapshot"] = planned.replayed
+    return MaterializeResult(
+        metadata=meta,
+        check_results=[AssetCheckResult(
+            check_name=FEASIBLE_CHECK, passed=not violations, severity=AssetCheckSeverity.ERROR,
+            metadata={"violations": len(violations), "placements": len(stored.placements),
+                      "details": MetadataValue.md("\n".join(f"- {v}" for v in violations[:50]) or "none")},
+        )],
     )
-    def placement_plan(context: AssetExecutionContext, feature_store: FeatureStoreResource,
-                       cluster: ClusterResource) -> MaterializeResult:
-        window = window_of(context)
-        svc = service(feature_store, cluster)
-        try:
-            planned = svc.plan(window)
-        except RoundError as exc:
-            raise round_failure(exc) from exc
-        with feature_store.store.session() as s:
-            rnd = s.get(m.SchedulingRound, planned.round_id)
-            gpus, jobs = from_snapshot(rnd.snapshot)
-            stored = rounds_db.stored_result(s, rnd)
-            cfg = round_runner.round_config_from_json(rnd.snapshot.get("config", {}))
-            meta = _round_metadata(rnd, planned.result)
-        violations = plan_violations(gpus, jobs, stored.placements, stored.actions, cfg.sm, cfg.max_jobs_per_gpu)
-        if planned.warmup_minutes:
-            meta["warmup_minutes_recorded"] = planned.warmup_minutes
-        if planned.sync is not None and planned.sync.changed:
-            meta["job_states_synced"] = MetadataValue.json(planned.sync.transitions)
-        meta["replayed_from_snapshot"] = planned.replayed
-        return MaterializeResult(
-            metadata=meta,
-            check_results=[AssetCheckResult(
-                check_name=FEASIBLE_CHECK, passed=not violations, severity=AssetCheckSeverity.ERROR,
-                metadata={"violations": len(violations), "placements": len(stored.placements),
-                          "details": MetadataValue.md("\n".join(f"- {v}" for v in violations[:50]) or "none")},
-            )],
-        )
 
-    @asset(group_name=GROUP, partitions_def=round_partitions, deps=[placement_plan], retry_policy=EXTERNAL_RETRY,
-           description="The plan diff sent to the cluster (start / keep / migrate / evict), each action once.")
-    def plan_dispatch(context: AssetExecutionContext, feature_store: FeatureStoreResource,
-                      cluster: ClusterResource) -> MaterializeResult:
-        svc = service(feature_store, cluster)
-        try:
-            out = svc.dispatch(window_of(context))
-        except RoundError as exc:
-            raise round_failure(exc) from exc
-        return MaterializeResult(metadata={
-            "round_id": out.round_id, "actions": out.actions, "sent_now_ok": out.sent_ok,
-            "sent_now_failed": out.sent_failed, "done_total": out.log.get("done", 0),
-            "failed_total": out.log.get("failed", 0),
-            "cluster": "SIMULATED" if svc.backend.simulated else cluster.kind,
-        })
 
-    @asset(group_name=GROUP, partitions_def=round_partitions, deps=[plan_dispatch], retry_policy=EXTERNAL_RETRY,
-           description="What the cluster reported during the window: metrics, executions, evictions, completions.")
-    def cluster_interval(context: AssetExecutionContext, feature_store: FeatureStoreResource,
-                         cluster: ClusterResource) -> MaterializeResult:
-        svc = service(feature_store, cluster)
-        try:
-            out = svc.book(window_of(context))
-        except RoundError as exc:
-            raise round_failure(exc) from exc
-        label = "simulated" if svc.backend.simulated else "measured"
-        f = out.figures
-        meta = {
-            "round_id": out.round_id, "source": label, "booked_now": out.booked_now,
-            "executions": f.executions, f"oversold_gpu_realised_{label}": round(f.oversold, 4) if f.oversold else None,
-            "evictions": f.evictions, "completed_jobs": f.completed,
-        }
-        plot = predicted_vs_realised_plot(out.predicted_vs_realised, svc.backend.simulated)
-        if plot is not None:
-            meta["predicted_vs_realised"] = plot
-        return MaterializeResult(metadata={k: v for k, v in meta.items() if v is not None})
+@asset(group_name=GROUP, partitions_def=round_partitions, deps=[placement_plan], retry_policy=EXTERNAL_RETRY,
+       description="The plan diff sent to the cluster (start / keep / migrate / evict), each action once.")
+def plan_dispatch(context: AssetExecutionContext, feature_store: FeatureStoreResource, cluster: ClusterResource,
+                  scheduling: SchedulingResource) -> MaterializeResult:
+    svc = service(feature_store, cluster, scheduling)
+    try:
+        out = svc.dispatch(window_of(context, scheduling))
+    except RoundError as exc:
+        raise round_failure(exc) from exc
+    return MaterializeResult(metadata={
+        "round_id": out.round_id, "actions": out.actions, "sent_now_ok": out.sent_ok,
+        "sent_now_failed": out.sent_failed, "done_total": out.log.get("done", 0),
+        "failed_total": out.log.get("failed", 0),
+        "cluster": "SIMULATED" if svc.backend.simulated else cluster.kind,
+    })
 
-    @asset(group_name=GROUP, deps=[AssetDep(cluster_interval, partition_mapping=AllPartitionMapping())],
-           description="SQL reports on utilization and oversold GPU over every booked window (CSV + plot).")
-    def utilization_report(feature_store: FeatureStoreResource, cluster: ClusterResource) -> MaterializeResult:
-        from assets.reports import write_utilization_report
 
-        return MaterializeResult(metadata=write_utilization_report(
-            feature_store.store, Path(report_dir), cluster.backend().simulated))
+@asset(group_name=GROUP, partitions_def=round_partitions, deps=[plan_dispatch], retry_policy=EXTERNAL_RETRY,
+       description="What the cluster reported during the window: metrics, executions, evictions, completions.")
+def cluster_interval(context: AssetExecutionContext, feature_store: FeatureStoreResource, cluster: ClusterResource,
+                     scheduling: SchedulingResource) -> MaterializeResult:
+    svc = service(feature_store, cluster, scheduling)
+    try:
+        out = svc.book(window_of(context, scheduling))
+    except RoundError as exc:
+        raise round_failure(exc) from exc
+    label = "simulated" if svc.backend.simulated else "measured"
+    f = out.figures
+    meta = {
+        "round_id": out.round_id, "source": label, "booked_now": out.booked_now,
+        "executions": f.executions, f"oversold_gpu_realised_{label}": round(f.oversold, 4) if f.oversold else None,
+        "evictions": f.evictions, "completed_jobs": f.completed,
+    }
+    plot = predicted_vs_realised_plot(out.predicted_vs_realised, svc.backend.simulated)
+    if plot is not None:
+        meta["predicted_vs_realised"] = plot
+    return MaterializeResult(metadata={k: v for k, v in meta.items() if v is not None})
 
-    return [placement_plan, plan_dispatch, cluster_interval, utilization_report]
+
+@asset(group_name=GROUP, deps=[AssetDep(cluster_interval, partition_mapping=AllPartitionMapping())],
+       description="SQL reports on utilization and oversold GPU over every booked window (CSV + plot).")
+def utilization_report(feature_store: FeatureStoreResource, cluster: ClusterResource,
+                       scheduling: SchedulingResource) -> MaterializeResult:
+    return MaterializeResult(metadata=write_utilization_report(
+        feature_store.store, Path(scheduling.report_dir), cluster.backend().simulated))
+
+
+ROUND_ASSETS = [placement_plan, plan_dispatch, cluster_interval, utilization_report]
 
 
 def _round_metadata(rnd: m.SchedulingRound, result) -> dict:

@@ -88,7 +88,7 @@ class IntervalReport:
 
 @dataclass
 class JobSyncReport:
-    """What one job-state synchronisation changed (executors.slurm.sync; the simulated cluster's requeue)."""
+    """What one job-state synchronisation changed (executors.scheduler.slurm.sync; the simulated cluster's requeue)."""
 
     transitions: dict[str, int] = field(default_factory=dict)  # target state → count
     held: list[int] = field(default_factory=list)              # cluster job ids held by the sync
@@ -122,7 +122,7 @@ class Cluster(Protocol):
 class Profiler(Protocol):
     """Where offline jobs are profiled and co-location samples measured (paper §6): the predictor's inputs.
 
-    Slurm: ``executors.profiling.backend.SlurmProfiler`` (the profile partition); the simulated
+    Slurm: ``executors.scheduler.profiling.backend.SlurmProfiler`` (the profile partition); the simulated
     cluster's backend is its own profiler (its GPU model).
     """
 

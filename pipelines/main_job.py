@@ -29,13 +29,15 @@ import numpy as np
 import torch
 
 from assets.reports import write_run_plots
-from executors.simulated.calibration import SAMPLE_TRACE, default_catalog, holdout_reports
+from executors.data.calibration import SAMPLE_TRACE, default_catalog, holdout_reports
+from executors.scheduler.submission import SubmissionError, spec_from_trace, submit
 from executors.simulated.evaluation import load_trace
 from executors.simulated.setup import init_simulated_cluster
 from executors.store import summary as summary_db
 from executors.store.db import Store, cannot_open
 from executors.store.migrate import upgrade
-from executors.submission import SubmissionError, spec_from_trace, submit
+from executors.store.rounds import round_for_window, window_figures
+from pipelines.definitions import build_definitions
 from pipelines.settings import MuxflowSettings, write_settings
 from scheduler_core.prediction.predictor import PredictorConfig
 
@@ -162,8 +164,6 @@ class DagsterDriver:
 
 
 def run_main_job(cfg: MainJobConfig, progress: Callable[[str], None] | None = print) -> dict:
-    from pipelines.definitions import build_definitions
-
     t0 = time.perf_counter()
     torch.set_num_threads(max(1, min(2, torch.get_num_threads())))
     db_url = absolute_db_url(cfg.db_url)
@@ -274,8 +274,6 @@ def run_main_job(cfg: MainJobConfig, progress: Callable[[str], None] | None = pr
 
 def _round_row(store: Store, k: int, window: dt.datetime) -> dict:
     """The round's figures as the store has them after its Dagster run."""
-    from executors.store.rounds import round_for_window, window_figures
-
     with store.session() as s:
         rnd = round_for_window(s, window)
         f = window_figures(s, rnd.id, window, window + ROUND)

@@ -28,14 +28,15 @@ import os
 import re
 import sys
 import tempfile
-from dataclasses import dataclass
 from collections.abc import Callable, Mapping
+from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
-from executors.profiling.settings import ProfilingSettings, SamplingSettings, overrides_from_env
-from executors.profiling.settings import SettingsError as ProfilingSettingsError
-from executors.slurm.config import SlurmConfig, SlurmConfigError
+from assets.resources import ClusterResource
+from executors.scheduler.profiling.settings import ProfilingSettings, SamplingSettings, overrides_from_env
+from executors.scheduler.profiling.settings import SettingsError as ProfilingSettingsError
+from executors.scheduler.slurm.config import SlurmConfig, SlurmConfigError
 from executors.store.db import ENV_URL, default_url
 from scheduler_core.round.clock import DEFAULT_PERIOD_S, RoundClock
 
@@ -74,7 +75,7 @@ class MuxflowSettings:
     round_period_s: int = DEFAULT_PERIOD_S
     sensor_interval_s: int = 30
     sensors_running: bool = False  # the sensors start with the daemon (else an operator turns them on)
-    # Slurm's profile partition: overrides of executors.profiling.settings.ProfilingSettings / SamplingSettings
+    # Slurm's profile partition: overrides of executors.scheduler.profiling.settings.ProfilingSettings / SamplingSettings
     # (bound_s, iterations, partition, budget_gpu_s, …; MUXFLOW_PROFILING_* / MUXFLOW_SAMPLING_*).
     profiling: dict = dataclasses.field(default_factory=dict)
     sampling: dict = dataclasses.field(default_factory=dict)
@@ -181,8 +182,6 @@ class MuxflowSettings:
 
     def cluster_resource(self):
         """The cluster resource these settings describe: what Dagster runs and the CLI both use."""
-        from assets.resources import ClusterResource
-
         kp, ki, kd = self.xcuda_gains
         return ClusterResource(
             kind=self.cluster, seed=self.seed, slurm_url=self.slurm_url, warmup_minutes=self.warmup_minutes,

@@ -2,7 +2,7 @@
 
 Offline job types are the Gavel/Philly job types; their sensitivity and
 pressure come from an interference calibration on the GPU type in question
-(executors/simulated/calibration.py, docs/CALIBRATION.md), their solo
+(executors/data/calibration.py, docs/CALIBRATION.md), their solo
 throughput from the measured solo runs. What the public data lacks (SM
 footprint, memory need) is derived by documented rules so that every trait is
 traceable.
@@ -84,7 +84,7 @@ class WorkloadCatalog:
     offline: dict[str, OfflineWorkload]
     online: dict[str, WorkloadTraits]  # by family
     gpu_type: str | None = None  # the GPU type these traits hold on (None: the same on every type)
-    calibration: str = ""  # which calibration they come from (executors/simulated/calibration.py)
+    calibration: str = ""  # which calibration they come from (executors/data/calibration.py)
     per_type: Mapping[str, WorkloadCatalog] = field(default_factory=dict, compare=False, repr=False)
 
     def for_gpu(self, gpu_type: str) -> WorkloadCatalog:

@@ -272,7 +272,7 @@ JOB_TYPES = ("ResNet-50 (batch size 64)", "Transformer (batch size 32)", "Recomm
 
 
 def _submit_jobs(store: Store, n: int, prefix: str = "job", steps: int = 5_000_000) -> list[int]:
-    from executors.submission import JobSpec, submit
+    from executors.scheduler.submission import JobSpec, submit
 
     ids = []
     with store.session() as s:

@@ -15,10 +15,10 @@ from prometheus_client.parser import text_string_to_metric_families
 
 from executors.node.metrics import NodeAgentCollector
 from executors.node.wiring import node_metrics
-from executors.scheduler_metrics import SchedulerCollector
-from executors.xcuda.stats import XcudaStats
+from executors.node.xcuda.stats import XcudaStats
+from executors.scheduler.metrics import SchedulerCollector
 from tests.executors.node.test_node_metrics import CALM, HOT, NODE, node  # noqa: F401 -- the fixture
-from tests.executors.test_scheduler_metrics import NOW, _history
+from tests.executors.scheduler.test_scheduler_metrics import NOW, _history
 
 REPO = Path(__file__).resolve().parents[1]
 DASHBOARD = REPO / "deploy" / "grafana" / "muxflow-dashboard.json"

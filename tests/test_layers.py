@@ -5,7 +5,7 @@ Layers (docs/ARCHITECTURE.md "What runs where"), each importing only what is lis
 | layer | packages | may import |
 |---|---|---|
 | core | ``scheduler_core`` | itself |
-| inside a job | ``executors.runtime``, ``executors.workloads`` | themselves, the core |
+| inside a job | ``executors.job.runtime``, ``executors.job.workloads`` | themselves, the core |
 | adapters (scheduler host and GPU nodes) | the rest of ``executors`` | the above, themselves |
 | Dagster assets | ``assets`` | the above |
 | wiring | ``pipelines`` | everything |
@@ -27,7 +27,7 @@ from pathlib import Path
 
 ROOT = Path(__file__).resolve().parents[1]
 PACKAGES = ("scheduler_core", "executors", "assets", "pipelines", "sql")
-IN_JOB = ("executors.runtime", "executors.workloads")
+IN_JOB = ("executors.job.runtime", "executors.job.workloads")
 
 
 def _modules() -> dict[str, Path]:
@@ -98,7 +98,7 @@ def test_every_import_goes_down_the_layers() -> None:
             else:
                 ok = _layer(dst) <= _layer(src)
                 ok = ok and not (_layer(src) == 1 and _layer(dst) == 1 and src.split(".")[1] != dst.split(".")[1]
-                                 and dst.startswith("executors.workloads"))
+                                 and dst.startswith("executors.job.workloads"))
             if not ok:
                 wrong.append(f"{src} imports {dst}")
     assert not wrong, "imports against the layers:\n" + "\n".join(sorted(wrong))
@@ -143,7 +143,7 @@ def _cycles(graph: dict[str, set[str]]) -> list[list[str]]:
 
 # (module, the sqlalchemy module it may import) -> why; nothing here may build a statement.
 SQLALCHEMY_ALLOWED = {
-    ("executors.slurm.bench_dispatch", "sqlalchemy.event"):
+    ("executors.dev.bench_dispatch", "sqlalchemy.event"):
         "the dispatch benchmark counts the rows the dispatcher writes by listening on the store's engine",
 }
 
@@ -186,14 +186,14 @@ def test_only_the_store_builds_sql() -> None:
 
 def test_the_sql_check_sees_a_query_outside_the_store(tmp_path: Path) -> None:
     sync = tmp_path / "sync.py"
-    sync.write_text(MODULES["executors.slurm.sync"].read_text() + "\n\ndef f():\n    from sqlalchemy import select\n")
+    sync.write_text(MODULES["executors.scheduler.slurm.sync"].read_text() + "\n\ndef f():\n    from sqlalchemy import select\n")
     bench = tmp_path / "bench.py"
     bench.write_text("from sqlalchemy import event, select\nfrom sqlalchemy.orm import Session\n")
-    found = sqlalchemy_imports({"executors.slurm.sync": sync, "executors.slurm.bench_dispatch": bench,
+    found = sqlalchemy_imports({"executors.scheduler.slurm.sync": sync, "executors.dev.bench_dispatch": bench,
                                 "executors.store.jobs": MODULES["executors.store.jobs"]})
-    assert set(found) == {("executors.slurm.sync", "sqlalchemy"), ("executors.slurm.bench_dispatch", "sqlalchemy"),
-                          ("executors.slurm.bench_dispatch", "sqlalchemy.event"),
-                          ("executors.slurm.bench_dispatch", "sqlalchemy.orm")}
+    assert set(found) == {("executors.scheduler.slurm.sync", "sqlalchemy"), ("executors.dev.bench_dispatch", "sqlalchemy"),
+                          ("executors.dev.bench_dispatch", "sqlalchemy.event"),
+                          ("executors.dev.bench_dispatch", "sqlalchemy.orm")}
 
 
 def test_no_import_cycle_even_through_imports_inside_functions() -> None:
@@ -203,7 +203,7 @@ def test_no_import_cycle_even_through_imports_inside_functions() -> None:
 def test_the_checks_see_what_they_must() -> None:
     # The graph has the edges the layers are about (a broken parser would pass the tests above vacuously).
     g = import_graph()
-    assert "scheduler_core.round.plan" in g["executors.round_runner"]
-    assert "executors.round_service" in g["assets.rounds"]
+    assert "scheduler_core.round.plan" in g["executors.scheduler.round_runner"]
+    assert "executors.scheduler.round_service" in g["assets.rounds"]
     assert "pipelines.cli.bench" in g["pipelines.cli.main"]
     assert _cycles({"a": {"b"}, "b": {"c"}, "c": {"a"}, "d": {"a"}}) == [["a", "b", "c"]]

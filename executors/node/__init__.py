@@ -6,4 +6,7 @@
 - ``evictor``  — ``Evictor`` protocol: callback (simulated) and Slurm requeue
 - ``detector`` — fatal XIDs, MPS server crash and hang; ``MpsControl`` protocol
 - ``agent``    — the per-node loop tying them together, and the store writer
+
+Also on the node: ``slurm/`` (the Prolog, TaskProlog and Epilog slurmd runs as root around every job) and
+``xcuda/`` (the ``LD_PRELOAD`` library the TaskProlog puts in an offline job, and its Python controls).
 """

@@ -34,8 +34,11 @@ from executors.node.online import OnlineAccounting
 from executors.node.placements import Placements, StaticPlacements
 from executors.node.ring import SampleRing
 from executors.node.sampler import GpuSampler, RawSample
-from executors.xcuda import shm
-from scheduler_core.domain import GpuHealth
+from executors.node.xcuda import shm
+from executors.store import models as m
+from executors.store import repo
+from executors.store.jobs import transition
+from scheduler_core.domain import GpuHealth, IllegalTransition, JobState
 from scheduler_core.guard.sysmonitor import GpuSample, SysMonitor, SysMonitorConfig
 
 log = logging.getLogger(__name__)
@@ -224,9 +227,6 @@ class StoreSink:
             self._apply(s, kind, payload)
 
     def _apply(self, s, kind: str, payload) -> None:
-        from executors.store import models as m
-        from executors.store import repo
-
         if kind == "health":
             repo.set_gpu_health(s, {payload.gpu_id: payload.health}, payload.at_utc)
             gpu = s.get(m.Gpu, payload.gpu_id)
@@ -254,10 +254,6 @@ class StoreSink:
 def _mark_evicted(s, ev: EvictionEvent) -> None:
     """The evicted job is EVICTED in the transaction that records the eviction (the job-state sync takes
     it from there: requeue-hold → PENDING). A job that moved meanwhile is logged, not fatal."""
-    from executors.store import models as m
-    from executors.store.jobs import transition
-    from scheduler_core.domain import IllegalTransition, JobState
-
     job = s.get(m.OfflineJob, ev.job_id)
     if job is None:
         return

@@ -12,6 +12,8 @@ from collections.abc import Callable
 from dataclasses import dataclass
 from typing import Protocol
 
+from executors.store.rounds import running_in_latest_dispatch
+
 log = logging.getLogger(__name__)
 
 
@@ -60,8 +62,6 @@ class SlurmEvictor:
 def store_jobs_on_gpu(store, with_slurm_id: bool = True) -> Callable[[int], list[tuple[int | None, int | None]]]:
     """RUNNING offline jobs placed on a GPU by the latest dispatched round, with their Slurm ids
     (only jobs that have one unless ``with_slurm_id`` is False)."""
-    from executors.store.rounds import running_in_latest_dispatch
-
     def lookup(gpu_id: int) -> list[tuple[int | None, int | None]]:
         with store.session() as s:
             rows = running_in_latest_dispatch(s, [gpu_id])

@@ -2,7 +2,7 @@
 a directory of the job's user inside a root-owned one), as the root agent must read user input: the top directory
 the agent's alone, the job's directory and each file the job user's own, no link followed anywhere (every open is
 relative to an open directory, ``O_NOFOLLOW``), only regular files, of bounded size. Used for the iteration report
-(executors.node.profile_windows) and xCUDA's counters (executors.xcuda.stats)."""
+(executors.node.profile_windows) and xCUDA's counters (executors.node.xcuda.stats)."""
 
 from __future__ import annotations
 

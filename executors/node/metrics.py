@@ -77,7 +77,7 @@ class NodeAgentCollector:
                  jobs: Callable[[int], JobMeta | None] = lambda _job_id: None,
                  xcuda: Callable[[list[tuple[int, str]]], dict[int, list[Any]]] = lambda _jobs: {}):
         self.agent = agent
-        self.xcuda = xcuda   # [(Slurm job id, user)] → its live processes' xCUDA counters (executors.xcuda.stats)
+        self.xcuda = xcuda   # [(Slurm job id, user)] → its live processes' xCUDA counters (executors.node.xcuda.stats)
         self.node = node
         self.gpus = {g.gpu_index: g for g in gpus}
         self.services = dict(services or {})     # GPU index → the service of its replica

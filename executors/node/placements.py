@@ -25,6 +25,12 @@ from collections.abc import Callable, Mapping
 from dataclasses import dataclass, field
 from typing import Protocol
 
+from executors.slurm.models import RUNNING
+from executors.slurm.plan import placed_plan
+from executors.store import models as m
+from executors.store.profiling import profile_on
+from executors.store.rounds import running_in_latest_dispatch
+from scheduler_core.interference.gpu_model import offline_traits
 from scheduler_core.interference.pairs import WorkloadTraits
 
 log = logging.getLogger(__name__)
@@ -143,9 +149,6 @@ class JobInfoLoader:
     def __call__(self, job_id: int) -> JobInfo | None:
         if job_id in self._cache:
             return self._cache[job_id]
-        from executors.store import models as m
-        from executors.store.profiling import profile_on
-        from scheduler_core.interference.gpu_model import offline_traits
 
         with self.store.session() as s:
             job = s.get(m.OfflineJob, job_id)
@@ -180,9 +183,6 @@ def list_slurm_jobs(client_factory: Callable[[], object]) -> list:
 def slurm_reader(client_factory: Callable[[], object], node: str, jobs: Callable[[int], JobInfo | None],
                  key: bytes, partition: str | None = None) -> Callable[[], dict[int, tuple[OfflineOnGpu, ...]]]:
     """Running Slurm jobs on ``node`` with a verified placement plan in their comment, by planned GPU index."""
-    from executors.slurm.backend import placed_plan
-    from executors.slurm.models import RUNNING
-
     ignored: set[int] = set()
 
     def read() -> dict[int, tuple[OfflineOnGpu, ...]]:
@@ -214,8 +214,6 @@ def slurm_reader(client_factory: Callable[[], object], node: str, jobs: Callable
 def store_reader(store, gpu_index_of: Mapping[int, int],
                  jobs: Callable[[int], JobInfo | None]) -> Callable[[], dict[int, tuple[OfflineOnGpu, ...]]]:
     """RUNNING jobs the latest dispatched round placed on this node's GPUs (``gpu_index_of``: store id → index)."""
-    from executors.store.rounds import running_in_latest_dispatch
-
     def read() -> dict[int, tuple[OfflineOnGpu, ...]]:
         with store.session() as s:
             rows = [(r.job_id, r.gpu_id, r.sm_pct, r.started_utc)

@@ -1,4 +1,4 @@
-"""Profiling windows measured by the node agent: a job profiled in its own Slurm job (executors.profiling.windows).
+"""Profiling windows measured by the node agent: a job profiled in its own Slurm job (executors.scheduler.profiling.windows).
 
 A job in its profiling window runs alone on one GPU of this node, as its owner. The agent, root on the node, is
 what measures it, so that nothing the job writes needs to reach MuxFlow's host and no MuxFlow code runs inside
@@ -6,11 +6,11 @@ the job:
 
 - the windows are the node's running Slurm jobs whose comment carries a verified plan of kind ``profile``
   (:mod:`executors.slurm.plan`; a plan that does not verify is no window);
-- for each, the GPU is sampled on a thread of its own (:class:`executors.profiling.metrics.WindowRecorder`:
+- for each, the GPU is sampled on a thread of its own (:class:`executors.node.profiling.metrics.WindowRecorder`:
   NVML on a GPU node, the simulated model of the job's type on a node without a GPU, as solo profiling always
   did);
 - the job's iteration report (``<job dir>/<Slurm job id>/iteration.json``, written by the job through
-  :class:`executors.runtime.Runtime`) is read **as user input**: only a regular file, not a link, owned by the
+  :class:`executors.job.runtime.Runtime`) is read **as user input**: only a regular file, not a link, owned by the
   job's user, in the job's directory the Prolog made (a directory of the job's user inside a root-owned one),
   at most 256 KiB, of the report format, its numbers finite and non-negative; anything else is refused with
   the reason, which the profiler reports;
@@ -41,10 +41,10 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
+from executors.job.runtime.profiling import REPORT_FORMAT
 from executors.node.job_files import JobFileRefused, job_directory, read_job_file
 from executors.node.placements import list_slurm_jobs
-from executors.node.xcuda_check import Proc, read_procs, user_pids_of_jobs
-from executors.profiling.metrics import (
+from executors.node.profiling.metrics import (
     MetricsUnavailable,
     WindowRecorder,
     open_sampler,
@@ -52,7 +52,7 @@ from executors.profiling.metrics import (
     simulated_offline_iter_time_s,
     simulated_offline_model,
 )
-from executors.runtime.profiling import REPORT_FORMAT
+from executors.node.xcuda_check import Proc, read_procs, user_pids_of_jobs
 from executors.slurm import plan as plans
 from executors.slurm.models import RUNNING
 from executors.store import models as m
@@ -193,7 +193,7 @@ def parse_iteration_report(data: bytes) -> dict[str, Any]:
 @dataclass
 class _Active:
     job: WindowJob
-    recorder: Any                      # executors.profiling.metrics.WindowRecorder
+    recorder: Any                      # executors.node.profiling.metrics.WindowRecorder
     base: dict[str, Any]               # what does not change: where, what, the metrics' source
     started_unix: float
     last_write: float = -math.inf

@@ -1,7 +1,7 @@
 """Each online replica's own load, scraped from its Prometheus endpoint (paper §7.1: request rate, avg and p99 latency).
 
 One thread per replica fetches ``GET <metrics_url>`` every ``interval_s`` (timeout
-``timeout_s``) and keeps the counters it finds (``executors.workloads.endpoint``):
+``timeout_s``) and keeps the counters it finds (``executors.job.workloads.endpoint``):
 requests served, the latency histogram (sum, count, cumulative buckets) and busy seconds,
 stamped with the agent clock. The node agent's sampling thread never waits on it: it reads
 the kept snapshots.

@@ -15,10 +15,12 @@ from collections.abc import Callable
 from dataclasses import dataclass
 from pathlib import Path
 
+from executors.data.calibration import default_catalog
 from executors.node.agent import AgentConfig, EvictionEvent, GpuBinding, NodeAgent, StoreSink
 from executors.node.attribution import default_task_prolog
 from executors.node.detector import ErrorDetector, FakeMpsControl, MpsControl, SubprocessMpsControl
 from executors.node.evictor import CallbackEvictor, Evictor, SlurmEvictor, store_jobs_on_gpu
+from executors.node.metrics import GpuMeta, JobMeta, NodeAgentCollector, ServiceMeta
 from executors.node.online import OnlineAccounting
 from executors.node.placements import (
     JobInfoLoader,
@@ -28,17 +30,20 @@ from executors.node.placements import (
     slurm_reader,
     store_reader,
 )
+from executors.node.profile_windows import ProfileWindows, ProfileWindowsThread, slurm_windows
+from executors.node.prolog_watch import PrologWatch, PrologWatchThread, slurm_job_facts
 from executors.node.sampler import GpuSampler, NvmlSampler, SimulatedSampler
 from executors.node.scrape import ReplicaScraper, Scrapers
 from executors.node.simgpu import Replica, SimulatedGpu
-from executors.node.profile_windows import ProfileWindows, ProfileWindowsThread, slurm_windows
-from executors.node.prolog_watch import PrologWatch, PrologWatchThread, slurm_job_facts
-from executors.node.xcuda_check import Violation, XcudaCheck, XcudaWatch
+from executors.node.xcuda.stats import StatsRefused, job_stats
+from executors.node.xcuda_check import Violation, XcudaCheck, XcudaWatch, read_procs, user_pids_of_jobs
 from executors.store import inventory
 from executors.store import models as m
 from scheduler_core.domain import GpuHealth, GpuTypeSpec
-from scheduler_core.interference.gpu_model import XCUDA_TARGET_UTIL
+from scheduler_core.gpu_specs import get_spec
 from scheduler_core.guard.sysmonitor import SysMonitor
+from scheduler_core.interference.gpu_model import XCUDA_TARGET_UTIL, OnlineModel
+from scheduler_core.workloads import ONLINE_FAMILIES
 
 log = logging.getLogger(__name__)
 
@@ -98,8 +103,6 @@ def node_replicas(store, gpu_ids: list[int]) -> dict[int, Replica]:
 
 def type_spec(t: m.GpuType) -> GpuTypeSpec:
     """The GPU type's public spec; a type the spec table lacks keeps the store's figures (P100 speed, mild clock sag)."""
-    from scheduler_core.gpu_specs import get_spec
-
     try:
         return get_spec(t.name)
     except KeyError:
@@ -150,8 +153,6 @@ def build_agent(
     mps_pipe_dir: str | None = None, sampler: GpuSampler | None = None, seed: int = 0, clock=None,
     sources: SourceConfig | None = None, placements: Placements | None = None,
 ) -> NodeAgent:
-    from executors.simulated.calibration import default_catalog
-
     src = sources or SourceConfig(placements="slurm" if requeue is not None else "store")
     pairs = node_gpus(store, node)
     if not pairs:
@@ -187,9 +188,6 @@ def build_agent(
 def _assemble(store, pairs, replicas: dict[int, Replica], placements: Placements, closers: list, catalog,
               src: SourceConfig, *, simulated: bool, cfg: AgentConfig, shm_dir: Path | None, requeue, evict_callback,
               mps_pipe_dir: str | None, sampler: GpuSampler | None, seed: int, clock) -> NodeAgent:
-    from scheduler_core.interference.gpu_model import OnlineModel
-    from scheduler_core.workloads import ONLINE_FAMILIES
-
     agent_clock = clock
     if agent_clock is None:
         from executors.node.agent import RealClock, ScaledClock
@@ -285,8 +283,6 @@ def node_metrics(store, node: str, agent: NodeAgent, job_dir: str | None = None,
     """The Prometheus collector of this node's agent (executors.node.metrics): labels from the store (GPU UUIDs and
     types, each replica's service, SLO and allowance; each placed job's owner and type, read once per job); with
     ``job_dir`` (the node scripts' @JOB_DIR@), each placed Slurm job's xCUDA counters, read as its user's input."""
-    from executors.node.metrics import GpuMeta, JobMeta, NodeAgentCollector, ServiceMeta
-
     pairs = node_gpus(store, node)
     gpus = [GpuMeta(g.gpu_index, g.id, g.uuid, t.name) for g, t in pairs]
     index_of = {g.id: g.gpu_index for g, _ in pairs}
@@ -315,8 +311,6 @@ def _xcuda_counters(job_dir: Path, proc_root: Path):
     ``proc_root`` per call); a job whose directory is refused is logged once and left out."""
     import pwd
 
-    from executors.node.xcuda_check import read_procs, user_pids_of_jobs
-    from executors.xcuda.stats import StatsRefused, job_stats
 
     refused: set[tuple[int, str]] = set()
 

@@ -13,9 +13,10 @@ import datetime as dt
 import logging
 from dataclasses import dataclass, field
 
-from executors import round_runner, steps
 from executors.cluster import IntervalReport, JobSyncReport
-from executors.simulated.calibration import default_catalog
+from executors.data.calibration import default_catalog
+from executors.scheduler import round_runner
+from executors.simulated import profiler
 from executors.simulated.cluster import SOURCE, SimSettings, SimulatedCluster
 from executors.simulated.setup import cluster_from_store, observed_until, save_cluster_state
 from executors.store import models as m
@@ -42,11 +43,11 @@ class SimulatedBackend:
 
     def profile_new_jobs(self, store: Store, seed: int) -> int:
         """Solo profiles of newly submitted jobs from the simulated GPU models."""
-        return steps.profile_new_jobs(store, self.catalog, seed)
+        return profiler.profile_new_jobs(store, self.catalog, seed)
 
     def collect_samples(self, store: Store, per_type: int, seed: int) -> dict[str, int]:
         """Top the co-location samples of each GPU type up to ``per_type`` (simulated measurements)."""
-        return steps.collect_samples(store, self.catalog, per_type, seed, top_up=True)
+        return profiler.collect_samples(store, self.catalog, per_type, seed, top_up=True)
 
     def cluster(self, store: Store) -> SimulatedCluster:
         with store.session() as s:

@@ -20,7 +20,19 @@ from dataclasses import dataclass
 
 import numpy as np
 
+from executors.data.calibration import default_catalog
 from executors.machine import rss_peak_mb
+from executors.scheduler.predictors import training_matrix
+from executors.simulated.cluster import rng_stream
+from executors.simulated.profiling import colocation_samples, offline_profile, online_features
+from scheduler_core.domain import GpuCandidate, GpuHealth, JobCandidate
+from scheduler_core.gpu_specs import get_spec
+from scheduler_core.online.load import diurnal_qps, simulated_sm_trace
+from scheduler_core.prediction.predictor import PredictorConfig, one_torch_thread, train
+from scheduler_core.round.check import plan_violations
+from scheduler_core.round.dense import plan_round_dense
+from scheduler_core.round.plan import plan_round
+from scheduler_core.workloads import ONLINE_FAMILIES
 
 BENCH_GPU_TYPES = ("t4", "a10", "a100")
 N_SERVICES = 200
@@ -56,10 +68,6 @@ class BenchJobType:
 
 def bench_services(seed: int, n_services: int = N_SERVICES, gpu_types=BENCH_GPU_TYPES) -> list[BenchService]:
     """Online services: family, GPU type, memory, slowdown allowance and this interval's load."""
-    from executors.simulated.cluster import rng_stream
-    from scheduler_core.online.load import diurnal_qps
-    from scheduler_core.workloads import ONLINE_FAMILIES
-
     rng = rng_stream(seed, "bench-services")
     fams = sorted(ONLINE_FAMILIES)
     out = []
@@ -99,12 +107,6 @@ def make_instance(n_gpus: int, n_jobs: int, seed: int = 0, running_frac: float =
     job separately instead (measurement noise makes each one different).
     ``running_frac`` of the jobs are already running, one per GPU.
     """
-    from executors.simulated.calibration import default_catalog
-    from executors.simulated.cluster import rng_stream
-    from executors.simulated.profiling import offline_profile, online_features
-    from scheduler_core.domain import GpuCandidate, GpuHealth, JobCandidate
-    from scheduler_core.gpu_specs import get_spec
-
     catalog = default_catalog()
     services = bench_services(seed, n_services)
     rng = rng_stream(seed, "bench-gpus")
@@ -153,7 +155,6 @@ def _place_running(gpus, jobs, frac, rng):
     """Put ``frac`` of the jobs on GPUs (one each) as if a previous round had placed them."""
     from dataclasses import replace
 
-    from scheduler_core.domain import GpuHealth
 
     hosts = [i for i, g in enumerate(gpus) if g.health in (GpuHealth.HEALTHY, GpuHealth.UNHEALTHY, GpuHealth.OVERLIMIT)]
     n_run = min(int(round(frac * len(jobs))), len(hosts))
@@ -173,9 +174,6 @@ def bench_predictors(seed: int = 0, samples_per_type: int = 2000, epochs: int | 
 
     Returns ({type: model}, {type: (report, seconds)}, {type: (x, y_tput, y_slowdown)}).
     """
-    from executors.simulated.calibration import default_catalog
-    from scheduler_core.prediction.predictor import one_torch_thread
-
     catalog = default_catalog()
     services = [(s.name, s.family, s.mem_bytes) for s in bench_services(seed)]
     models, reports, data = {}, {}, {}
@@ -186,11 +184,6 @@ def bench_predictors(seed: int = 0, samples_per_type: int = 2000, epochs: int | 
 
 
 def _train_each(gpu_types, catalog, services, seed, samples_per_type, epochs, cfg_overrides, models, reports, data):
-    from executors.simulated.cluster import rng_stream
-    from executors.simulated.profiling import colocation_samples
-    from executors.steps import training_matrix
-    from scheduler_core.prediction.predictor import PredictorConfig, train
-
     for t in gpu_types:
         rng = rng_stream(seed, f"bench-samples-{t}")
         samples = colocation_samples(catalog, t, services, sorted(catalog.offline), samples_per_type, rng)
@@ -224,9 +217,6 @@ def round_figures(res, wall: float) -> dict:
 
 
 def run_fast(gpus, jobs, models, cfg) -> dict:
-    from scheduler_core.round.check import plan_violations
-    from scheduler_core.round.plan import plan_round
-
     t0 = time.perf_counter()
     res = plan_round(gpus, jobs, models, cfg)
     wall = time.perf_counter() - t0
@@ -248,8 +238,6 @@ def run_fast(gpus, jobs, models, cfg) -> dict:
 
 
 def run_dense(gpus, jobs, models, cfg) -> dict:
-    from scheduler_core.round.dense import plan_round_dense
-
     t0 = time.perf_counter()
     res = plan_round_dense(gpus, jobs, models, cfg)
     return round_figures(res, time.perf_counter() - t0), res
@@ -288,10 +276,6 @@ def report_row(report, seconds: float) -> dict:
 
 def forecast_traces(n_gpus: int, days: int, seed: int) -> np.ndarray:
     """Per-minute SM activity of ``n_gpus`` simulated online GPUs over ``days`` days (seeded)."""
-    from executors.simulated.cluster import rng_stream
-    from scheduler_core.online.load import simulated_sm_trace
-    from scheduler_core.workloads import ONLINE_FAMILIES
-
     rng = rng_stream(seed, "bench-forecast")
     fams = sorted(ONLINE_FAMILIES)
     return np.stack([

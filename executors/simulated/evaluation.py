@@ -1,6 +1,6 @@
 """Inputs and outputs of the trace-driven simulator (scheduler_core.simulator): what is not pure.
 
-- the workload traits of one interference calibration (executors/simulated/calibration.py,
+- the workload traits of one interference calibration (executors/data/calibration.py,
   ``transfer`` by default) on the cluster's GPU type,
 - solo profiles of every (job type, GPU type) from the simulated GPU model,
 - one speed predictor per GPU type trained on simulated co-location samples of
@@ -17,11 +17,13 @@ import logging
 import os
 from pathlib import Path
 
-from executors.simulated import calibration as cal
+from executors.data import calibration as cal
+from executors.scheduler.predictors import training_matrix
 from executors.simulated.profiling import colocation_samples, offline_profile
 from scheduler_core.prediction.predictor import PredictorConfig, SpeedPredictor, one_torch_thread, train
 from scheduler_core.rng import rng_stream
-from scheduler_core.simulator import SimConfig, SimInputs
+from scheduler_core.simulator import SimConfig, SimInputs, bounds
+from scheduler_core.simulator.workload import build_jobs
 from scheduler_core.trace import TraceJob, parse_trace
 from scheduler_core.workloads import ONLINE_FAMILIES, WorkloadCatalog
 
@@ -68,8 +70,6 @@ def services_of(cfg: SimConfig) -> list[tuple[str, str, float]]:
 def train_on_samples(catalog: WorkloadCatalog, gtype: str, cfg: SimConfig, samples: int, epochs: int | None,
                      stream: str) -> tuple[SpeedPredictor, dict]:
     """A predictor for ``gtype`` trained on simulated samples of ``catalog``'s traits; (model, its report)."""
-    from executors.steps import training_matrix
-
     rows = colocation_samples(catalog, gtype, services_of(cfg), sorted(catalog.offline), samples,
                               rng_stream(cfg.seed, stream), cfg.interference)
     x, yt, ys = training_matrix(rows, gtype)
@@ -132,8 +132,6 @@ def jct_bound_report(trace: list[TraceJob], cfg: SimConfig, caps: list[float],
     """
     import numpy as np
 
-    from scheduler_core.simulator import bounds
-    from scheduler_core.simulator.workload import build_jobs
 
     catalog = simulation_catalog(cfg, calibration)
     jobs = build_jobs(trace, catalog, cfg, rng_stream(cfg.seed, "trace-repeat"))

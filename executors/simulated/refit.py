@@ -17,9 +17,10 @@ from dataclasses import dataclass
 
 import numpy as np
 
-from executors.simulated.calibration import TRANSFER, Calibrator, installed_calibrator, model_errors
+from executors.data.calibration import TRANSFER, Calibrator, installed_calibrator, model_errors
+from executors.data.measurements import load_file
+from executors.scheduler.predictors import training_matrix
 from executors.simulated.evaluation import PREDICTOR_EPOCHS, PREDICTOR_SAMPLES, services_of, train_on_samples
-from executors.simulated.measurements import load_file
 from executors.simulated.profiling import colocation_samples
 from scheduler_core.interference.transfer import PairErrors, pair_errors, training_pairs
 from scheduler_core.rng import rng_stream
@@ -49,8 +50,6 @@ def predictor_matrix(calibrator: Calibrator, calibration: str, types: list[str],
     The diagonal is the held-out error on the type it was trained on; the rest is how the predictor
     does on a type it never saw (rows outside its accepted input range are refused, as in a round).
     """
-    from executors.steps import training_matrix
-
     cfg = SimConfig(gpus=1, seed=seed)
     cats = {g: calibrator.catalog_for(calibration, g) for g in types}
     models = {g: train_on_samples(cats[g], g, cfg, samples, epochs, f"refit-train-{g}")[0] for g in types}

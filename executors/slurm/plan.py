@@ -33,7 +33,8 @@ import sys
 from dataclasses import dataclass
 
 VERSION = "1"
-PREFIX = f"muxflow-plan={VERSION}"
+MARKER = "muxflow-plan="  # a comment holding it claims to be a plan (job_submit.lua refuses it from users)
+PREFIX = f"{MARKER}{VERSION}"
 KINDS = ("place", "profile")
 # Every field, the text its value must match, and whether a plan of each kind needs it.
 _INT = r"[0-9]{1,19}"
@@ -114,15 +115,16 @@ def encode(plan: Plan, key: bytes) -> str:
 
 
 def is_plan_text(comment: str | None) -> bool:
-    """Whether a comment claims to be a plan (what job_submit.lua refuses from users)."""
-    return (comment or "").lstrip().startswith("muxflow-plan=")
+    """Whether a comment claims to be a plan: it holds the marker anywhere, the test job_submit.lua applies to
+    users' comments."""
+    return MARKER in (comment or "")
 
 
 def decode(comment: str | None, key: bytes, slurm_job_id: int) -> Plan:
     """The plan in a job's comment, verified: MuxFlow's signature, for this very Slurm job; else :class:`PlanError`."""
     text = (comment or "").strip()
     if not text.startswith(PREFIX + " "):
-        raise PlanError("no MuxFlow plan in the comment" if not is_plan_text(text)
+        raise PlanError("no MuxFlow plan in the comment" if not text.startswith(MARKER)
                         else f"unknown plan version: {text.split()[0]!r}")
     fields: dict[str, str] = {}
     sig = None
@@ -170,6 +172,13 @@ def try_decode(comment: str | None, key: bytes, slurm_job_id: int) -> Plan | Non
 
 
 # -- the key ---------------------------------------------------------------------------------------------------------
+
+def placed_plan(job, key: bytes) -> Plan | None:
+    """The verified placement plan in a Slurm job's comment (``job``: anything with ``comment`` and ``job_id``, as
+    :class:`executors.slurm.models.Job`), or None: no plan, another kind, not MuxFlow's."""
+    p = try_decode(job.comment, key, job.job_id)
+    return p if p is not None and p.kind == "place" else None
+
 
 def read_private_file(path: str | os.PathLike[str], what: str, error: type[Exception] = KeyFileError,
                       hint: str = "") -> str:

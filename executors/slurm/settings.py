@@ -1,6 +1,6 @@
 """How the REST client reaches slurmrestd: API version, transport (unix socket or TCP) and JWT credentials.
 
-Built from the deployment's :class:`executors.slurm.config.SlurmConfig` (or by the dev cluster for itself)."""
+Built from the deployment's :class:`executors.scheduler.slurm.config.SlurmConfig` (or by the dev cluster for itself)."""
 
 from __future__ import annotations
 

@@ -127,7 +127,7 @@ class Gpu(Base):
     health: Mapped[str] = mapped_column(String(16), default=GpuHealth.INIT.value)
     health_since_utc: Mapped[dt.datetime] = mapped_column(UtcDateTime, default=utcnow)
     # Who set ``health``: the GPU's node agent (SysMonitor, device errors) or ``slurm`` (the job-state sync,
-    # for a node Slurm calls unusable). The sync turns back only what it set (executors.slurm.node_faults).
+    # for a node Slurm calls unusable). The sync turns back only what it set (executors.scheduler.slurm.node_faults).
     health_source: Mapped[str] = mapped_column(String(16), default=HEALTH_BY_AGENT, server_default=HEALTH_BY_AGENT)
     overlimit_entries: Mapped[list] = mapped_column(JSON, default=list)  # UTC ISO times, last 2 h
     node: Mapped[Node] = relationship(back_populates="gpus")
@@ -170,7 +170,7 @@ class ServiceInstance(Base):
     id: Mapped[int] = mapped_column(Integer, primary_key=True)
     service_id: Mapped[int] = mapped_column(ForeignKey("online_services.id", ondelete="CASCADE"))
     gpu_id: Mapped[int] = mapped_column(ForeignKey("gpus.id", ondelete="CASCADE"), unique=True)
-    # The replica's Prometheus endpoint (reference service: executors/workloads/endpoint.py), scraped
+    # The replica's Prometheus endpoint (reference service: executors/job/workloads/endpoint.py), scraped
     # by the node agent for the replica's request rate and latency; NULL: not registered.
     metrics_url: Mapped[str | None] = mapped_column(String(512), nullable=True)
     # The user the replica's processes run as. MPS serves one uid per GPU at a time, so only offline
@@ -359,7 +359,7 @@ class ProfilingRun(RunRecord, Base):
     job_id: Mapped[int] = mapped_column(ForeignKey("offline_jobs.id", ondelete="CASCADE"), index=True)
     gpu_type: Mapped[str] = mapped_column(ForeignKey("gpu_types.name"))
     bound_s: Mapped[float] = mapped_column(Float)
-    # The GPU (on ``node``) a profiling window of the job's own Slurm job holds (executors.profiling.windows).
+    # The GPU (on ``node``) a profiling window of the job's own Slurm job holds (executors.scheduler.profiling.windows).
     gpu_index: Mapped[int | None] = mapped_column(Integer, nullable=True)
     __table_args__ = (
         CheckConstraint(f"state IN ({RUN_STATES_SQL})", name="state_valid"),
@@ -417,7 +417,7 @@ class SchedulingRound(Base):
     id: Mapped[int] = mapped_column(Integer, primary_key=True)
     window_start_utc: Mapped[dt.datetime] = mapped_column(UtcDateTime)
     # 0: the window's round; 1, 2, …: fills of the window (waiting jobs started on GPUs that freed up between
-    # rounds, nothing running moved; executors.round_runner.plan_fill).
+    # rounds, nothing running moved; executors.scheduler.round_runner.plan_fill).
     seq: Mapped[int] = mapped_column(Integer, default=0, server_default="0")
     # Length of the round's window (the round period in force when it was planned).
     period_s: Mapped[int] = mapped_column(Integer, default=DEFAULT_PERIOD_S, server_default=str(DEFAULT_PERIOD_S))

@@ -1,4 +1,4 @@
-"""What the scheduler's metrics endpoint reads from the feature store (executors.scheduler_metrics): one snapshot
+"""What the scheduler's metrics endpoint reads from the feature store (executors.scheduler.metrics): one snapshot
 per scrape, in one read-only transaction."""
 
 from __future__ import annotations

@@ -5,9 +5,9 @@
 - ``bench predictor``: held-out error per GPU type and the paper's Figure 12 sweep;
 - ``bench forecast``: the online-load forecaster against last-value on simulated diurnal traces;
 - ``bench simulate``: simulation time per policy at the paper's largest scale;
-- ``bench xcuda``: xCUDA's added latency per intercepted call (``executors/xcuda/bench.py``);
+- ``bench xcuda``: xCUDA's added latency per intercepted call (``executors/node/xcuda/bench.py``);
 - ``bench dispatch``: the Slurm dispatcher's cost per placement on the dev cluster
-  (``executors/slurm/bench_dispatch.py``).
+  (``executors/dev/bench_dispatch.py``).
 """
 
 from __future__ import annotations
@@ -19,6 +19,7 @@ from pathlib import Path
 
 import click
 
+from executors.data.calibration import SAMPLE_TRACE
 from executors.machine import describe as machine
 from executors.machine import rss_peak_mb
 from executors.simulated.bench import (
@@ -35,7 +36,6 @@ from executors.simulated.bench import (
     run_fast,
     set_threads,
 )
-from executors.simulated.calibration import SAMPLE_TRACE
 from pipelines.cli.common import HELP, SEED
 from pipelines.cli.simulate import _guarded, policy_list
 from scheduler_core.prediction.config import PredictorConfig
@@ -315,7 +315,7 @@ def bench_xcuda(calls: int, rounds: int, as_json: bool) -> None:
     pacing reads a low-load GPU record so the launch gate is open. Target: at most
     100 ns median added per launch.
     """
-    from executors.xcuda.bench import run_overhead_bench
+    from executors.node.xcuda.bench import run_overhead_bench
 
     result = run_overhead_bench(calls=calls, rounds=rounds)
     if as_json:
@@ -348,7 +348,7 @@ SIMULATE_TARGET_S = 60.0
 def bench_node_metrics(gpus: int, jobs_per_gpu: int, processes_per_job: int, scrapes: int, as_json: bool) -> None:
     """Latency of one Prometheus scrape of a node agent: GPUS simulated GPUs with JOBS_PER_GPU placed jobs each,
     every job's processes publishing xCUDA counters (read from /proc and the jobs' directories), and without them."""
-    from executors.node.bench_metrics import run_node_metrics_bench
+    from executors.dev.bench_node_metrics import run_node_metrics_bench
 
     r = run_node_metrics_bench(gpus, jobs_per_gpu, processes_per_job, scrapes)
     if as_json:
@@ -422,7 +422,7 @@ def bench_dispatch(placements: int, db_url: str | None, state_dir: str | None, a
     an idempotent re-dispatch; every job is checked and cancelled afterwards. Released
     jobs wait on a held gate job, so none starts: starting jobs is not measured.
     """
-    from executors.slurm.bench_dispatch import BenchError, run_dispatch_bench
+    from executors.dev.bench_dispatch import BenchError, run_dispatch_bench
 
     say = (lambda _m: None) if as_json else (lambda msg: click.echo(msg, err=True))
     try:

@@ -17,8 +17,8 @@ import os
 from pathlib import Path
 
 import click
-from pipelines.cli.common import HELP, CliError
 
+from pipelines.cli.common import HELP, CliError
 
 
 def _guarded(fn):
@@ -103,8 +103,8 @@ def format_predictors(name: str, cells: list[dict]) -> str:
 @_guarded
 def report(files, as_json) -> None:
     """Errors of the per-job fit and the transferable model on the measured pairs."""
-    from executors.simulated.calibration import Calibrator, installed_calibrator
-    from executors.simulated.measurements import load_file
+    from executors.data.calibration import Calibrator, installed_calibrator
+    from executors.data.measurements import load_file
     from executors.simulated.refit import model_errors
 
     c = installed_calibrator()
@@ -131,7 +131,7 @@ def report(files, as_json) -> None:
 @_guarded
 def refit(files, types_text, samples, epochs, no_predictors, as_json) -> None:
     """Refit the interference model and the predictors with FILE added; print the errors before and after."""
-    from executors.simulated.measurements import ENV_VAR
+    from executors.data.measurements import ENV_VAR
     from executors.simulated.refit import refit_report
     from scheduler_core.gpu_specs import GPU_SPECS
 
@@ -176,8 +176,8 @@ def check(path) -> None:
     Used means as ``calibrate refit`` and MUXFLOW_MEASUREMENTS use it: merged with the installed
     measurements, every GPU type's speed known, the interference model fitted, and each of the
     file's types given a profile for every job."""
-    from executors.simulated.calibration import Calibrator, installed_calibrator
-    from executors.simulated.measurements import load_file
+    from executors.data.calibration import Calibrator, installed_calibrator
+    from executors.data.measurements import load_file
 
     m = load_file(path)
     click.echo(f"{path}: stressor {m.stressor!r}")
@@ -200,7 +200,7 @@ def check(path) -> None:
 @_guarded
 def convert_gavel(src, dst) -> None:
     """Write Gavel's layout as a muxflow.colocation/1 file (then edit gpus.*: model, driver, method, date)."""
-    from executors.simulated.measurements import load_file, to_document
+    from executors.data.measurements import load_file, to_document
 
     doc = to_document(load_file(src))
     Path(dst).write_text(json.dumps(doc, indent=1) + "\n")

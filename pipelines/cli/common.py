@@ -8,8 +8,8 @@ and leaves the store as it was.
 from __future__ import annotations
 
 import functools
-import os
 import math
+import os
 from pathlib import Path
 
 import click
@@ -101,7 +101,7 @@ def store_of(ctx: click.Context) -> Store:
 
 def guard(fn):
     """Turn validation errors from lower layers into one-line CLI errors."""
-    from executors.submission import SubmissionError
+    from executors.scheduler.submission import SubmissionError
     from scheduler_core.domain import IllegalTransition
     from scheduler_core.trace import TraceError
 
@@ -146,13 +146,13 @@ def cluster_backend(s=None):
 
 def slurm_config(state_dir: str | None = None, **given):
     """The deployment's Slurm configuration (the settings' ``slurm_*``, ``xcuda_gains``, profiling and sampling:
-    executors.slurm.config.SlurmConfig, the object Dagster's cluster resource and the node agent use too); where
+    executors.scheduler.slurm.config.SlurmConfig, the object Dagster's cluster resource and the node agent use too); where
     the settings name no Slurm, the dev cluster's unix socket and slurm.conf under ``state_dir``. ``given``:
     the command-line options the user gave (None: not given), over the settings."""
     from dataclasses import replace
 
-    from executors.slurm.config import SlurmConfigError
-    from executors.slurm.dev.cluster import DevCluster
+    from executors.dev.slurm.cluster import DevCluster
+    from executors.scheduler.slurm.config import SlurmConfigError
 
     layout = DevCluster(state_dir).load_layout()
     try:

@@ -1,4 +1,4 @@
-"""``muxflow jobs``: offline jobs, where they are and, for those that do not run, why (executors.job_status)."""
+"""``muxflow jobs``: offline jobs, where they are and, for those that do not run, why (executors.scheduler.job_status)."""
 
 from __future__ import annotations
 
@@ -22,7 +22,7 @@ def jobs_list(ctx, states: tuple[str, ...]) -> None:
 
     On a Slurm cluster (settings: cluster "slurm") held submissions not imported yet are listed too.
     """
-    from executors.job_status import whereabouts
+    from executors.scheduler.job_status import whereabouts
     from scheduler_core.domain import JobState
 
     bad = [x for x in states if x.upper() not in JobState.__members__]
@@ -73,7 +73,7 @@ def jobs_cancel(ctx, job_ids: tuple[int, ...], reason: str) -> None:
 
 def _held_for_pickup(known: set[int]) -> list[tuple[int, str, str]]:
     """Slurm submissions the store has not imported yet, when the CLI is configured for Slurm (else none)."""
-    from executors.job_status import held_for_pickup
+    from executors.scheduler.job_status import held_for_pickup
     from executors.slurm.errors import SlurmError
     from pipelines.cli.common import settings_flags
     from pipelines.settings import SettingsError, load_settings

@@ -11,8 +11,22 @@ import logging
 import click
 
 from executors.store.db import resolve_url
-from pipelines.cli import (bench, calibrate, cluster, db, jobs, metrics, node, online, profile, rounds, simulate,
-                          simulate_users, slurm, submit)
+from pipelines.cli import (
+    bench,
+    calibrate,
+    cluster,
+    db,
+    jobs,
+    metrics,
+    node,
+    online,
+    profile,
+    rounds,
+    simulate,
+    simulate_users,
+    slurm,
+    submit,
+)
 from pipelines.cli.common import HELP, CliError
 
 
@@ -24,7 +38,7 @@ class _MainGroup(click.Group):
         try:
             return super().invoke(ctx)
         except ValueError as exc:
-            from executors.simulated.measurements import ENV_VAR, MeasurementError
+            from executors.data.measurements import ENV_VAR, MeasurementError
 
             if isinstance(exc, MeasurementError):
                 raise CliError(f"measurements ({ENV_VAR}): {exc}") from exc

@@ -25,7 +25,7 @@ def metrics() -> None:
 def serve_cmd(ctx: click.Context, port: int | None, host: str | None, duration: float | None) -> None:
     """Serve the scheduler's metrics, read from the feature store at every scrape, until SIGTERM/SIGINT."""
     from executors.metrics_http import serve
-    from executors.scheduler_metrics import SchedulerCollector
+    from executors.scheduler.metrics import SchedulerCollector
 
     s = settings()
     port = s.scheduler_metrics_port if port is None else port
@@ -54,7 +54,7 @@ def show_cmd(ctx: click.Context) -> None:
     """Print the scheduler's metrics once, in Prometheus' text format."""
     from prometheus_client import CollectorRegistry, generate_latest
 
-    from executors.scheduler_metrics import SchedulerCollector
+    from executors.scheduler.metrics import SchedulerCollector
 
     registry = CollectorRegistry(auto_describe=False)
     store = store_of(ctx)

@@ -39,7 +39,7 @@ def online_register(ctx, name, family, qps_min, qps_max, peak_hour, slo_ms, allo
                     endpoints, run_as) -> None:
     """Register an online service and the GPUs its replicas run on (one replica per GPU)."""
     from executors.node.scrape import parse_endpoint_options
-    from executors.submission import parse_size_bytes
+    from executors.scheduler.submission import parse_size_bytes
 
     if not name.strip():
         raise CliError("name: must not be empty")

@@ -16,7 +16,6 @@ cluster's unix socket). ``muxflow train`` trains and promotes the speed predicto
 
 from __future__ import annotations
 
-import os
 from dataclasses import replace
 
 import click
@@ -62,8 +61,8 @@ def _where(real: bool, local: bool) -> str | None:
 def profile(ctx, seed, real, local, show_runs, wait_s, bound_s, iterations, profile_seconds, reuse, metrics,
             profile_dir) -> None:
     """Profile newly submitted jobs: simulated (default), or real dry runs (--real / --local)."""
-    from executors.profiling.report import recent_profiling_runs
-    from executors.profiling.settings import SettingsError
+    from executors.scheduler.profiling.report import recent_profiling_runs
+    from executors.scheduler.profiling.settings import SettingsError
 
     if show_runs:
         with store_of(ctx).session() as s:
@@ -71,8 +70,8 @@ def profile(ctx, seed, real, local, show_runs, wait_s, bound_s, iterations, prof
         return
     mode = _where(real, local)
     if mode is None:
-        from executors.simulated.calibration import default_catalog
-        from executors.steps import profile_new_jobs
+        from executors.data.calibration import default_catalog
+        from executors.simulated.profiler import profile_new_jobs
 
         click.echo(f"profiled {profile_new_jobs(store_of(ctx), default_catalog(), seed)} job(s) (simulated)")
         return
@@ -85,12 +84,12 @@ def profile(ctx, seed, real, local, show_runs, wait_s, bound_s, iterations, prof
         raise CliError(f"profiling: {exc}") from exc
     store = store_of(ctx)
     if mode == "slurm":
-        from executors.profiling.backend import SlurmProfiler, profile_on_slurm
+        from executors.scheduler.profiling.backend import SlurmProfiler, profile_on_slurm
 
         summary = profile_on_slurm(SlurmProfiler.from_config(slurm_config()), store, seed, settings)
     else:
-        from executors.profiling.backend import profile_with
-        from executors.profiling.local import LocalProfileExecutor
+        from executors.scheduler.profiling.backend import profile_with
+        from executors.scheduler.profiling.local import LocalProfileExecutor
 
         ex = LocalProfileExecutor()
         try:
@@ -125,9 +124,9 @@ def profile(ctx, seed, real, local, show_runs, wait_s, bound_s, iterations, prof
 def sample(ctx, per_type, seed, real, local, show_plan, show_runs, budget_min, window_s, size, gpu_types,
            no_bootstrap) -> None:
     """Co-location samples: simulated (default), planned (--plan) or measured (--real / --local)."""
-    from executors.profiling.report import recent_sampling_runs
-    from executors.profiling.sampling import ColocationSampler, plan_table
-    from executors.profiling.settings import SettingsError
+    from executors.scheduler.profiling.report import recent_sampling_runs
+    from executors.scheduler.profiling.sampling import ColocationSampler, plan_table
+    from executors.scheduler.profiling.settings import SettingsError
     from executors.store import repo
 
     if show_runs:
@@ -136,8 +135,8 @@ def sample(ctx, per_type, seed, real, local, show_plan, show_runs, budget_min, w
         return
     mode = _where(real, local)
     if mode is None and not show_plan:
-        from executors.simulated.calibration import default_catalog
-        from executors.steps import collect_samples
+        from executors.data.calibration import default_catalog
+        from executors.simulated.profiler import collect_samples
 
         added = collect_samples(store_of(ctx), default_catalog(), per_type, seed)
         click.echo(f"co-location samples (simulated): {added}")
@@ -167,12 +166,12 @@ def sample(ctx, per_type, seed, real, local, show_plan, show_runs, budget_min, w
                    + (f"; services without a reference workload: {', '.join(skipped)}" if skipped else ""))
         return
     if mode == "slurm":
-        from executors.profiling.backend import SlurmProfiler, sample_on_slurm
+        from executors.scheduler.profiling.backend import SlurmProfiler, sample_on_slurm
 
         added, summary = sample_on_slurm(SlurmProfiler.from_config(slurm_config()), store, per_type, seed, settings)
     else:
-        from executors.profiling.backend import sample_with
-        from executors.profiling.local import LocalProfileExecutor
+        from executors.scheduler.profiling.backend import sample_with
+        from executors.scheduler.profiling.local import LocalProfileExecutor
 
         ex = LocalProfileExecutor()
         try:
@@ -202,7 +201,7 @@ def sample(ctx, per_type, seed, real, local, show_plan, show_runs, budget_min, w
 @click.pass_context
 def train(ctx, epochs: int, seed: int, arch: str, hidden: int | None) -> None:
     """Train one speed predictor per GPU type; promote it if no worse than the current one."""
-    from executors.steps import train_predictors
+    from executors.scheduler.predictors import train_predictors
     from scheduler_core.prediction.predictor import PredictorConfig
 
     cfg = PredictorConfig(arch=arch, epochs=epochs, hidden=hidden, seed=seed)

@@ -10,9 +10,17 @@ import click
 import pandas as pd
 
 from executors.store import inventory
-from pipelines.cli.common import (SEED, CliError, CliFailure, FiniteFloat, cluster_backend, parse_types, settings,
-                                  store_of, writable_dir)
-
+from pipelines.cli.common import (
+    SEED,
+    CliError,
+    CliFailure,
+    FiniteFloat,
+    cluster_backend,
+    parse_types,
+    settings,
+    store_of,
+    writable_dir,
+)
 
 
 def _next_simulated_window(store, clock) -> dt.datetime:
@@ -56,7 +64,7 @@ def round_cmd(ctx, once: bool, fill: bool, migration_penalty: float | None, max_
     round plans the window that has begun now, its plan is dispatched through slurmrestd
     and the job states follow Slurm again.
     """
-    from executors.round_service import RoundError, RoundService
+    from executors.scheduler.round_service import RoundError, RoundService
     from executors.simulated.backend import SimulatedBackend
     from executors.simulated.cluster import SimSettings
     from executors.slurm.retry import SlurmUnavailable
@@ -126,7 +134,7 @@ def round_cmd(ctx, once: bool, fill: bool, migration_penalty: float | None, max_
                f"matching {1000 * result.timings_s.get('matching', 0.0):.1f} ms")
 
 def _fill(svc, now: dt.datetime) -> None:
-    from executors.round_service import RoundError
+    from executors.scheduler.round_service import RoundError
     from executors.slurm.retry import SlurmUnavailable
 
     try:
@@ -198,7 +206,7 @@ def run_cmd(ctx, types_text, services, hours, jobs, samples, epochs, trace, repo
 
     Afterwards `make ui` shows every run, the round partitions and their metadata.
     """
-    from executors.simulated.calibration import SAMPLE_TRACE
+    from executors.data.calibration import SAMPLE_TRACE
     from pipelines.main_job import MainJobConfig, reset_dagster_home, run_main_job
     from scheduler_core.prediction.predictor import PredictorConfig
 

@@ -18,6 +18,7 @@ from dataclasses import replace
 from pathlib import Path
 
 import click
+
 from pipelines.cli.common import HELP, SEED, CliError, FiniteFloat, columns_table, parse_types, text_table, writable_dir
 from scheduler_core.online.dynamic_sm import SmPolicy
 
@@ -171,7 +172,7 @@ def _inputs(cfg, calibration, quiet):
 
 
 def _check_calibrations(names: list[str]) -> list[str]:
-    from executors.simulated.calibration import calibrations
+    from executors.data.calibration import calibrations
 
     known = calibrations()
     for n in names:
@@ -420,7 +421,7 @@ def compare(trace_path, gpus, types_text, hours, jobs, arrival_hours, mean_job_h
              between_rounds, calibration, as_json, quiet, policy_names, out_dir, sensitivity,
              calibrations_text) -> None:
     """Run every policy on the same trace; print the table normalized like the paper's Figures 11 and 13."""
-    from executors.simulated.calibration import INTERVAL_CALIBRATIONS
+    from executors.data.calibration import INTERVAL_CALIBRATIONS
     from executors.simulated.evaluation import plot_comparison, plot_utilization
     from scheduler_core.simulator import POLICIES
     from scheduler_core.simulator.metrics import compare_table

@@ -11,8 +11,8 @@ import sys
 
 import click
 
-from executors.slurm.dev.cluster import DevCluster, DevClusterError, DevStatus
-from executors.slurm.dev.state import log_tail
+from executors.dev.slurm.cluster import DevCluster, DevClusterError, DevStatus
+from executors.dev.slurm.state import log_tail
 from pipelines.cli.common import HELP, CliError, CliFailure, db_option, open_store, slurm_config
 
 log = logging.getLogger(__name__)
@@ -205,7 +205,7 @@ def ping(state_dir: str | None) -> None:
 @db_option
 def register_nodes(state_dir: str | None, db_url: str | None) -> None:
     """Record Slurm's GPU nodes (gpu:<type>:<n>) as the store's nodes and GPUs."""
-    from executors.slurm.backend import register_slurm_nodes
+    from executors.scheduler.slurm.backend import register_slurm_nodes
 
     n = register_slurm_nodes(open_store(db_url), slurm_config(state_dir).client())
     click.echo(f"registered {n} new GPU(s)")
@@ -216,7 +216,7 @@ def register_nodes(state_dir: str | None, db_url: str | None) -> None:
 @db_option
 def pickup(state_dir: str | None, db_url: str | None) -> None:
     """Import held offline-partition Slurm jobs into the store; reject (and cancel) bad submissions."""
-    from executors.slurm.pickup import import_submissions
+    from executors.scheduler.slurm.pickup import import_submissions
 
     rep = import_submissions(open_store(db_url), slurm_config(state_dir).client())
     click.echo(f"imported {len(rep.imported)} job(s), rejected {len(rep.rejected)}")
@@ -244,8 +244,8 @@ def dispatch(state_dir: str | None, db_url: str | None, round_id: int, retry_dea
     import datetime as dt
     from dataclasses import replace
 
-    from executors import round_runner
-    from executors.slurm.backend import dispatch_status
+    from executors.scheduler import round_runner
+    from executors.scheduler.slurm.backend import dispatch_status
     from executors.slurm.retry import SlurmUnavailable
     from executors.store import models as m
 
@@ -290,8 +290,7 @@ def submit(state_dir, db_url, script_path, name, job_type, mem_text, gpu_types, 
     """The same as `sbatch -p offline --gres=mps:N --comment="muxflow: …"`, validated first, then picked up."""
     from pathlib import Path
 
-    from executors.submission import JobSpec, SubmissionError, parse_size_bytes
-
+    from executors.scheduler.submission import JobSpec, SubmissionError, parse_size_bytes
     from executors.slurm.scontrol import ScontrolError
 
     store = open_store(db_url)
@@ -321,8 +320,8 @@ def submit_to_slurm(store, conf, spec, script: str, *, mps_pct: int, working_dir
     the job). :class:`CliError` when the caller is MuxFlow's own Slurm account."""
     import getpass
 
+    from executors.scheduler.slurm.pickup import import_submissions, submit_held
     from executors.slurm.errors import SlurmError
-    from executors.slurm.pickup import import_submissions, submit_held
     from executors.slurm.scontrol import SbatchAsCaller
 
     account = service_account(conf)

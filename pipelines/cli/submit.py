@@ -6,7 +6,7 @@ from pathlib import Path
 
 import click
 
-from executors.profiling.runs import command_script
+from executors.scheduler.profiling.runs import command_script
 from executors.store import repo
 from pipelines.cli.common import CliError, CliFailure, cluster_backend, guard, settings, store_of
 
@@ -40,9 +40,9 @@ def submit(ctx, name, command_, script_path, job_type, mem_text, gpu_types, chec
     is picked up into the store. There the job type is an optional free label. A job needing
     more memory than every allowed GPU type has is refused.
     """
-    from executors.simulated.calibration import default_catalog
-    from executors.submission import JobSpec, parse_size_bytes, spec_from_trace
-    from executors.submission import submit as submit_job
+    from executors.data.calibration import default_catalog
+    from executors.scheduler.submission import JobSpec, parse_size_bytes, spec_from_trace
+    from executors.scheduler.submission import submit as submit_job
     from executors.simulated.evaluation import load_trace
     from scheduler_core.trace import TraceError
 

@@ -1,9 +1,9 @@
 """xCUDA's compute-pacing maths (paper §4.1, Eq. 1-2 and PID), mirrored from C.
 
-The same functions as ``executors/xcuda/src/control.c``, step for step, so the
+The same functions as ``executors/node/xcuda/src/control.c``, step for step, so the
 simulator and the node agent can predict what every offline process's xCUDA
 will do with a GPU record; both are checked against
-``executors/xcuda/tests/control_vectors.csv``. Change one, change the other.
+``executors/node/xcuda/tests/control_vectors.csv``. Change one, change the other.
 
 Control variable: the GPU load ``U_GPU = U_SM * a_C`` (Eq. 1) with the clock
 factor ``a_C`` of Eq. 2. Actuator: the offline process's kernel-launch rate. The

@@ -118,17 +118,17 @@ class Shared:
     pace: object = 1.0        # fraction of its kernels xCUDA let the job launch (1: unpaced)
 
 
-# xCUDA's floor on an offline process's launch rate over what it asks for (executors/xcuda: min_rate
+# xCUDA's floor on an offline process's launch rate over what it asks for (executors/node/xcuda: min_rate
 # 10 launches/s against a typical 1,000–2,000): a paced job never stops completely.
 PACE_FLOOR = 0.01
-# xCUDA's default target GPU load (XCUDA_TARGET_UTIL, executors/xcuda/src/config.c).
+# xCUDA's default target GPU load (XCUDA_TARGET_UTIL, executors/node/xcuda/src/config.c).
 XCUDA_TARGET_UTIL = 0.9
 
 
 def xcuda_pace(online_sm_pct, off_sm_used_frac, duty, norm_tput, target_util):
     """Fraction of its kernels xCUDA lets an offline job launch to hold the GPU's load at ``target_util``.
 
-    The production xCUDA (executors/xcuda, :mod:`scheduler_core.guard.xcuda_control`) paces each offline
+    The production xCUDA (executors/node/xcuda, :mod:`scheduler_core.guard.xcuda_control`) paces each offline
     process's kernel launches with a PID so that the GPU load ``U_GPU = U_SM · a_C`` stays at its
     target (default 0.9; ``a_C`` = 1 without clock information, the node agent's default). The PID
     settles in well under a second (20 ms periods), so over a minute its effect is its steady state:

@@ -34,8 +34,9 @@ import scipy.sparse as sp
 from scipy.optimize import linprog
 
 from scheduler_core.matching.certificate import DEFAULT_GAP_TOL, Certificate, certify, duals_from_matching
+from scheduler_core.matching.dense import max_weight_matching
 from scheduler_core.matching.grouped_weights import GroupedWeights, class_max
-
+from scheduler_core.matching.sparse import solve_sparse
 
 # Largest instance (GPUs × jobs) solved densely if the LP ever fails.
 DENSE_FALLBACK_PAIRS = 25_000_000
@@ -365,8 +366,6 @@ def _expand(nodes: _Nodes, problem: GroupedWeights, arc_node, arc_gpu, x) -> lis
 
 def _dense_fallback(problem: GroupedWeights, cfg: SolverConfig, t0: float) -> Solution:
     """Kuhn–Munkres on the dense matrix, certified the same way (duals rebuilt from the matching)."""
-    from scheduler_core.matching.dense import max_weight_matching
-
     w = problem.to_dense()
     ok = np.isfinite(w) & (w > 0)
     match = max_weight_matching(np.where(ok, w, 0.0), ok)
@@ -380,8 +379,6 @@ def _dense_fallback(problem: GroupedWeights, cfg: SolverConfig, t0: float) -> So
 
 def _solve_sparse(problem: GroupedWeights, cfg: SolverConfig, t0: float) -> Solution:
     """Many nodes: :mod:`scheduler_core.matching.sparse`, certified the same way."""
-    from scheduler_core.matching.sparse import solve_sparse
-
     def group_prices(p: GroupedWeights) -> tuple[np.ndarray, np.ndarray]:
         # The grouped LP's GPU duals and which group each GPU went to: they choose the arcs.
         sol = _solve_grouped(p, cfg, time.perf_counter(), _nodes(p))

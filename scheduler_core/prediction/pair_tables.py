@@ -34,6 +34,7 @@ import numpy as np
 
 from scheduler_core.domain import OfflineFeatures
 from scheduler_core.prediction.features import N_FEATURES, OFFLINE_SLICE, ONLINE_SLICE, SM_COLUMN, offline_vector
+from scheduler_core.prediction.nets import finish, finish_into, gpu_sides, job_sides
 
 # Largest pair matrix handed to one predict call (rows); above it, chunks.
 PREDICT_BATCH_ROWS = 500_000
@@ -90,8 +91,6 @@ class EmbeddedTable:
 
     def at(self, rows: np.ndarray, cols: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
         """Aligned pairs, as the predictor's ``predict`` computes them (row by row)."""
-        from scheduler_core.prediction.nets import finish
-
         rows = np.asarray(rows, dtype=np.int64)
         cols = np.asarray(cols, dtype=np.int64)
         t, s = np.empty(rows.shape), np.empty(rows.shape)
@@ -121,7 +120,6 @@ class EmbeddedTable:
         """
         import torch
 
-        from scheduler_core.prediction.nets import finish_into
 
         sides, bad_c = prepared
         rows = np.asarray(rows, dtype=np.int64)
@@ -328,8 +326,6 @@ def _mlp_kernel(model):
 
 
 def _embedded(model, row_on, row_sm, row_spec, off, on_ok, prof_ok) -> EmbeddedTable:
-    from scheduler_core.prediction.nets import gpu_sides, job_sides
-
     d = model.cfg.embed_dim
     row_t, row_s = gpu_sides(model.embed_gpu(np.column_stack([row_on, row_sm])), d)
     prof = {int(sp): job_sides(model.embed_job(off[int(sp)]), d) for sp in np.unique(row_spec)}

@@ -18,11 +18,18 @@ import time
 import numpy as np
 
 from scheduler_core.domain import GpuHealth, RoundResult
-from scheduler_core.online.dynamic_sm import offline_sm_pct
-from scheduler_core.prediction.features import N_FEATURES, OFFLINE_SLICE, ONLINE_SLICE, SM_COLUMN, offline_vector, online_vector
-from scheduler_core.matching.dense import max_weight_matching
-from scheduler_core.round.weights import derated, eligible_gpus, mem_quota_bytes, share_levels, slo_allowance
 from scheduler_core.jobs.run_as import may_share
+from scheduler_core.matching.dense import max_weight_matching
+from scheduler_core.online.dynamic_sm import offline_sm_pct
+from scheduler_core.prediction.features import (
+    N_FEATURES,
+    OFFLINE_SLICE,
+    ONLINE_SLICE,
+    SM_COLUMN,
+    offline_vector,
+    online_vector,
+)
+from scheduler_core.round.plan import RoundConfig, diff_plan
 from scheduler_core.round.slots import (
     SlotLayout,
     keeps_share,
@@ -31,6 +38,7 @@ from scheduler_core.round.slots import (
     slot_shares,
     worthwhile_splits,
 )
+from scheduler_core.round.weights import derated, eligible_gpus, mem_quota_bytes, share_levels, slo_allowance
 
 PAIRS_PER_BATCH = 1_000_000
 
@@ -180,8 +188,6 @@ def _dense_level(slot_gpus, layout, jobs, predictors, cfg, share, slow_share, sl
 
 def plan_round_dense(gpus, jobs, predictors, cfg=None) -> RoundResult:
     """Algorithm 1 on the dense matrix; same plan semantics as :func:`scheduler_core.round.plan.plan_round`."""
-    from scheduler_core.round.plan import RoundConfig, diff_plan
-
     cfg = cfg if cfg is not None else RoundConfig()
     t0 = time.perf_counter()
     slot_gpus, tput, slow, feasible, adjusted, pct, slot_quota = dense_weights(gpus, jobs, predictors, cfg)

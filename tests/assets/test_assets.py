@@ -18,9 +18,9 @@ from executors.simulated.backend import SimulatedBackend
 from executors.store import models as m
 from executors.store import rounds as rounds_db
 from executors.store.db import Store
-from pipelines.definitions import build_definitions
-from scheduler_core.domain import JobState
+from pipelines.definitions import build_definitions, scheduling_resource
 from pipelines.settings import MuxflowSettings
+from scheduler_core.domain import JobState
 
 START = dt.datetime(2026, 1, 5, 0, 0, tzinfo=dt.timezone.utc)
 WINDOW = START + dt.timedelta(hours=1)
@@ -66,10 +66,11 @@ def _reset_recording():
     RecordingBackend.fail_dispatches = 0
 
 
-def resources(url: str, max_mae: float = 0.5) -> dict:
+def resources(url: str, max_mae: float = 0.5, tmp_path: Path = Path("unused")) -> dict:
     fs = FeatureStoreResource(db_url=url)
     return {"feature_store": fs, "cluster": FakeClusterResource(),
-            "predictors": PredictorStoreResource(feature_store=fs, epochs=20, max_holdout_mae=max_mae)}
+            "predictors": PredictorStoreResource(feature_store=fs, epochs=20, max_holdout_mae=max_mae),
+            "scheduling": scheduling_resource(settings_for(url, tmp_path))}
 
 
 def assets_of(url: str, tmp_path: Path, **over):
@@ -262,7 +263,8 @@ def test_utilization_report_writes_csvs(cluster_store: Store, tmp_path, dagster_
     a = prepare(url, tmp_path, dagster_instance)
     assert materialize([a["placement_plan"], a["plan_dispatch"], a["cluster_interval"]], partition_key=round_key(dagster_instance),
                        resources=resources(url), instance=dagster_instance).success
-    res = materialize([a["utilization_report"]], resources=resources(url), instance=dagster_instance)
+    res = materialize([a["utilization_report"]], resources=resources(url, tmp_path=tmp_path),
+                      instance=dagster_instance)
     md = meta(res, "utilization_report")
     assert md["rounds"] == 1 and md["hours"] >= 1
     for name in ("utilization_per_hour", "oversold_per_round", "evictions_per_day", "online_latency_per_day"):

@@ -11,14 +11,14 @@ from pathlib import Path
 from dagster import materialize
 
 from assets.resources import ClusterResource
-from executors.profiling.backend import profile_with, sample_with
-from executors.profiling.local import LocalProfileExecutor
-from executors.profiling.settings import ProfilingSettings, SamplingSettings
+from executors.scheduler.profiling.backend import profile_with, sample_with
+from executors.scheduler.profiling.local import LocalProfileExecutor
+from executors.scheduler.profiling.settings import ProfilingSettings, SamplingSettings
 from executors.simulated.backend import SimulatedBackend
 from executors.store import models as m
 from executors.store import repo
 from tests.assets.test_assets import meta, settings_for
-from tests.executors.profiling.helpers import add_job
+from tests.executors.scheduler.profiling.helpers import add_job
 
 REPO = Path(__file__).resolve().parents[2]
 RUN_DIR: list[str] = []
@@ -66,18 +66,20 @@ def test_profiling_assets_with_a_measuring_cluster(tmp_path, dagster_instance) -
     with cluster_store.session() as s:
         init_simulated_cluster(s, {"a10": 2, "t4": 2}, 2, seed=0)
     py = shlex.quote(sys.executable)
-    good = add_job(cluster_store, "good", f"cd {REPO} && exec {py} -m executors.workloads.train --family "
+    good = add_job(cluster_store, "good", f"cd {REPO} && exec {py} -m executors.job.workloads.train --family "
                                           f"transformer --size tiny --ckpt {tmp_path}/ck --steps 100000")
     add_job(cluster_store, "bad", "exit 9")
-    from pipelines.definitions import build_definitions
+    from pipelines.definitions import build_definitions, scheduling_resource
 
-    defs = build_definitions(settings_for(url, tmp_path, samples_per_type=30))
+    settings = settings_for(url, tmp_path, samples_per_type=30)
+    defs = build_definitions(settings)
     a = {x.key.to_user_string(): x for x in defs.assets}
     from assets.resources import FeatureStoreResource
 
     res = materialize([a["offline_job_profiles"], a["colocation_samples"]],
                       resources={"feature_store": FeatureStoreResource(db_url=url),
-                                 "cluster": MeasuringClusterResource()},
+                                 "cluster": MeasuringClusterResource(),
+                                 "scheduling": scheduling_resource(settings)},
                       instance=dagster_instance, selection=[a["offline_job_profiles"], a["colocation_samples"]])
     assert res.success
     prof = meta(res, "offline_job_profiles")

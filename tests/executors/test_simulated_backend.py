@@ -7,15 +7,15 @@ import datetime as dt
 import json
 
 import pytest
+from sqlalchemy import func, select
 
+from executors.data.calibration import default_catalog
 from executors.simulated.backend import ObservationOrderError, SimulatedBackend
-from executors.simulated.calibration import default_catalog
 from executors.simulated.cluster import SimGpuSpec, SimJobSpec, SimServiceSpec, SimSettings, SimulatedCluster
 from executors.simulated.setup import observed_until
 from executors.store import models as m
 from executors.store.db import Store
 from scheduler_core.domain import Action, PlanAction
-from sqlalchemy import func, select
 
 T0 = dt.datetime(2026, 1, 5, 18, 0, tzinfo=dt.timezone.utc)
 JOBS = [SimJobSpec(1, "ResNet-50 (batch size 64)", 10_000_000), SimJobSpec(2, "LM (batch size 20)", 10_000_000),

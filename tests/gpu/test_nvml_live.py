@@ -139,7 +139,7 @@ def test_busy_gpu_shows_in_samples(sampler):
 def test_shm_record_from_real_samples(sampler, tmp_path):
     from executors.node.agent import AgentConfig, GpuBinding, MemorySink, NodeAgent
     from executors.node.evictor import CallbackEvictor
-    from executors.xcuda import shm
+    from executors.node.xcuda import shm
 
     path = tmp_path / "muxflow-gpu-0"
     agent = NodeAgent(sampler, [GpuBinding(1, 0, path, clock_threshold_mhz=1000.0)],

@@ -42,9 +42,9 @@ def _gpu_present():
 
 @pytest.mark.parametrize("family", ["cnn", "transformer", "recommender"])
 def test_reference_workloads_run_on_the_gpu(family, tmp_path) -> None:
-    from executors.runtime import Runtime
-    from executors.workloads.serve import serve
-    from executors.workloads.train import train
+    from executors.job.runtime import Runtime
+    from executors.job.workloads.serve import serve
+    from executors.job.workloads.train import train
 
     rep = serve(family, "small", qps=50, duration_s=2.0, device="cuda", arrivals="uniform")
     assert rep["device_type"] == "cuda" and "CUDA" in rep["device"]
@@ -55,11 +55,11 @@ def test_reference_workloads_run_on_the_gpu(family, tmp_path) -> None:
 
 
 def test_solo_profile_on_the_gpu_is_measured_with_nvml(tmp_path) -> None:
-    from executors.profiling.outcome import classify
-    from executors.profiling.probe import run_probe
+    from executors.node.profiling.probe import run_probe
+    from executors.scheduler.profiling.outcome import classify
 
     job = tmp_path / "job.sh"
-    job.write_text(f"#!/bin/sh\ncd {REPO}\nexec {shlex.quote(sys.executable)} -m executors.workloads.train "
+    job.write_text(f"#!/bin/sh\ncd {REPO}\nexec {shlex.quote(sys.executable)} -m executors.job.workloads.train "
                    f"--family cnn --size gpu --device cuda --ckpt {tmp_path}/ckpt --steps 100000\n")
     job.chmod(0o755)
     rep = run_probe(tmp_path / "run", [str(job)], job_type="ResNet-18 (batch size 64)", gpu_type="h100",
@@ -76,7 +76,7 @@ def test_solo_profile_on_the_gpu_is_measured_with_nvml(tmp_path) -> None:
 
 def test_colocation_harness_on_the_gpu(tmp_path) -> None:
     """The SM sweep on one GPU: under MPS a larger share gives the job more throughput."""
-    from executors.profiling.colocate import Harness
+    from executors.node.profiling.colocate import Harness
 
     h = Harness(tmp_path, gpu_type="h100", service_family="cnn", qps=200, job_family="cnn", size="gpu",
                 window_s=10, metrics="nvml")

@@ -30,10 +30,10 @@ from pathlib import Path
 
 import pytest
 
+from executors.dev.slurm import DevCluster, DevClusterLayout
+from executors.dev.slurm import network as net
+from executors.dev.slurm.layout import DEFAULT_NODES, DevNode
 from executors.slurm.client import SlurmRestClient
-from executors.slurm.dev import DevCluster, DevClusterLayout
-from executors.slurm.dev import network as net
-from executors.slurm.dev.layout import DEFAULT_NODES, DevNode
 from executors.slurm.models import Job
 
 REPO = Path(__file__).resolve().parents[2]
@@ -195,7 +195,7 @@ def make_private_cluster(nodes: tuple[DevNode, ...] = DEFAULT_NODES, release=Non
     """A dev cluster of the caller alone (own state dir, bridge, ports and subnet), taken down at the end.
 
     Names are derived from the pid so that concurrent test runs do not collide. ``release``: another Slurm
-    release than the host's (:mod:`executors.slurm.dev.rootfs`).
+    release than the host's (:mod:`executors.dev.slurm.rootfs`).
     """
     pid = os.getpid() + (0 if release is None else 50)
     bridge = f"mxt{pid % 100000}"

@@ -11,9 +11,9 @@ from pathlib import Path
 
 from sqlalchemy import select
 
-from executors.slurm.backend import SlurmBackend, XcudaGains, register_slurm_nodes
+from executors.scheduler.slurm.backend import SlurmBackend, XcudaGains, register_slurm_nodes
+from executors.scheduler.slurm.pickup import import_submissions
 from executors.slurm.client import SlurmRestClient
-from executors.slurm.pickup import import_submissions
 from executors.store import models as m
 from executors.store.db import Store
 from executors.store.jobs import transition
@@ -131,7 +131,7 @@ def make_round(store: Store, actions: list[dict], window: dt.datetime | None = N
 
 def dispatch_actions(store: Store, be: SlurmBackend, actions: list[dict], window: dt.datetime) -> tuple[int, int]:
     """A planned round of ``actions`` (:func:`make_round`) dispatched by ``be`` now: (done, failed)."""
-    from executors.round_runner import stored_result
+    from executors.scheduler.round_runner import stored_result
 
     rid = make_round(store, actions, window)
     with store.session() as s:

@@ -15,7 +15,7 @@ from pathlib import Path
 
 import pytest
 
-from executors.slurm.dev.rootfs import TRIXIE
+from executors.dev.slurm.rootfs import TRIXIE
 from tests.live.conftest import LiveCluster, make_private_cluster
 
 RELEASES = {"22.05": None, "24.11": TRIXIE}

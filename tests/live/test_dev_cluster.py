@@ -9,9 +9,9 @@ from pathlib import Path
 
 import pytest
 
-from executors.slurm.dev import DevCluster
-from executors.slurm.dev import network as net
-from executors.slurm.dev.procs import is_running, terminate
+from executors.dev.slurm import DevCluster
+from executors.dev.slurm import network as net
+from executors.dev.slurm.procs import is_running, terminate
 
 
 def _pids(cluster: DevCluster) -> dict[str, tuple[int, int | None]]:

@@ -14,7 +14,6 @@
 from __future__ import annotations
 
 import datetime as dt
-
 import os
 import random
 import signal
@@ -26,12 +25,21 @@ from pathlib import Path
 import pytest
 from sqlalchemy import func, select
 
+from executors.scheduler.slurm.backend import XcudaGains, placement_plan
 from executors.slurm import plan as plans
-from executors.slurm.backend import XcudaGains, placement_plan
 from executors.store import models as m
 from tests.live.conftest import cancel_quietly
 from tests.live.muxflow_helpers import (
-    REPO, backend, dispatch_actions, dispatch_cmd, held_jobs, make_round, make_store, read_env, register, sbatch,
+    REPO,
+    backend,
+    dispatch_actions,
+    dispatch_cmd,
+    held_jobs,
+    make_round,
+    make_store,
+    read_env,
+    register,
+    sbatch,
     write_script,
 )
 
@@ -206,7 +214,7 @@ def test_taskprolog_contract_offline_and_online(dev_cluster, private_tmp) -> Non
                     f"--output={d}/%j.out", "--comment=muxflow-job=1 muxflow-gpu=1 muxflow-pct=20")
     _SUBMITTED.append((dev_cluster, online))
     with store.session() as s:
-        from executors.round_runner import stored_result
+        from executors.scheduler.round_runner import stored_result
         result = stored_result(s, s.get(m.SchedulingRound, round_id))
 
     gains = XcudaGains(kp=0.5, ki=12.5, kd=0.02)  # not xCUDA's defaults: they must come from the dispatcher
@@ -217,7 +225,7 @@ def test_taskprolog_contract_offline_and_online(dev_cluster, private_tmp) -> Non
     env = read_env(d / f"env.{sid}")
     assert env["CUDA_VISIBLE_DEVICES"] == "2" and env["CUDA_MPS_ACTIVE_THREAD_PERCENTAGE"] == "35"
     assert env["CUDA_MPS_PIPE_DIRECTORY"].endswith("/gpu2") and env["SLURMD_NODENAME"] == "mx-a10-1"
-    assert env["LD_PRELOAD"].endswith("executors/xcuda/build/libxcuda.so")
+    assert env["LD_PRELOAD"].endswith("executors/node/xcuda/build/libxcuda.so")
     assert env["XCUDA_MEM_QUOTA_BYTES"] == str(2 * 1024**3) and env["XCUDA_GPU_INDEX"] == "2"
     assert (env["XCUDA_KP"], env["XCUDA_KI"], env["XCUDA_KD"]) == ("0.5", "12.5", "0.02")
     oenv = read_env(d / f"env.{online}")
@@ -308,16 +316,16 @@ def test_slurmctld_down_during_dispatch_plan_completes_after_restart(private_clu
 
 
 def test_pytorch_job_migrated_three_times_ends_like_an_unmigrated_run(dev_cluster, private_tmp) -> None:
-    """A small CPU PyTorch job (executors.runtime.example_train) moved t4 → a10 → t4 → a10 by MIGRATE actions."""
+    """A small CPU PyTorch job (executors.job.runtime.example_train) moved t4 → a10 → t4 → a10 by MIGRATE actions."""
 
     import json
     import sys
 
-    from executors.runtime import CheckpointStore
+    from executors.job.runtime import CheckpointStore
 
     steps = "240"
     ref_out = private_tmp / "ref.json"
-    ref = subprocess.run([sys.executable, "-m", "executors.runtime.example_train", "--ckpt", str(private_tmp / "ref"),
+    ref = subprocess.run([sys.executable, "-m", "executors.job.runtime.example_train", "--ckpt", str(private_tmp / "ref"),
                           "--out", str(ref_out), "--steps", steps, "--every", "20"], cwd=REPO, timeout=120)
     assert ref.returncode == 0
     want = json.loads(ref_out.read_text())
@@ -326,7 +334,7 @@ def test_pytorch_job_migrated_three_times_ends_like_an_unmigrated_run(dev_cluste
     gpus = register(store, dev_cluster)
     d = dev_cluster.job_dir("migrate-torch")
     ckpt, out = d / "ckpt", d / "result.json"
-    body = (f"cd {REPO}\nexec {sys.executable} -m executors.runtime.example_train --ckpt {ckpt} --out {out} "
+    body = (f"cd {REPO}\nexec {sys.executable} -m executors.job.runtime.example_train --ckpt {ckpt} --out {out} "
             f"--steps {steps} --every 20 --iter-ms 60\n")
     jobs = _held_jobs(dev_cluster, store, d, 1, f"mx-torch{os.getpid()}", body)
     (job_id, sid), = jobs.items()

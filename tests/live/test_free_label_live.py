@@ -15,12 +15,18 @@ import sys
 
 from sqlalchemy import select
 
-from executors.slurm.pickup import import_submissions
+from executors.scheduler.slurm.pickup import import_submissions
 from executors.store import models as m
 from tests.live.muxflow_helpers import REPO, make_store, register, sbatch
-from tests.live.test_profiling_live import PY, _SUBMITTED, USER, measuring, root_backend  # noqa: F401  (fixture)
-from tests.live.test_profiling_live import _cancel_at_teardown  # noqa: F401  (autouse: what _SUBMITTED holds)
-from tests.live.test_profiling_live import user_script
+from tests.live.test_profiling_live import (  # noqa: F401  (fixture)
+    _SUBMITTED,
+    PY,
+    USER,
+    _cancel_at_teardown,  # noqa: F401  (autouse: what _SUBMITTED holds)
+    measuring,
+    root_backend,
+    user_script,
+)
 
 
 def _submit(dev_cluster, d, name: str, body: str, spec: str) -> int:
@@ -37,7 +43,7 @@ def test_any_script_is_a_job_and_one_that_cannot_run_fails_with_the_reason(dev_c
     d = dev_cluster.user_dir("free-label", USER)
     pid = os.getpid()
     unlabelled = _submit(dev_cluster, d, f"mx-nolabel{pid}",
-                         f"cd {REPO}\nexec {PY} -m executors.workloads.train --family cnn --size tiny "
+                         f"cd {REPO}\nexec {PY} -m executors.job.workloads.train --family cnn --size tiny "
                          f"--ckpt {d}/ckpt --steps 100000\n", f"mem=2GiB gpu-types=t4 ckpt={d}/ckpt steps=1000")
     broken = _submit(dev_cluster, d, f"mx-broken{pid}", "exec /nonexistent/bin/trainer --epochs 3\n",
                      "type='my own model' mem=1GiB gpu-types=t4 ckpt=/ckpt/x steps=10")

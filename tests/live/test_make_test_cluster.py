@@ -11,9 +11,9 @@ from pathlib import Path
 
 import pytest
 
-from executors.slurm.dev import DevCluster
-from executors.slurm.dev import network as net
-from executors.slurm.dev.procs import is_running
+from executors.dev.slurm import DevCluster
+from executors.dev.slurm import network as net
+from executors.dev.slurm.procs import is_running
 from tests.live.conftest import REPO, _free_port_base, _free_subnet
 
 SCRIPT = REPO / ".ci" / "with_slurm.sh"

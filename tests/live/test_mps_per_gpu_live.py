@@ -24,13 +24,22 @@ import subprocess
 import pytest
 from sqlalchemy import select
 
-from executors.round_runner import stored_result
-from executors.slurm.dev.layout import DevNode
+from executors.dev.slurm.layout import DevNode
+from executors.scheduler.round_runner import stored_result
 from executors.slurm.spec import JobUpdate
 from executors.store import models as m
 from tests.live.conftest import cancel_quietly, make_private_cluster
 from tests.live.muxflow_helpers import (
-    REPO, backend, dispatch_cmd, held_jobs, make_round, make_store, read_env, register, sbatch, scontrol_gres,
+    REPO,
+    backend,
+    dispatch_cmd,
+    held_jobs,
+    make_round,
+    make_store,
+    read_env,
+    register,
+    sbatch,
+    scontrol_gres,
     write_script,
 )
 

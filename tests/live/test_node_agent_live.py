@@ -21,20 +21,26 @@ import os
 import signal
 import subprocess
 import sys
-from pathlib import Path
 
 import httpx
 from click.testing import CliRunner
 from sqlalchemy import select
 
-from executors.slurm.pickup import import_submissions
+from executors.scheduler.slurm.pickup import import_submissions
 from executors.store import models as m
 from executors.store.jobs import transition
 from pipelines.cli import main
 from scheduler_core.domain import Action, JobState, PlanAction
 from tests.live.conftest import cancel_quietly, wait_for
 from tests.live.muxflow_helpers import (
-    GOOD_COMMENT, REPO, backend, make_pending, make_store, register, sbatch, write_script,
+    GOOD_COMMENT,
+    REPO,
+    backend,
+    make_pending,
+    make_store,
+    register,
+    sbatch,
+    write_script,
 )
 
 NODE, GPU_INDEX, SHARE_PCT = "mx-t4-1", 0, 70
@@ -63,7 +69,7 @@ def test_replica_load_drives_the_simulated_gpu_of_a_slurm_node_to_an_eviction(pr
         # 1. the replica, and its endpoint registered on the GPU
         ready = private_tmp / "replica.json"
         replica = subprocess.Popen(
-            [sys.executable, "-m", "executors.workloads.serve", "--family", "cnn", "--qps", str(CALM_QPS),
+            [sys.executable, "-m", "executors.job.workloads.serve", "--family", "cnn", "--qps", str(CALM_QPS),
              "--metrics-port", "0", "--ready", str(ready)],
             cwd=REPO, stdout=subprocess.DEVNULL, stderr=subprocess.PIPE, text=True)
         procs.append(replica)

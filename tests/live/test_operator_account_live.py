@@ -20,7 +20,7 @@ from collections.abc import Iterator
 
 import pytest
 
-from executors.slurm.dev.layout import MUXFLOW_USER, REFERENCE_USER
+from executors.dev.slurm.layout import MUXFLOW_USER, REFERENCE_USER
 from executors.slurm.jwt import unverified_claims
 from tests.live.conftest import REPO, LiveCluster, make_private_cluster
 from tests.live.muxflow_helpers import sbatch, write_script
@@ -58,7 +58,7 @@ def test_muxflow_is_an_operator_and_the_reference_account_a_plain_user(live) -> 
 AS_MUXFLOW = """
 import json, sys, time
 from executors.slurm.client import SlurmRestClient
-from executors.slurm.dev import DevCluster
+from executors.dev.slurm import DevCluster
 
 cluster = DevCluster(sys.argv[1])
 layout = cluster.load_layout()

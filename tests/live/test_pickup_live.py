@@ -9,7 +9,7 @@ import sys
 
 from sqlalchemy import select
 
-from executors.slurm.pickup import import_submissions
+from executors.scheduler.slurm.pickup import import_submissions
 from executors.store import models as m
 from tests.live.muxflow_helpers import GOOD_COMMENT, REPO, make_store, register, sbatch, sbatch_run, write_script
 
@@ -89,7 +89,7 @@ def test_sbatch_offline_is_held_imported_once_and_bad_ones_rejected(dev_cluster,
 def test_arrays_multi_node_heterogeneous_and_unrequeueable_jobs_are_refused_at_sbatch(dev_cluster) -> None:
     """job_submit.lua refuses, with the reason, what MuxFlow cannot place on one GPU share or move by requeue;
     an offline job that does not say gets requeue on; the online partition is left alone."""
-    from executors.slurm.dev.install import JOB_USERS
+    from executors.dev.slurm.install import JOB_USERS
 
     d = dev_cluster.job_dir("pickup-shapes")
     script = write_script(d, "sleep 1\n")
@@ -159,7 +159,7 @@ def test_muxflow_submit_on_a_slurm_setup_goes_through_slurm(dev_cluster, private
     """`muxflow submit` with settings naming a Slurm cluster: sbatch through slurmrestd, held, picked up."""
     import os
 
-    from executors.slurm.pickup import spec_from_job
+    from executors.scheduler.slurm.pickup import spec_from_job
 
     store, url = make_store(private_tmp)
     register(store, dev_cluster)

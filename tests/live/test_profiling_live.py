@@ -29,12 +29,12 @@ import pytest
 from sqlalchemy import select
 
 from executors.node.profile_windows import ProfileWindows, ProfileWindowsThread, slurm_windows
-from executors.profiling.backend import SlurmProfiler
-from executors.profiling.settings import ProfilingSettings, SamplingSettings
-from executors.profiling.solo import ProfilingSummary
-from executors.profiling.windows import SlurmProfileWindows, WindowProfiler
+from executors.scheduler.profiling.backend import SlurmProfiler
+from executors.scheduler.profiling.settings import ProfilingSettings, SamplingSettings
+from executors.scheduler.profiling.solo import ProfilingSummary
+from executors.scheduler.profiling.windows import SlurmProfileWindows, WindowProfiler
+from executors.scheduler.slurm.pickup import import_submissions
 from executors.slurm.client import SlurmRestClient
-from executors.slurm.pickup import import_submissions
 from executors.slurm.scontrol import ScontrolRequeue
 from executors.store import models as m
 from tests.live.conftest import cancel_quietly
@@ -126,7 +126,7 @@ def test_a_users_job_is_profiled_in_its_own_slurm_job_as_its_user(dev_cluster, r
         before = {j.job_id for j in c.list_jobs()}
     sid = _submit(dev_cluster, d, f"mx-prof{os.getpid()}",
                   f"id -u > {d}/uid.$SLURM_JOB_ID.${{SLURM_RESTART_COUNT:-0}}\ncd {REPO}\n"
-                  f"exec {PY} -m executors.workloads.train --family transformer --size tiny --ckpt {d}/ckpt "
+                  f"exec {PY} -m executors.job.workloads.train --family transformer --size tiny --ckpt {d}/ckpt "
                   "--steps 100000 --every 5\n")
     job = _import(dev_cluster, store, [sid])[sid]
     with measuring(dev_cluster, store):

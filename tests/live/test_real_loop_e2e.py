@@ -11,7 +11,7 @@ What runs (as an operator deploys it, docs/DEPLOY.md), all real processes:
 - a two-node Slurm cluster (slurmctld, two slurmd in network namespaces, slurmrestd; per-GPU gres
   Types with ``Flags=all_sharing``, job_submit.lua, Prolog/TaskProlog/Epilog);
 - the feature store on PostgreSQL;
-- two online reference services (``executors.workloads.serve``, CPU), one replica per GPU, each with
+- two online reference services (``executors.job.workloads.serve``, CPU), one replica per GPU, each with
   its Prometheus endpoint registered;
 - one node agent per node (``muxflow node-agent --simulated``): its GPUs are simulated, and follow
   what really runs — the Slurm jobs on each GPU at their shares, and each replica's real request rate;
@@ -51,13 +51,13 @@ from pathlib import Path
 import pytest
 from sqlalchemy import select
 
+from executors.job.workloads.models import reference_job_types
 from executors.store import models as m
 from executors.store.db import Store
 from executors.store.reports import list_reports, run_report
-from executors.workloads.models import reference_job_types
+from tests.live.conftest import make_private_cluster
 from tests.processes import Processes, processes
 from tests.prometheus_helpers import free_port, query, start_prometheus, targets_up
-from tests.live.conftest import make_private_cluster
 from tests.ui.browser import number, partition_metadata, require_browser, start_webserver
 
 pytestmark = pytest.mark.slow
@@ -183,7 +183,7 @@ def _job_script(d: Path, k: int, family: str, steps: int) -> Path:
     return _users_file(d / f"train-{k}.sh", f"""#!/bin/bash
 set -e
 {_record_env(d)}cd {REPO}
-exec {PY} -m executors.workloads.train --family {family} --size tiny --steps {steps} --every {EVERY} \\
+exec {PY} -m executors.job.workloads.train --family {family} --size tiny --steps {steps} --every {EVERY} \\
   --ckpt {d}/ckpt-{k} --out {d}/result-$SLURM_JOB_ID.json --threads 1
 """)
 
@@ -245,7 +245,7 @@ def _give(path: Path, user: str) -> None:
 
 def _reference_results(jobs: list[tuple[str, int, int]], d: Path) -> dict[tuple[str, int], dict]:
     """Each job's result when nothing interrupts it (same code, same seed, in this process)."""
-    from executors.workloads.train import train
+    from executors.job.workloads.train import train
 
     out = {}
     for family, steps, _ in jobs:
@@ -281,7 +281,7 @@ def test_real_loop_end_to_end_from_sbatch_to_done(dev_cluster, make_postgres_dat
             for index in range(4):
                 gid = gpus[(node, index)][0]
                 ready[gid] = tmp_path / f"ready-{gid}.json"
-                procs.start(f"serve-{gid}", [PY, "-m", "executors.workloads.serve", "--family", family, "--size",
+                procs.start(f"serve-{gid}", [PY, "-m", "executors.job.workloads.serve", "--family", family, "--size",
                                              "tiny", "--qps", str(SERVE_QPS), "--metrics-port", "0", "--threads", "1",
                                              "--ready", str(ready[gid]), "--seed", str(gid)], env=env, cwd=REPO)
         replicas: dict[int, str] = {}  # GPU id → endpoint base URL

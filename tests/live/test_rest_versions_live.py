@@ -14,11 +14,9 @@ import dataclasses
 import json
 from pathlib import Path
 
-import pytest
-
-from executors.slurm.api import API_VERSIONS, api_version, offered_versions
+from executors.scheduler.slurm.backend import placement_plan
 from executors.slurm import plan as plans
-from executors.slurm.backend import placement_plan
+from executors.slurm.api import API_VERSIONS, api_version, offered_versions
 from executors.slurm.client import SlurmRestClient
 from executors.slurm.spec import BatchJob, JobUpdate
 from tests.live.site_helpers import release_of, site_cluster, write_artifact  # noqa: F401

@@ -27,9 +27,9 @@ from pathlib import Path
 from sqlalchemy import select
 
 from executors.node.prolog_watch import PrologWatch
-from executors.profiling.settings import ProfilingSettings
-from executors.profiling.windows import SlurmProfileWindows, WindowProfiler
-from executors.slurm.pickup import import_submissions
+from executors.scheduler.profiling.settings import ProfilingSettings
+from executors.scheduler.profiling.windows import SlurmProfileWindows, WindowProfiler
+from executors.scheduler.slurm.pickup import import_submissions
 from executors.store import models as m
 from pipelines.settings import MuxflowSettings, write_settings
 from tests.live.conftest import cancel_quietly

@@ -35,9 +35,9 @@ import subprocess
 
 import pytest
 
-from executors.round_runner import stored_result
+from executors.scheduler.round_runner import stored_result
+from executors.scheduler.slurm.backend import dispatch_status
 from executors.slurm import plan as plans
-from executors.slurm.backend import dispatch_status
 from executors.store import models as m
 from tests.live.conftest import cancel_quietly, make_private_cluster
 from tests.live.muxflow_helpers import (

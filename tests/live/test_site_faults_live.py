@@ -19,10 +19,17 @@ import signal
 import pytest
 from sqlalchemy import select
 
-from executors.slurm.pickup import import_submissions
+from executors.scheduler.slurm.pickup import import_submissions
 from executors.store import models as m
-from tests.live.muxflow_helpers import (GOOD_COMMENT, backend, dispatch_actions, make_pending, make_store, register,
-                                        sbatch)
+from tests.live.muxflow_helpers import (
+    GOOD_COMMENT,
+    backend,
+    dispatch_actions,
+    make_pending,
+    make_store,
+    register,
+    sbatch,
+)
 from tests.live.site_helpers import release_of, run_as, site_cluster, write_artifact  # noqa: F401
 
 

@@ -28,15 +28,15 @@ import sys
 
 from sqlalchemy import func, select
 
-from executors.round_service import RoundService
+from executors.scheduler.round_service import RoundService
+from executors.scheduler.slurm.pickup import import_submissions
 from executors.slurm import plan as plans
-from executors.slurm.pickup import import_submissions
 from executors.store import models as m
 from scheduler_core.round.clock import RoundClock
-from tests.processes import processes, stop
 from tests.live.conftest import cancel_quietly
 from tests.live.muxflow_helpers import REPO, backend, make_store, register, sbatch, write_script
 from tests.live.site_helpers import release_of, site_cluster, write_artifact  # noqa: F401
+from tests.processes import processes, stop
 
 NODE, REPLICA_GPUS, LATER_GPU = "mx-a10-1", (1, 2), 3
 USERS = ("mxuser1", "mxuser2")

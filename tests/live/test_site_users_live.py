@@ -12,13 +12,20 @@ import datetime as dt
 import os
 import subprocess
 
+from executors.scheduler.round_runner import stored_result
+from executors.scheduler.slurm.backend import XcudaGains
+from executors.scheduler.slurm.pickup import import_submissions
 from executors.slurm import plan as plans
-from executors.slurm.backend import XcudaGains
-from executors.slurm.pickup import import_submissions
-from executors.round_runner import stored_result
 from executors.store import models as m
 from tests.live.muxflow_helpers import (
-    GOOD_COMMENT, backend, make_pending, make_round, make_store, read_env, register, sbatch,
+    GOOD_COMMENT,
+    backend,
+    make_pending,
+    make_round,
+    make_store,
+    read_env,
+    register,
+    sbatch,
 )
 from tests.live.site_helpers import release_of, run_as, site_cluster, write_artifact  # noqa: F401
 

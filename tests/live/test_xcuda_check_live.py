@@ -15,11 +15,10 @@ import sys
 
 from sqlalchemy import select
 
-from executors.slurm.pickup import import_submissions
+from executors.scheduler.slurm.pickup import import_submissions
 from executors.store import models as m
 from executors.store.jobs import transition
 from scheduler_core.domain import Action, JobState, PlanAction
-from tests.processes import processes
 from tests.live.conftest import cancel_quietly
 from tests.live.muxflow_helpers import (
     GOOD_COMMENT,
@@ -31,6 +30,7 @@ from tests.live.muxflow_helpers import (
     sbatch,
     write_script,
 )
+from tests.processes import processes
 
 NODE = "mx-t4-1"
 

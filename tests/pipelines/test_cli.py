@@ -514,7 +514,7 @@ def test_main_job_checks_its_trace_and_report_dir_before_it_writes_anything(tmp_
 
 
 def test_simulate_compare_checks_its_out_dir_before_simulating(tmp_path: Path) -> None:
-    from executors.simulated.calibration import SAMPLE_TRACE
+    from executors.data.calibration import SAMPLE_TRACE
 
     not_a_dir = tmp_path / "file"
     not_a_dir.write_text("")
@@ -526,7 +526,7 @@ def test_simulate_compare_checks_its_out_dir_before_simulating(tmp_path: Path) -
 
 def test_a_bad_measurement_file_is_one_line_and_the_round_writes_nothing(store_url: str, tmp_path: Path,
                                                                          monkeypatch) -> None:
-    from executors.simulated import calibration
+    from executors.data import calibration
 
     ok(store_url, *CLUSTER)
     bad = tmp_path / "lab.json"

@@ -1,4 +1,4 @@
-"""``muxflow jobs list`` says where each job is and, for one that does not run, why (executors.job_status)."""
+"""``muxflow jobs list`` says where each job is and, for one that does not run, why (executors.scheduler.job_status)."""
 
 from __future__ import annotations
 
@@ -9,16 +9,16 @@ import pytest
 from click.testing import CliRunner
 from sqlalchemy import select
 
-from executors.job_status import held_for_pickup, whereabouts
+from executors.scheduler.job_status import held_for_pickup, whereabouts
+from executors.scheduler.submission import JobSpec, submit
 from executors.store import models as m
 from executors.store import repo
 from executors.store.db import Store
 from executors.store.jobs import transition
-from executors.submission import JobSpec, submit
 from pipelines.cli import main
 from scheduler_core.domain import GpuCandidate, GpuHealth, JobCandidate, JobState
 from scheduler_core.round.plan import plan_round, snapshot
-from tests.executors.slurm.fake_slurm import FakeSlurm, make_job, store_with_fake_nodes
+from tests.executors.scheduler.slurm.fake_slurm import FakeSlurm, make_job, store_with_fake_nodes
 from tests.scheduler_core.round.test_plan import ONLINE, PROFILE, StubPredictor
 
 GIB = 1024**3

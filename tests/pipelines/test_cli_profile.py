@@ -21,7 +21,7 @@ def test_profile_and_sample_commands(tmp_path) -> None:
     url = f"sqlite:///{tmp_path / 'cli.db'}"
     ok(url, "db", "upgrade")
     ok(url, "cluster", "init", "--simulated", "--gpus", "4", "--types", "t4:4", "--services", "2")
-    train = (f"cd {REPO} && exec {shlex.quote(sys.executable)} -m executors.workloads.train --family cnn "
+    train = (f"cd {REPO} && exec {shlex.quote(sys.executable)} -m executors.job.workloads.train --family cnn "
              f"--size tiny --ckpt {tmp_path}/ck --steps 100000")
     for name, command in (("real", train), ("broken", "exit 7")):
         ok(url, "submit", "--name", name, "--command", command, "--job-type", "ResNet-18 (batch size 16)",

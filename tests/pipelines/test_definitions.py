@@ -22,8 +22,8 @@ from dagster import (
 )
 from sqlalchemy import func, select
 
-from executors import round_runner
 from executors.cluster import EvictionRecord, IntervalReport
+from executors.scheduler import round_runner
 from executors.store import models as m
 from executors.store import rounds as rounds_db
 from executors.store.db import Store
@@ -148,13 +148,15 @@ def test_the_dev_clusters_slurm_conf_goes_with_its_rest_socket_over_the_environm
 # -- schedule and sensors -------------------------------------------------------------------
 
 
-def _tick(defs, name: str, inst, cursor: str | None, resources: bool = True):
-    # As the daemon evaluates sensors: dynamic partitions are read from the instance.
+def _tick(defs, name: str, inst, cursor: str | None):
+    # As the daemon evaluates sensors: dynamic partitions are read from the instance, and only the resources the
+    # sensor needs are built.
+    sensor = defs.resolve_sensor_def(name)
+    resources = {k: v for k, v in defs.resources.items() if k in sensor.required_resource_keys}
     with partition_loading_context(dynamic_partitions_store=inst), \
             build_sensor_context(instance=inst, instance_ref=inst.get_ref() if inst.is_persistent else None,
-                                 cursor=cursor, resources=defs.resources if resources else None,
-                                 definitions=defs) as ctx:
-        return defs.resolve_sensor_def(name).evaluate_tick(ctx)
+                                 cursor=cursor, resources=resources, definitions=defs) as ctx:
+        return sensor.evaluate_tick(ctx)
 
 
 def test_round_sensor_requests_each_window_once_as_it_starts(tmp_path: Path) -> None:
@@ -163,20 +165,20 @@ def test_round_sensor_requests_each_window_once_as_it_starts(tmp_path: Path) -> 
     defs = build_definitions(settings(f"sqlite:///{tmp_path / 'x.db'}", tmp_path, rounds_end=end),
                              now=lambda: clock[0])
     with instance_for_test() as inst:  # an instance with a ref, as the daemon's
-        first = _tick(defs, "round_sensor", inst, None, resources=False)
+        first = _tick(defs, "round_sensor", inst, None)
         assert [(r.partition_key, r.run_key) for r in first.run_requests] == [("2026-02-03-10:15", "round-2026-02-03-10:15")]
         assert [list(r.partition_keys) for r in first.dynamic_partitions_requests] == [["2026-02-03-10:15"]]
         assert first.run_requests[0].tags["muxflow/kind"] == "round"
         clock[0] = dt.datetime(2026, 2, 3, 10, 29, 59, tzinfo=dt.timezone.utc)  # same window: nothing more
-        again = _tick(defs, "round_sensor", inst, first.cursor, resources=False)
+        again = _tick(defs, "round_sensor", inst, first.cursor)
         assert not again.run_requests and "requested already" in again.skip_message
         clock[0] = dt.datetime(2026, 2, 3, 10, 30, 0, 1, tzinfo=dt.timezone.utc)
-        nxt = _tick(defs, "round_sensor", inst, again.cursor or first.cursor, resources=False)
+        nxt = _tick(defs, "round_sensor", inst, again.cursor or first.cursor)
         assert [r.partition_key for r in nxt.run_requests] == ["2026-02-03-10:30"]
         clock[0] = end
-        assert "rounds ended" in _tick(defs, "round_sensor", inst, nxt.cursor, resources=False).skip_message
+        assert "rounds ended" in _tick(defs, "round_sensor", inst, nxt.cursor).skip_message
         clock[0] = START - dt.timedelta(seconds=1)
-        assert "rounds start" in _tick(defs, "round_sensor", inst, nxt.cursor, resources=False).skip_message
+        assert "rounds start" in _tick(defs, "round_sensor", inst, nxt.cursor).skip_message
 
 
 def test_round_sensor_never_starts_a_round_while_the_previous_one_runs(tmp_path: Path) -> None:
@@ -186,7 +188,7 @@ def test_round_sensor_never_starts_a_round_while_the_previous_one_runs(tmp_path:
     defs = build_definitions(s, now=lambda: clock[0])
     assert defs.resolve_sensor_def("round_sensor").minimum_interval_seconds == 6
     with instance_for_test() as inst:  # an instance with a ref, as the daemon's
-        first = _tick(defs, "round_sensor", inst, None, resources=False)
+        first = _tick(defs, "round_sensor", inst, None)
         assert [r.partition_key for r in first.run_requests] == ["2026-02-03-10:00:20"]
         assert RoundClock(20).parse_key("2026-02-03-10:00:20") == dt.datetime(2026, 2, 3, 10, 0, 20,
                                                                               tzinfo=dt.timezone.utc)
@@ -194,10 +196,10 @@ def test_round_sensor_never_starts_a_round_while_the_previous_one_runs(tmp_path:
         inst.create_run_for_job(defs.resolve_job_def("round_job"), run_id="a" * 32,
                                 status=DagsterRunStatus.STARTED, tags={"muxflow/kind": "round"})
         clock[0] = dt.datetime(2026, 2, 3, 10, 0, 41, tzinfo=dt.timezone.utc)
-        busy = _tick(defs, "round_sensor", inst, first.cursor, resources=False)
+        busy = _tick(defs, "round_sensor", inst, first.cursor)
         assert not busy.run_requests and "still running" in busy.skip_message
         inst.report_run_failed(inst.get_run_by_id("a" * 32))
-        later = _tick(defs, "round_sensor", inst, busy.cursor or first.cursor, resources=False)
+        later = _tick(defs, "round_sensor", inst, busy.cursor or first.cursor)
         assert [r.partition_key for r in later.run_requests] == ["2026-02-03-10:00:40"]
 
 

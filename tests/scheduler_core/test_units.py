@@ -12,12 +12,12 @@ from hypothesis import given, settings
 from hypothesis import strategies as st
 
 from scheduler_core.domain import JOB_TRANSITIONS, GpuHealth, IllegalTransition, JobState, check_transition
-from scheduler_core.online.dynamic_sm import SmPolicy, offline_sm_pct
-from scheduler_core.prediction.features import N_FEATURES, FeatureError
-from scheduler_core.online.forecast import ForecastPolicy, forecast_next
-from scheduler_core.interference.pairs import InterferenceParams, WorkloadTraits, colocate
-from scheduler_core.prediction.predictor import PredictorConfig, SpeedPredictor, train
 from scheduler_core.guard.sysmonitor import GpuSample, SysMonitor
+from scheduler_core.interference.pairs import InterferenceParams, WorkloadTraits, colocate
+from scheduler_core.online.dynamic_sm import SmPolicy, offline_sm_pct
+from scheduler_core.online.forecast import ForecastPolicy, forecast_next
+from scheduler_core.prediction.features import N_FEATURES, FeatureError
+from scheduler_core.prediction.predictor import PredictorConfig, SpeedPredictor, train
 from scheduler_core.trace import TraceError, parse_trace
 
 # -- dynamic SM (paper §4.3) ---------------------------------------------------
@@ -161,7 +161,7 @@ def test_colocate_idle_online_service_costs_only_capacity() -> None:
 
 
 def test_calibration_beats_mean_baseline_on_holdout() -> None:
-    from executors.simulated.calibration import holdout_reports
+    from executors.data.calibration import holdout_reports
 
     reports = {r.gpu_type: r for r in holdout_reports()}
     assert set(reports) == {"k80", "p100"}
@@ -370,7 +370,7 @@ def test_trace_parses_good_lines() -> None:
 
 
 def test_trace_parses_bundled_sample() -> None:
-    from executors.simulated.calibration import SAMPLE_TRACE
+    from executors.data.calibration import SAMPLE_TRACE
 
     with open(SAMPLE_TRACE) as fh:
         jobs = parse_trace(fh)

@@ -1,5 +1,5 @@
 """The GPU a profiling window holds: a job is profiled in place, in its own Slurm job on the profile partition
-(executors.profiling.windows), and a window needs a free GPU of its node. NULL for the runs before, and for a
+(executors.scheduler.profiling.windows), and a window needs a free GPU of its node. NULL for the runs before, and for a
 window waiting for a GPU.
 
 Revision ID: 0012

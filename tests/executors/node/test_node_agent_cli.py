@@ -13,8 +13,8 @@ import pytest
 from sqlalchemy import func, select
 
 from executors.node.wiring import node_gpus
+from executors.node.xcuda import shm
 from executors.store import models as m
-from executors.xcuda import shm
 
 REPO = Path(__file__).resolve().parents[3]
 

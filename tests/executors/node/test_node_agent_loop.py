@@ -13,8 +13,7 @@ from executors.node.agent import AgentConfig, GpuBinding, MemorySink, NodeAgent,
 from executors.node.detector import ErrorDetector, FakeMpsControl
 from executors.node.evictor import CallbackEvictor, SlurmEvictor
 from executors.node.sampler import RawSample, SimulatedSampler
-from executors.xcuda import shm
-from scheduler_core.domain import GpuHealth
+from executors.node.xcuda import shm
 from scheduler_core.guard.sysmonitor import SysMonitorConfig
 
 T0 = dt.datetime(2026, 1, 1, 12, 0, tzinfo=dt.timezone.utc).timestamp()

@@ -10,8 +10,8 @@ import urllib.request
 import pytest
 from sqlalchemy import select
 
-from executors.node.agent import AgentConfig
 from executors.metrics_http import serve
+from executors.node.agent import AgentConfig
 from executors.node.placements import OfflineOnGpu, StaticPlacements
 from executors.node.sampler import RawSample, SimulatedSampler
 from executors.node.wiring import SourceConfig, build_agent, node_gpus, node_metrics
@@ -189,7 +189,7 @@ def test_xcudas_counters_of_a_placed_job_are_summed_over_its_processes(node) -> 
     one in fallback makes the job's fallback 1."""
     from executors.node.metrics import NodeAgentCollector
     from executors.node.wiring import node_metrics
-    from executors.xcuda.stats import XcudaStats
+    from executors.node.xcuda.stats import XcudaStats
 
     asked: list = []
     procs = [XcudaStats(11, 1, False, False, 1000, 40, 2_000_000_000, 250.0, 3 << 20, 4 << 20, 1 << 30, 0),
@@ -221,7 +221,7 @@ def test_the_agent_reads_xcuda_counters_of_the_jobs_own_processes_only(tmp_path)
     import pwd
 
     from executors.node.wiring import _xcuda_counters
-    from executors.xcuda.stats import XcudaStats, encode
+    from executors.node.xcuda.stats import XcudaStats, encode
     from tests.executors.node.test_xcuda_check import UPTIME_S, fake_proc, stepd
 
     nobody = pwd.getpwnam("nobody").pw_uid

@@ -9,6 +9,7 @@ from __future__ import annotations
 
 import pytest
 
+from executors.data.calibration import default_catalog
 from executors.node.agent import AgentConfig, GpuBinding, MemorySink, NodeAgent
 from executors.node.evictor import CallbackEvictor
 from executors.node.online import OnlineAccounting
@@ -16,9 +17,8 @@ from executors.node.placements import OfflineOnGpu, StaticPlacements
 from executors.node.sampler import SimulatedSampler
 from executors.node.scrape import ReplicaScraper, Scrapers
 from executors.node.simgpu import Replica, SimulatedGpu
-from executors.simulated.calibration import default_catalog
-from scheduler_core.interference.gpu_model import OnlineModel
 from scheduler_core.gpu_specs import get_spec
+from scheduler_core.interference.gpu_model import OnlineModel
 from scheduler_core.online.load import diurnal_qps
 from scheduler_core.workloads import ONLINE_FAMILIES
 from tests.executors.node.test_node_agent_loop import T0, FakeClock

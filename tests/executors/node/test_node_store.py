@@ -167,10 +167,10 @@ def _running(s, job_id: int, slurm_id: int, to: str = "RUNNING") -> None:
 def test_a_burst_evicts_the_slurm_job_which_the_store_shows_evicted_with_online_rows(cluster_store, tmp_path):
     """Endpoint registered on GPU 0 (a real reference endpoint), a RUNNING Slurm job on GPU 0 and a job the
     store no longer has RUNNING on GPU 1; the minute in progress is written every 10 s."""
+    from executors.data.calibration import default_catalog
+    from executors.job.workloads.endpoint import Endpoint, ServeMetrics, TargetQps
     from executors.node.placements import OfflineOnGpu, StaticPlacements
     from executors.node.wiring import SourceConfig
-    from executors.simulated.calibration import default_catalog
-    from executors.workloads.endpoint import Endpoint, ServeMetrics, TargetQps
 
     store = cluster_store
     pairs = node_gpus(store, "sim-t4-000")

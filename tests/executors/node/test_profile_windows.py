@@ -10,6 +10,7 @@ from pathlib import Path
 import pytest
 from sqlalchemy import select
 
+from executors.job.runtime.profiling import REPORT_FORMAT
 from executors.node.profile_windows import (
     MAX_REPORT_BYTES,
     ProfileWindows,
@@ -18,7 +19,6 @@ from executors.node.profile_windows import (
     parse_iteration_report,
     read_iteration_report,
 )
-from executors.runtime.profiling import REPORT_FORMAT
 from executors.store import models as m
 from executors.store.db import Store
 from executors.store.migrate import upgrade

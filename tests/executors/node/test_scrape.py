@@ -7,6 +7,7 @@ import random
 import httpx
 import pytest
 
+from executors.job.workloads.endpoint import LATENCY_BUCKETS_S, Endpoint, ServeMetrics, TargetQps
 from executors.node.scrape import (
     ReplicaScraper,
     check_metrics_url,
@@ -14,7 +15,6 @@ from executors.node.scrape import (
     parse_exposition,
     quantile_from_buckets,
 )
-from executors.workloads.endpoint import LATENCY_BUCKETS_S, Endpoint, ServeMetrics, TargetQps
 
 
 class Replica:

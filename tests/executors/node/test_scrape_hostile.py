@@ -17,8 +17,8 @@ from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
 
 import pytest
 
+from executors.job.workloads.endpoint import ServeMetrics, TargetQps
 from executors.node.scrape import MAX_BODY_BYTES, ReplicaScraper, fetch_http, parse_exposition
-from executors.workloads.endpoint import ServeMetrics, TargetQps
 
 GOOD = ServeMetrics("cnn", "tiny", "cpu", TargetQps(10.0))
 GOOD.on_batch([0.0, 0.0], 0.0, 0.004)

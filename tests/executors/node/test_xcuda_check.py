@@ -26,7 +26,7 @@ from tests.executors.node.test_node_store import CALM, _running, _wait
 
 HZ = os.sysconf("SC_CLK_TCK")
 UPTIME_S = 10_000.0
-LIB = "/opt/muxflow/executors/xcuda/build/libxcuda.so"
+LIB = "/opt/muxflow/executors/node/xcuda/build/libxcuda.so"
 
 
 USER_UID = 1001  # the jobs' user in the fake trees (root's processes say uid=0)
@@ -252,7 +252,7 @@ def test_the_watch_evicts_a_job_once_until_it_is_placed_again(proc: Path) -> Non
 
 @pytest.fixture(scope="module")
 def xcuda_lib() -> Path:
-    from executors.xcuda.build import BuildError, build, missing_tools
+    from executors.node.xcuda.build import BuildError, build, missing_tools
 
     if missing_tools():
         if os.environ.get("CI", "").lower() == "true":

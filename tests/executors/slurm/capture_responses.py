@@ -17,9 +17,9 @@ from pathlib import Path
 
 import httpx
 
+from executors.dev.slurm import DevCluster
 from executors.slurm.api import api_version
-from executors.slurm.dev import DevCluster
-from executors.slurm.spec import JobSignal, BatchJob, JobUpdate
+from executors.slurm.spec import BatchJob, JobSignal, JobUpdate
 
 DATA = Path(__file__).resolve().parent / "data"
 

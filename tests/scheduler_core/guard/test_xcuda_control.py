@@ -22,7 +22,7 @@ from scheduler_core.guard.xcuda_control import (
     gpu_load,
 )
 
-VECTORS = Path(__file__).resolve().parents[3] / "executors" / "xcuda" / "tests" / "control_vectors.csv"
+VECTORS = Path(__file__).resolve().parents[3] / "executors" / "node" / "xcuda" / "tests" / "control_vectors.csv"
 
 
 def _close(a: float, b: float) -> bool:

@@ -7,7 +7,7 @@ import json
 import pytest
 from click.testing import CliRunner
 
-from executors.simulated.calibration import default_catalog
+from executors.data.calibration import default_catalog
 from pipelines.cli import main
 from scheduler_core.interference.composition import composition_errors
 

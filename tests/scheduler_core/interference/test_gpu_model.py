@@ -5,20 +5,20 @@ from __future__ import annotations
 import numpy as np
 import pytest
 
-from executors.simulated.calibration import default_catalog
+from executors.data.calibration import default_catalog
+from scheduler_core.gpu_specs import get_spec
 from scheduler_core.interference.gpu_model import (
     PACE_FLOOR,
     OnlineModel,
     alone_as_shared,
+    offline_traits,
+    on_one_gpu,
     online_alone,
     traits_from_profile,
-    offline_traits,
     with_offline,
-    on_one_gpu,
     with_offline_jobs,
     xcuda_pace,
 )
-from scheduler_core.gpu_specs import get_spec
 from scheduler_core.interference.pairs import WorkloadTraits
 from scheduler_core.workloads import ONLINE_FAMILIES
 

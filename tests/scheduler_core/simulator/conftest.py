@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import pytest
 
-from executors.simulated.calibration import SAMPLE_TRACE
+from executors.data.calibration import SAMPLE_TRACE
 from executors.simulated.evaluation import load_trace, simulation_catalog, simulation_predictors
 from executors.simulated.profiling import offline_profile
 from scheduler_core.simulator import ServiceSpec, SimConfig, SimInputs

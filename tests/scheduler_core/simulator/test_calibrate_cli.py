@@ -8,8 +8,8 @@ import os
 import pytest
 from click.testing import CliRunner
 
-from executors.simulated import calibration as cal
-from executors.simulated.measurements import ENV_VAR, GAVEL_FILE, load_file, to_document
+from executors.data import calibration as cal
+from executors.data.measurements import ENV_VAR, GAVEL_FILE, load_file, to_document
 from pipelines.cli import main
 
 

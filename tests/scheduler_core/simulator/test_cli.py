@@ -8,7 +8,7 @@ from pathlib import Path
 import pytest
 from click.testing import CliRunner
 
-from executors.simulated.calibration import SAMPLE_TRACE
+from executors.data.calibration import SAMPLE_TRACE
 from pipelines.cli import main
 
 TINY = ["--gpus", "12", "--hours", "1.5", "--jobs", "40", "--seed", "1"]

@@ -11,16 +11,15 @@ from __future__ import annotations
 
 import datetime as dt
 
-import numpy as np
 import pytest
 
+from executors.data.calibration import default_catalog
 from executors.node.placements import OfflineOnGpu, StaticPlacements
 from executors.node.simgpu import Replica, SimulatedGpu
-from executors.simulated.calibration import default_catalog
 from executors.simulated.cluster import SimGpuSpec, SimJobSpec, SimServiceSpec, SimSettings, SimulatedCluster
 from scheduler_core.domain import Action, PlanAction
-from scheduler_core.interference.gpu_model import OnlineModel
 from scheduler_core.gpu_specs import get_spec
+from scheduler_core.interference.gpu_model import OnlineModel
 from scheduler_core.rng import rng_stream
 from scheduler_core.simulator import ServiceSpec, SimConfig
 from scheduler_core.simulator.fleet import Fleet, hour_of_day

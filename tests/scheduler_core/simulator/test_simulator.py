@@ -10,7 +10,7 @@ from pathlib import Path
 import numpy as np
 import pytest
 
-from executors.simulated.calibration import default_catalog
+from executors.data.calibration import default_catalog
 from scheduler_core.rng import rng_stream
 from scheduler_core.simulator import POLICIES, SimConfig, get_policy, run_simulation
 from scheduler_core.simulator.metrics import compare_table, mixture_p99, mixture_p99_rows, slo_metrics

@@ -12,7 +12,7 @@ from dataclasses import replace
 import numpy as np
 from click.testing import CliRunner
 
-from executors.simulated.calibration import SAMPLE_TRACE
+from executors.data.calibration import SAMPLE_TRACE
 from pipelines.cli import main
 from scheduler_core.simulator import SimConfig, get_policy, run_simulation
 from scheduler_core.simulator.users import assign_users, user_name, user_weights

@@ -1,0 +1,452 @@
+"""Runs one scheduling round against the store and a cluster, and books what the cluster reports.
+
+The same code path serves the simulated cluster and (later) Slurm: snapshot
+from the store → ``scheduler_core.round.plan.plan_round`` → round and placements
+stored → each action logged as intent, sent, then logged with its result
+(an action key makes a repeated dispatch a no-op) → job states moved.
+"""
+
+from __future__ import annotations
+
+import datetime as dt
+import logging
+from collections.abc import Callable
+from dataclasses import asdict, dataclass, fields
+
+import numpy as np
+
+from executors.cluster import Cluster, IntervalReport
+from executors.store import dispatch as dispatch_log
+from executors.store import inventory, repo
+from executors.store import models as m
+from executors.store.db import Session, Store
+from executors.store.jobs import transition
+from executors.store.rounds import (
+    fills_of_window,
+    latest_round,
+    latest_round_window,
+    round_for_window,
+    stored_result,
+)
+from scheduler_core.domain import (
+    SCHEDULABLE_JOB_STATES,
+    Action,
+    GpuCandidate,
+    GpuHealth,
+    IllegalTransition,
+    JobCandidate,
+    JobState,
+    PlanAction,
+    RoundResult,
+)
+from scheduler_core.jobs.admission import remaining_solo_s
+from scheduler_core.online.dynamic_sm import SmPolicy
+from scheduler_core.online.forecast import ForecastPolicy, forecast_next
+from scheduler_core.online.latency_budget import budget_allowances
+from scheduler_core.online.latency_model import LatencyCurve
+from scheduler_core.online.latency_model import fit as fit_latency
+from scheduler_core.online.split import fill_split_gaps, fit_split
+from scheduler_core.prediction.features import round_online_features
+from scheduler_core.round.clock import DEFAULT_PERIOD_S
+from scheduler_core.round.plan import RoundConfig, from_snapshot, plan_round, snapshot
+
+log = logging.getLogger(__name__)
+
+HISTORY = dt.timedelta(hours=25)
+FEATURE_WINDOW_MIN = 15
+
+
+class RoundOrderError(ValueError):
+    """A round was asked for a window at or before the latest stored round."""
+
+
+class NoPredictorError(RuntimeError):
+    """No promoted speed predictor exists."""
+
+    MESSAGE = "no promoted speed predictor in the store: train one first (muxflow train)"
+
+
+def require_predictor(store: Store) -> None:
+    """Refuse a round before it changes anything (history recorded, jobs profiled, states synced) when it
+    could not plan: no promoted speed predictor. NoPredictorError."""
+    with store.session() as s:
+        if not repo.has_promoted_predictor(s):
+            raise NoPredictorError(NoPredictorError.MESSAGE)
+
+
+def _by_service_type(rows, series) -> dict[tuple[str, str], list[dict[str, np.ndarray]]]:
+    """The GPUs' series pooled per (service, GPU type): what the round fits its per-service models on."""
+    pooled: dict[tuple[str, str], list[dict[str, np.ndarray]]] = {}
+    for gpu, gtype, svc, _replica in rows:
+        pooled.setdefault((svc.name, gtype.name), []).append(series[gpu.id])
+    return pooled
+
+
+def _latency_curves(pooled) -> dict[tuple[str, str], LatencyCurve | None]:
+    """Per (service, GPU type), the replicas' latency alone against their SM activity over the history."""
+    return {k: fit_latency(np.concatenate([s["sm"] for s in v]), np.concatenate([s["latency"] for s in v]))
+            for k, v in pooled.items()}
+
+
+def _split_filled(rows, series, pooled) -> dict[int, dict[str, np.ndarray]]:
+    """Each GPU's series with the online split's gap minutes estimated from the replica's request rate.
+
+    The curves are fitted per (service, GPU type) on the minutes the monitors could split
+    (:mod:`scheduler_core.online.split`): under MPS a real GPU has none while an offline job runs.
+    """
+    curves = {k: fit_split(v) for k, v in pooled.items()}
+    out, gpus, minutes = {}, 0, 0
+    for gpu, gtype, svc, _replica in rows:
+        out[gpu.id], filled = fill_split_gaps(series[gpu.id], curves[(svc.name, gtype.name)])
+        if filled.any():
+            gpus, minutes = gpus + 1, minutes + int(filled.sum())
+    if gpus:
+        log.info("online SM activity estimated from the request rate on %d GPUs (%d minutes the monitors could "
+                 "not split)", gpus, minutes)
+    return out
+
+
+def _gpu_candidates(s, now: dt.datetime, running: dict, policy: ForecastPolicy) -> list[GpuCandidate]:
+    rows = inventory.served_gpus(s)
+    measured = repo.recent_online_series(s, [g.id for g, _, _, _ in rows], now - HISTORY)
+    pooled = _by_service_type(rows, measured)
+    curves = _latency_curves(pooled)  # on measured minutes only
+    series = _split_filled(rows, measured, pooled)
+    on_gpu = {r.gpu_id: r for r in running.values()}
+    out = []
+    for gpu, gtype, svc, replica in rows:
+        ser = series[gpu.id]
+        known = np.isfinite(ser["sm"])
+        if not known.any():
+            log.warning("GPU %s has no online metrics in the last %s; left out of this round", gpu.id, HISTORY)
+            continue
+        # The service's own load from its last minutes that have it: a minute whose split is a labelled gap
+        # (the node could not attribute the GPU while an offline job ran) took the estimate from its request
+        # rate above; one without a rate either (no endpoint) does not hide the GPU.
+        recent = {k: v[known][-FEATURE_WINDOW_MIN:] for k, v in ser.items()}
+        if not known[-FEATURE_WINDOW_MIN:].any():
+            log.info("GPU %s: no online split in its latest minutes; features from its last %d known ones",
+                     gpu.id, len(recent["sm"]))
+        mean = {k: float(np.nanmean(v)) if np.isfinite(v).any() else 0.0 for k, v in recent.items()}
+        fc_sm = forecast_next(ser["sm"], policy)
+        current = on_gpu.get(gpu.id)
+        curve = curves.get((svc.name, gtype.name))  # None until the replicas have enough minutes
+        p99 = float(curve.p99_at(fc_sm)) if curve is not None and np.isfinite(fc_sm) else None
+        allowance = svc.slowdown_allowance if svc.slowdown_budget is None else float(
+            budget_allowances(ser["sm"], [fc_sm], svc.slowdown_budget, svc.slowdown_allowance, curve)[0])
+        out.append(
+            GpuCandidate(
+                gpu_id=gpu.id, gpu_type=gtype.name, memory_bytes=gtype.memory_bytes,
+                max_sm_clock_mhz=gtype.max_sm_clock_mhz, health=GpuHealth(gpu.health), service_name=svc.name,
+                online=round_online_features(mean, fc_sm),
+                forecast_sm_pct=fc_sm,
+                forecast_mem_bytes=float(np.nanmax(ser["mem"])),
+                slowdown_allowance=allowance,
+                current_job_id=current.job_id if current else None,
+                current_sm_pct=current.sm_pct if current else None,
+                run_as_user=replica.run_as_user,
+                latency_slo_ms=svc.latency_slo_ms, forecast_p99_ms=p99,
+            )
+        )
+    return out
+
+
+UNMOVABLE = ("none", "undetected")  # offline_jobs.checkpointing of a job that loses its progress if moved
+
+
+def _job_candidates(s, running: dict, states=SCHEDULABLE_JOB_STATES) -> list[JobCandidate]:
+    jobs = repo.jobs_in_states(s, states)
+    profiles = repo.profiles_by_job(s, [j.id for j in jobs])
+    out = []
+    for j in jobs:
+        if j.id not in profiles or j.mem_bytes is None:  # not profiled yet (the profile sets undeclared memory)
+            continue
+        cur = running.get(j.id)
+        out.append(
+            JobCandidate(
+                job_id=j.id, mem_bytes=j.mem_bytes, allowed_gpu_types=frozenset(j.allowed_gpu_types),
+                profiles=profiles[j.id], priority=j.priority,
+                current_gpu_id=cur.gpu_id if cur else None, current_sm_pct=cur.sm_pct if cur else None,
+                run_as_user=j.run_as_user,
+                remaining_s=remaining_solo_s(j.total_steps, j.steps_done, profiles[j.id]),
+                movable=j.checkpointing not in UNMOVABLE,
+            )
+        )
+    return out
+
+
+def round_config_to_json(cfg: RoundConfig) -> dict:
+    return asdict(cfg)
+
+
+def round_config_from_json(d: dict) -> RoundConfig:
+    """Inverse of :func:`round_config_to_json`; settings added since the round was stored keep their defaults."""
+    d = dict(d)
+    sm = SmPolicy(**d.pop("sm", {}))
+    known = {f.name for f in fields(RoundConfig)}
+    return RoundConfig(sm=sm, **{k: v for k, v in d.items() if k in known})
+
+
+def plan_and_record(
+    store: Store, cluster: Cluster, window_start: dt.datetime, cfg: RoundConfig,
+    policy: ForecastPolicy = ForecastPolicy(), period_s: int = DEFAULT_PERIOD_S,
+) -> tuple[int, RoundResult]:
+    """Plan the round of ``window_start`` from the live state and store it with everything needed to replay it.
+
+    Rounds go forward in time: a window before the latest stored round cannot
+    be planned from today's state (replay it with :func:`replay_round`).
+    """
+    running = cluster.running()
+    with store.session() as s:
+        latest = latest_round_window(s)
+        if latest is not None and window_start <= latest:
+            raise RoundOrderError(
+                f"window {window_start.isoformat()} is not after the latest round ({latest.isoformat()}); "
+                "past rounds are replayed from their snapshot, not planned again"
+            )
+        gpus = _gpu_candidates(s, window_start, running, policy)
+        jobs = _job_candidates(s, running)
+        return _plan_and_store(s, gpus, jobs, cfg, window_start, cluster.simulated, period_s)
+
+
+def _plan_and_store(s, gpus: list[GpuCandidate], jobs: list[JobCandidate], cfg: RoundConfig,
+                    window_start: dt.datetime, simulated: bool, period_s: int, seq: int = 0,
+                    extra: dict | None = None, started_utc: dt.datetime | None = None) -> tuple[int, RoundResult]:
+    """Plan with the promoted predictors and store the plan with its snapshot (a round, or a fill: ``seq`` > 0)."""
+    models = repo.load_predictor_versions(s)
+    if not models:
+        raise NoPredictorError(NoPredictorError.MESSAGE)
+    predictors = {t: model for t, (_, model) in models.items()}
+    result = plan_round(gpus, jobs, predictors, cfg)
+    action_of = {a.job_id: a.action.value for a in result.actions if a.action != Action.EVICT}
+    pending = sum(1 for j in jobs if j.current_gpu_id is None)
+    snap = snapshot(gpus, jobs)
+    snap["predictor_versions"] = {t: v for t, (v, _) in sorted(models.items())}
+    snap["config"] = round_config_to_json(cfg)
+    snap.update(extra or {})
+    rnd = repo.record_round(s, window_start, result, snap, simulated, pending, action_of, period_s, seq, started_utc)
+    return rnd.id, result
+
+
+class FillRefused(RuntimeError):
+    """A fill cannot be planned now (the window has no dispatched round, or a later round exists)."""
+
+
+@dataclass(frozen=True)
+class Fill:
+    """A fill of a window: the waiting jobs matched to the GPUs that hold no offline job (nothing else moves)."""
+
+    round_id: int | None      # the fill's row (None: nothing to match, nothing stored)
+    result: RoundResult | None
+    free_gpus: int
+    waiting_jobs: int
+    seq: int = 0
+
+
+def plan_fill(store: Store, cluster: Cluster, now: dt.datetime, policy: ForecastPolicy = ForecastPolicy()) -> Fill:
+    """Between rounds: start waiting jobs on the GPUs that freed up, as a round over those alone would.
+
+    Jobs finish between the 15-minute rounds, and jobs arrive; a GPU freed and a job waiting then idle
+    until the next round (on average half a period). A fill plans the window's free, Healthy GPUs (no
+    offline job running or placed on them) against the PENDING jobs only, with the window's round's
+    settings and today's forecast; nothing running is kept, moved or evicted, so its plan is STARTs only.
+    It follows the latest round (its window, its settings) and is stored as that window's next fill
+    (``seq`` 1, 2, …) with its snapshot, and dispatched like a round. Nothing is stored when there is no
+    free GPU or no waiting job.
+    """
+    with store.session() as s:
+        rnd = latest_round(s)
+        if rnd is None or rnd.status != "dispatched":
+            raise FillRefused("no dispatched round to follow: a fill starts jobs between rounds, after the first"
+                              if rnd is None else f"round {rnd.id} is not dispatched yet: a fill follows a "
+                                                  "dispatched round")
+        window_start = rnd.window_start_utc
+        cfg = round_config_from_json(rnd.snapshot.get("config", {}))
+        period_s = rnd.period_s
+        seq = 1 + len(fills_of_window(s, window_start))
+        fill_of = rnd.id
+    running = cluster.running()
+    with store.session() as s:
+        gpus = [g for g in _gpu_candidates(s, now, running, policy)
+                if g.current_job_id is None and g.health == GpuHealth.HEALTHY]
+        # PENDING in the store and not running in the cluster (one Slurm shows started is the sync's to adopt)
+        jobs = [j for j in _job_candidates(s, running, [JobState.PENDING]) if j.current_gpu_id is None]
+        if not gpus or not jobs:
+            return Fill(None, None, len(gpus), len(jobs))
+        fill_id, result = _plan_and_store(s, gpus, jobs, cfg, window_start, cluster.simulated, period_s, seq,
+                                          {"fill_of_round": fill_of}, started_utc=now)
+    return Fill(fill_id, result, len(gpus), len(jobs), seq)
+
+
+@dataclass(frozen=True)
+class Replay:
+    round_id: int
+    stored: RoundResult
+    replayed: RoundResult
+    mismatches: list[str]
+
+    @property
+    def matches(self) -> bool:
+        return not self.mismatches
+
+
+def replay_round(store: Store, window_start: dt.datetime) -> Replay:
+    """Plan a stored round again from its snapshot, predictor versions and settings; compare with the stored plan."""
+    with store.session() as s:
+        rnd = round_for_window(s, window_start)
+        if rnd is None:
+            raise KeyError(f"no stored round for window {window_start.isoformat()}")
+        snap = rnd.snapshot
+        if "predictor_versions" not in snap:
+            raise ValueError(f"round {rnd.id} was stored without predictor versions; it cannot be replayed")
+        predictors = {t: repo.load_predictor(s, t, v) for t, v in snap["predictor_versions"].items()}
+        stored = stored_result(s, rnd)
+        round_id = rnd.id
+    gpus, jobs = from_snapshot(snap)
+    replayed = plan_round(gpus, jobs, predictors, round_config_from_json(snap.get("config", {})))
+    return Replay(round_id, stored, replayed, compare_plans(stored, replayed))
+
+
+def compare_plans(stored: RoundResult, replayed: RoundResult, tol: float = 1e-9) -> list[str]:
+    """Differences between two plans (empty = the same placements, shares, quotas and predictions)."""
+    out = []
+    a = {p.job_id: p for p in stored.placements}
+    b = {p.job_id: p for p in replayed.placements}
+    for j in sorted(a.keys() - b.keys()):
+        out.append(f"job {j}: stored on GPU {a[j].gpu_id}, not placed in the replay")
+    for j in sorted(b.keys() - a.keys()):
+        out.append(f"job {j}: placed on GPU {b[j].gpu_id} in the replay, not in the stored plan")
+    for j in sorted(a.keys() & b.keys()):
+        x, y = a[j], b[j]
+        if (x.gpu_id, x.sm_pct, x.mem_quota_bytes) != (y.gpu_id, y.sm_pct, y.mem_quota_bytes):
+            out.append(f"job {j}: stored GPU {x.gpu_id} at {x.sm_pct}% / {x.mem_quota_bytes} B, "
+                       f"replay GPU {y.gpu_id} at {y.sm_pct}% / {y.mem_quota_bytes} B")
+        elif abs(x.predicted_norm_tput - y.predicted_norm_tput) > tol:
+            out.append(f"job {j}: predicted tput {x.predicted_norm_tput!r} vs {y.predicted_norm_tput!r}")
+    if abs(stored.objective - replayed.objective) > tol * max(1, len(a)):
+        out.append(f"objective {stored.objective!r} vs {replayed.objective!r}")
+    if stored.actions and sorted(stored.actions, key=_akey) != sorted(replayed.actions, key=_akey):
+        out.append(f"plan diff {stored.action_counts()} vs {replayed.action_counts()}")
+    return out
+
+
+def _akey(a: PlanAction) -> tuple:
+    return (a.job_id, a.action.value, a.gpu_id or -1)
+
+
+def requeue_evicted(store: Store, reason: str = "requeued after eviction") -> list[int]:
+    """EVICTED → PENDING for every evicted job, so the next round considers it again."""
+    with store.session() as s:
+        ids = [j.id for j in repo.jobs_in_states(s, [JobState.EVICTED])]
+        for job_id in ids:
+            transition(s, job_id, JobState.PENDING, reason)
+    return ids
+
+
+def _action_key(round_id: int, a: PlanAction) -> str:
+    return f"r{round_id}:{a.action.value}:j{a.job_id}:g{a.gpu_id}:p{a.sm_pct}"
+
+
+def dispatch_round(
+    store: Store, cluster: Cluster, round_id: int, result: RoundResult, now: dt.datetime,
+    persist: Callable[[Session], None] | None = None,
+) -> tuple[int, int]:
+    """Send the plan once: every intent stored first, then the cluster call, then each result.
+
+    Actions already marked done or failed under their key are not sent again,
+    so re-running a dispatch after a crash completes it without duplicates.
+    ``persist`` runs in the transaction that stores the results (the simulated
+    cluster saves its state there).
+    """
+    todo: list[tuple[str, PlanAction]] = []
+    with store.session() as s:
+        logged = dispatch_log.log_by_key(s, round_id)
+        for act in result.actions:
+            key = _action_key(round_id, act)
+            row = logged.get(key)
+            if row is None:
+                dispatch_log.add_intent(s, round_id, key, act)
+            elif row.status in ("done", "failed"):
+                continue
+            todo.append((key, act))
+    results = cluster.dispatch([a for _, a in todo], now) if todo else []
+    still_running = cluster.running()
+    started = getattr(cluster, "starts_jobs_at_once", False)
+    ok_n = failed_n = 0
+    with store.session() as s:
+        logged = dispatch_log.log_by_key(s, round_id)
+        for (key, act), res in zip(todo, results):
+            row = logged[key]
+            row.status, row.error, row.updated_utc = ("done", None, now) if res.ok else ("failed", res.detail, now)
+            try:
+                if res.ok:
+                    _book_action(s, act, now, started)
+                elif act.action == Action.MIGRATE and act.job_id not in still_running:
+                    _move(s, act.job_id, [(JobState.MIGRATING, "checkpoint for move"),
+                                          (JobState.PENDING, f"restart failed: {res.detail}")], now)
+            except IllegalTransition as exc:
+                # The job moved meanwhile (the cluster finished or requeued it and the job-state sync saw it
+                # first): the action stands in the log, the store keeps the newer truth.
+                row.error = f"not booked: {exc}"[:2000]
+                log.warning("dispatch of %s: not booked: %s", key, exc)
+            ok_n += res.ok
+            failed_n += not res.ok
+        rnd = s.get(m.SchedulingRound, round_id)
+        rnd.status, rnd.finished_utc = "dispatched", now
+        if persist is not None:
+            persist(s)
+    return ok_n, failed_n
+
+
+def _move(s, job_id: int, steps: list[tuple[JobState, str]], now: dt.datetime) -> None:
+    """Several transitions in a row from the job's current state (one compare-and-set each)."""
+    for target, reason in steps:
+        transition(s, job_id, target, reason, at_utc=now)
+
+
+def _book_action(s, act: PlanAction, now: dt.datetime, started: bool) -> None:
+    """The store's side of an action the cluster carried out.
+
+    A cluster that starts jobs at once (the simulated one) makes a placed job RUNNING;
+    on Slurm it is PLACED until Slurm starts it (the job-state sync sees that).
+    """
+    placed = JobState.RUNNING if started else JobState.PLACED
+    where = f"GPU {act.gpu_id} at {act.sm_pct}% SM"
+    if act.action == Action.START:
+        transition(s, act.job_id, placed, f"placed on {where}", expected=JobState.PENDING, at_utc=now)
+    elif act.action == Action.MIGRATE:
+        _move(s, act.job_id, [(JobState.MIGRATING, f"checkpoint for move to GPU {act.gpu_id}"),
+                              (placed, f"restarted on {where}" if started else f"placed again on {where}")], now)
+    elif act.action == Action.EVICT:
+        job = s.get(m.OfflineJob, act.job_id)
+        if job is not None and job.state == JobState.PLACED.value:
+            transition(s, act.job_id, JobState.PENDING, "held again before it started: not in this round's plan",
+                       at_utc=now)
+        else:
+            _move(s, act.job_id, [(JobState.EVICTED, "not in this round's plan"),
+                                  (JobState.PENDING, "requeued after plan eviction")], now)
+
+
+def book_interval(
+    store: Store, report: IntervalReport, round_id: int | None, source: str, now: dt.datetime,
+    persist: Callable[[Session], None] | None = None,
+) -> None:
+    """Persist what the cluster observed: metrics, executions, evictions, completions, health.
+
+    Evicted jobs are left EVICTED; :func:`requeue_evicted` (the eviction sensor)
+    returns them to the queue.
+    """
+    with store.session() as s:
+        repo.write_metrics(s, report.metrics, source)
+        repo.write_executions(s, report.executions, round_id, source)
+        repo.write_evictions(s, report.evictions, source)
+        for job_id, (steps, ckpt) in report.progress.items():
+            job = s.get(m.OfflineJob, job_id)
+            job.steps_done, job.checkpoint_step = min(steps, job.total_steps), min(ckpt, job.total_steps)
+        for ev in report.evictions:
+            transition(s, ev.job_id, JobState.EVICTED, ev.reason, at_utc=ev.at_utc)
+        for job_id, at in report.completed.items():
+            transition(s, job_id, JobState.DONE, "all steps done", at_utc=at)
+        repo.set_gpu_health(s, report.health, now)
+        if persist is not None:
+            persist(s)

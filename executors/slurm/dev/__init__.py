@@ -1,6 +1,0 @@
-"""The multi-node Slurm dev cluster behind ``muxflow slurm dev-up`` (docs/SLURM.md)."""
-
-from executors.slurm.dev.cluster import DevCluster, DevClusterError, DevStatus
-from executors.slurm.dev.layout import DEFAULT_STATE_DIR, DevClusterLayout, DevNode
-
-__all__ = ["DEFAULT_STATE_DIR", "DevCluster", "DevClusterError", "DevClusterLayout", "DevNode", "DevStatus"]
