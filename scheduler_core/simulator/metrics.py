@@ -84,6 +84,61 @@ def slo_metrics(cfg: SimConfig, fleet, lat: np.ndarray, solo: np.ndarray, qps: n
             "online_only_replica_minute_violation_frac": round(rv0 / rn, 5), "per_service": per}
 
 
+HARD_CAP = 0.3  # the per-minute safety net a service's users should never see passed (slowdown of the minute)
+
+
+def _ratio(num: float, den: float) -> float | None:
+    return round(num / den, 4) if den > 0 and np.isfinite(num) and np.isfinite(den) else None
+
+
+def service_metrics(cfg: SimConfig, fleet, lat: np.ndarray, solo: np.ndarray, qps: np.ndarray,
+                    cap: float = HARD_CAP) -> list[dict]:
+    """What each service's users see over the day, one entry per service (SIMULATED).
+
+    - ``all_avg_norm`` / ``all_p99_norm``: the mean and the p99 latency over all of the service's requests, shared
+      or not, against the same requests with the replicas alone (request-weighted: each minute of each replica
+      weighs its requests);
+    - ``shared_avg_norm`` / ``shared_p99_norm``: the same over the replica-minutes that held offline work;
+    - ``worst_minute_norm`` and ``minutes_over_cap``: the slowdown of a service-minute is the mean latency of that
+      minute's requests against alone; minutes with requests over ``1 + cap`` are counted;
+    - ``slo_attainment``: with a p99 SLO (ms), the share of service-minutes with requests whose p99 over all the
+      service's requests was within it (None: no SLO).
+    """
+    out = []
+    slos = cfg.service_slos_ms()
+    for s, spec in enumerate(cfg.services):
+        idx = np.flatnonzero(fleet.service_index == s)
+        if not idx.size:
+            continue
+        L, S = lat[:, idx].astype(np.float64), solo[:, idx].astype(np.float64)
+        Q = qps[:, idx].astype(np.float64)
+        minute_num, minute_den = (L * Q).sum(axis=1), (S * Q).sum(axis=1)
+        active = minute_den > 0
+        per_minute = np.divide(minute_num, minute_den, out=np.ones_like(minute_num), where=active)
+        shared = L > S
+        entry = {
+            "name": spec.name, "family": spec.family, "replicas": int(idx.size),
+            "all_avg_norm": _ratio(float(minute_num.sum()), float(minute_den.sum())),
+            "all_p99_norm": _ratio(mixture_p99(L, Q), mixture_p99(S, Q)),
+            "shared_minutes_frac": round(float(shared.mean()), 4),
+            "shared_avg_norm": _ratio(float((L * Q)[shared].sum()), float((S * Q)[shared].sum())) if shared.any()
+            else None,
+            "shared_p99_norm": _ratio(mixture_p99(L[shared], Q[shared]), mixture_p99(S[shared], Q[shared]))
+            if shared.any() else None,
+            "worst_minute_norm": round(float(per_minute[active].max()), 4) if active.any() else None,
+            "cap": cap,
+            "minutes_over_cap": int((per_minute[active] > 1.0 + cap + 1e-9).sum()),
+            "service_minutes": int(active.sum()),
+            "slo_p99_ms": slos[s],
+            "slo_attainment": None,
+        }
+        if slos[s] is not None and active.any():
+            p = mixture_p99_rows(L[active], Q[active])
+            entry["slo_attainment"] = round(float((p <= slos[s]).mean()), 5)
+        out.append(entry)
+    return out
+
+
 def shortest_quarter(fleet, arrived: np.ndarray, censored: np.ndarray, end_s: float) -> dict:
     """The arrived jobs in the shortest quarter of solo duration (on the reference GPU): how long they took.
 
@@ -144,6 +199,7 @@ def compute_metrics(cfg: SimConfig, fleet, rec, rounds: list[dict]) -> dict:
             "shared_p99_latency_norm": round(shared_p99, 4),
             "slo": slo_metrics(cfg, fleet, lat, solo, qps),
         },
+        "services": service_metrics(cfg, fleet, lat, solo, qps),
         "offline": {
             "jobs": int(jobs.size),
             "arrived": int(arrived.sum()),

@@ -48,6 +48,11 @@ def test_simulate_compare_writes_plots_and_a_normalized_table(in_tmp) -> None:
         assert (out / name).read_bytes()[:8] == b"\x89PNG\r\n\x1a\n"
     doc = json.loads((out / "results.json").read_text())
     assert [r["policy"] for r in doc["table"]] == ["online-only", "muxflow", "time-sharing"]
+    # What each service's users see, per policy: the JSON's `services` and the table after the main one.
+    services = {p: [s["name"] for s in m["services"]] for p, m in doc["metrics"].items()}
+    assert services["muxflow"] == services["time-sharing"] == ["search-cnn", "translate-transformer", "ads-recommender"]
+    assert all(s["all_avg_norm"] == 1.0 and s["minutes_over_cap"] == 0 for s in doc["metrics"]["online-only"]["services"])
+    assert "per service" in res.stdout and "min over cap" in res.stdout
     assert res.stderr == ""
 
 
@@ -60,6 +65,9 @@ def test_slo_scale_gives_services_slos_and_reports_violations_per_service_minute
     assert m["config"]["slo_scale"] == 1.5 and all(v > 0 for v in slos.values()) and len(slos) == 3
     slo = m["online"]["slo"]
     assert slo["services_with_slo"] == 3 and slo["service_minutes"] == 3 * 90
+    for s in m["services"]:
+        assert s["slo_p99_ms"] == slos[s["name"]] and 0.0 <= s["slo_attainment"] <= 1.0
+        assert s["service_minutes"] == 90 and s["all_avg_norm"] >= 1.0
     assert 0.0 <= slo["violation_frac"] <= 1.0 and slo["violations"] >= slo["online_only_violations"] - 5
     assert set(slo["per_service"]) == set(slos)
     plain = json.loads(run("simulate", "--trace", str(SAMPLE_TRACE), *TINY, "--policy", "muxflow", "--json",

@@ -13,7 +13,8 @@ import pytest
 from executors.data.calibration import default_catalog
 from scheduler_core.rng import rng_stream
 from scheduler_core.simulator import POLICIES, SimConfig, get_policy, run_simulation
-from scheduler_core.simulator.metrics import compare_table, mixture_p99, mixture_p99_rows, slo_metrics
+from scheduler_core.simulator.metrics import (compare_table, mixture_p99, mixture_p99_rows, service_metrics,
+                                              slo_metrics)
 from scheduler_core.simulator.workload import build_jobs, scale_durations
 from scheduler_core.trace import TraceError
 from tests.scheduler_core.simulator.conftest import trace_job
@@ -214,6 +215,40 @@ def test_slo_violations_are_counted_per_service_minute_against_the_replicas_alon
     assert got["per_service"]["a"]["replica_minute_violation_frac"] == pytest.approx(3 / 6)
     assert slo_metrics(SimConfig(gpus=4, services=(ServiceSpec("a", "cnn", 20.0, 100.0, 1.0),)), _Fleet(),
                        lat, solo, qps) == {"services_with_slo": 0}
+
+
+def test_each_service_is_judged_over_all_its_requests_each_minute_and_against_its_slo() -> None:
+    class _Fleet:
+        service_index = np.array([0, 0, 1, 1])
+
+    from scheduler_core.simulator import ServiceSpec
+
+    cfg = SimConfig(gpus=4, services=(ServiceSpec("a", "cnn", 20.0, 100.0, 1.0, slo_p99_ms=100.0),
+                                      ServiceSpec("b", "transformer", 20.0, 100.0, 1.0)))
+    solo = np.full((4, 4), 10.0, dtype=np.float32)
+    lat = solo.copy()
+    qps = np.ones((4, 4), dtype=np.float32)
+    qps[0, :2] = 3.0  # minute 0 carries 3× the requests of "a"
+    lat[0, 0] = 13.0  # minute 0: one replica of "a" 30 % slower, its requests 3 of "a"'s 6 that minute: +15 %
+    lat[1, 0] = lat[1, 1] = 14.0  # minute 1: all of "a" +40 %, over the 30 % cap
+    lat[:, 3] = 11.0  # "b": one replica +10 % all day
+    qps[3, 2] = 0.0  # minute 3 of "b": only its slow replica has requests
+    got = {s["name"]: s for s in service_metrics(cfg, _Fleet(), lat, solo, qps)}
+    a, b = got["a"], got["b"]
+    # All of a's requests: minute 0 weighs 6 requests, minutes 1–3 two each (12 in all), each by its latency.
+    assert a["all_avg_norm"] == pytest.approx((3 * 13 + 3 * 10 + 14 + 14 + 20 + 20) / (6 * 10 + 6 * 10), abs=1e-4)
+    assert a["shared_minutes_frac"] == pytest.approx(3 / 8)
+    assert a["worst_minute_norm"] == pytest.approx(1.4) and a["minutes_over_cap"] == 1 and a["cap"] == 0.3
+    # SLO 100 ms: alone, p99 = 10 ln 100 ≈ 46 ms; at +40 % ≈ 64 ms: every minute within.
+    assert a["slo_attainment"] == 1.0 and a["service_minutes"] == 4
+    assert b["slo_attainment"] is None and b["slo_p99_ms"] is None
+    assert b["all_avg_norm"] == pytest.approx((3 * (10 + 11) + 11) / (3 * 20 + 10), abs=1e-4)  # minute 3: one replica
+    assert b["worst_minute_norm"] == pytest.approx(1.1) and b["minutes_over_cap"] == 0
+    assert b["shared_avg_norm"] == pytest.approx(1.1)
+    tight = SimConfig(gpus=4, services=(ServiceSpec("a", "cnn", 20.0, 100.0, 1.0, slo_p99_ms=50.0),
+                                        ServiceSpec("b", "transformer", 20.0, 100.0, 1.0)))
+    # SLO 50 ms: minutes 0 (one replica at 13 ms of mean) and 1 (14 ms) are over it, minutes 2 and 3 are not.
+    assert service_metrics(tight, _Fleet(), lat, solo, qps)[0]["slo_attainment"] == pytest.approx(0.5)
 
 
 def test_comparison_is_normalized_to_muxflow_and_online_only(all_results) -> None:
