@@ -60,3 +60,35 @@ def utilization_per_minute(s: Session) -> pd.DataFrame:
         (100 * _MT.online_mem_used_bytes / _MT.mem_total_bytes).label("online_mem_pct"),
     )).all())
     return df.groupby("minute_utc").mean(numeric_only=True) if len(df) else df
+
+
+def shared_service_minutes(s: Session, since_utc: dt.datetime) -> pd.DataFrame:
+    """Each replica-minute since a time on which an offline job ran beside the replica: its service (name,
+    allowance, budget), the measured slowdown (latency over latency alone), the requests, and the online slowdown
+    the round that placed the job there predicted (None: no round's placement of that job on that GPU covers
+    the minute)."""
+    rows = s.execute(select(
+        m.OnlineService.name, m.OnlineService.slowdown_allowance, m.OnlineService.slowdown_budget,
+        _MT.gpu_id, _MT.minute_utc, _MT.offline_job_id, _MT.online_qps,
+        _MT.online_latency_ms / _MT.online_solo_latency_ms,
+    ).join(m.ServiceInstance, m.ServiceInstance.gpu_id == _MT.gpu_id)
+     .join(m.OnlineService, m.OnlineService.id == m.ServiceInstance.service_id)
+     .where(_MT.minute_utc >= since_utc, _MT.offline_job_id.is_not(None))).all()
+    cols = ["service", "allowance", "budget", "gpu_id", "minute_utc", "job_id", "qps", "slowdown"]
+    df = pd.DataFrame(rows, columns=cols)
+    planned = s.execute(select(
+        m.Placement.gpu_id, m.Placement.job_id, m.Placement.predicted_online_slowdown,
+        m.SchedulingRound.window_start_utc, m.SchedulingRound.period_s, m.SchedulingRound.seq,
+    ).join(m.SchedulingRound, m.SchedulingRound.id == m.Placement.round_id)).all()
+    # The prediction in force at a minute: the latest round (or fill) of the minute's window that placed the job there.
+    by_pair: dict[tuple[int, int], list[tuple[dt.datetime, dt.datetime, int, float]]] = {}
+    for gpu, job, pred, start, period, seq in planned:
+        start = start if start.tzinfo else start.replace(tzinfo=dt.timezone.utc)
+        by_pair.setdefault((gpu, job), []).append((start, start + dt.timedelta(seconds=period), seq, pred))
+    preds = []
+    for gpu, job, minute in zip(df["gpu_id"], df["job_id"], df["minute_utc"]):
+        t = minute if minute.tzinfo else minute.replace(tzinfo=dt.timezone.utc)
+        hits = [(seq, p) for a, b, seq, p in by_pair.get((gpu, job), ()) if a <= t < b]
+        preds.append(max(hits)[1] if hits else None)
+    df["predicted"] = preds
+    return df

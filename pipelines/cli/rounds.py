@@ -230,3 +230,8 @@ def run_cmd(ctx, types_text, services, hours, jobs, samples, epochs, trace, repo
         raise CliFailure(str(exc).splitlines()[0]) from exc
     click.echo("\n=== summary (SIMULATED cluster) ===")
     click.echo(json.dumps({k: v for k, v in summary.items() if k != "config"}, indent=2, default=str))
+    click.echo("\nonline services on shared GPUs (SIMULATED): slowdown of their requests against alone")
+    for sv in summary["services_on_shared_gpus"]:
+        verdict = "within its allowance" if sv["p99_within_allowance"] else f"NOT within: {sv['why']}"
+        click.echo(f"  {sv['service']}: avg +{100 * sv['avg']:.1f} %, p99 +{100 * sv['p99']:.1f} % over "
+                   f"{sv['shared_minutes']} shared minutes, allowance +{100 * sv['allowance']:.0f} %: {verdict}")

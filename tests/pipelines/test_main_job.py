@@ -48,6 +48,32 @@ def test_summary_figures(sqlite_runs) -> None:
     assert summary["jobs_by_state"].get("SUBMITTED", 0) == 0  # every arrived job was profiled
     slowdown = summary["online_latency_slowdown_on_shared_gpus"]
     assert 0 < slowdown["avg"] < 1  # sharing slows the replicas a little (SysMonitor keeps it bounded)
+    # Every service that shared a GPU, with its requests' tail against its allowance, and why where it is over.
+    tails = summary["services_on_shared_gpus"]
+    assert tails and len({t["service"] for t in tails}) == len(tails) <= 3
+    for t in tails:
+        assert t["shared_minutes"] > 0 and 0 <= t["avg"] <= t["worst"] and t["p99"] <= t["worst"]
+        assert t["p99_within_allowance"] == (t["p99"] <= t["allowance"] + 1e-9)
+        assert t["p99_within_allowance"] or f"over its +{100 * t['allowance']:.0f} % allowance" in t["why"]
+
+
+def test_a_services_tail_is_its_requests_and_says_why_it_is_over() -> None:
+    import pandas as pd
+
+    from pipelines.main_job import service_tails
+
+    rows = [("a", 0.2, None, 1, 1.10, 10.0, 1.10)] * 97 + [("a", 0.2, None, 1, 1.50, 1.0, 1.15)] * 3 \
+        + [("b", 0.2, None, 2, 1.10, 1.0, 1.05)] * 90 + [("b", 0.2, None, 2, 1.40, 1.0, 1.30)] * 9 \
+        + [("b", 0.2, None, 2, 1.40, 1.0, None)]
+    df = pd.DataFrame(rows, columns=["service", "allowance", "budget", "gpu_id", "slowdown", "qps", "predicted"])
+    a, b = service_tails(df)
+    # "a": 3 slow minutes carry 3 of 973 requests, under 1 %: its requests' p99 is the fast minutes' +10 %.
+    assert a["p99"] == pytest.approx(0.10) and a["p99_within_allowance"] and a["worst"] == pytest.approx(0.5)
+    assert a["minutes_over_allowance"] == 3 and "why" not in a
+    # "b": 10 of 100 equally loaded minutes at +40 %: over; 9 had been predicted over, 1 has no prediction.
+    assert b["p99"] == pytest.approx(0.40) and not b["p99_within_allowance"]
+    assert b["why"].startswith("10 of 100 shared minutes over its +20 % allowance")
+    assert "predicted 0 of them within it" in b["why"] and "9 over it, 1 without a prediction" in b["why"]
 
 
 def test_plots_and_summary_file(sqlite_runs) -> None:
