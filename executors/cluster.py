@@ -137,6 +137,18 @@ class Profiler(Protocol):
         ...
 
 
+SIMULATED_STEP_S = 60  # the simulated cluster advances a minute at a time
+
+
+def round_period_error(period_s: int, simulated: bool) -> str | None:
+    """Why a round period does not suit a cluster, or None: the one check the settings and the round service make.
+    The simulated cluster steps whole minutes; a real one takes any period the round clock accepts."""
+    if simulated and period_s % SIMULATED_STEP_S:
+        return (f"the simulated cluster steps whole minutes: the round period must be a multiple of "
+                f"{SIMULATED_STEP_S} s, got {period_s} s")
+    return None
+
+
 class ClusterBackend(Protocol):
     """A cluster as the pipeline dispatches to and observes it across processes: every call works from the store.
 

@@ -34,6 +34,7 @@ from pathlib import Path
 from typing import Any
 
 from assets.resources import ClusterResource
+from executors.cluster import round_period_error
 from executors.scheduler.profiling.settings import ProfilingSettings, SamplingSettings, overrides_from_env
 from executors.scheduler.profiling.settings import SettingsError as ProfilingSettingsError
 from executors.scheduler.slurm.config import SlurmConfig, SlurmConfigError
@@ -111,8 +112,9 @@ class MuxflowSettings:
             clock = RoundClock(self.round_period_s)
         except ValueError as exc:
             raise SettingsError(f"round_period_s: {exc}") from exc
-        if self.cluster == "simulated" and self.round_period_s % 60:
-            raise SettingsError("round_period_s: the simulated cluster steps whole minutes; use a multiple of 60")
+        why = round_period_error(self.round_period_s, self.cluster == "simulated")
+        if why:
+            raise SettingsError(f"round_period_s: {why}")
         if self.sensor_interval_s < 1:
             raise SettingsError("sensor_interval_s must be >= 1")
         for name in ("node_metrics_port", "scheduler_metrics_port"):

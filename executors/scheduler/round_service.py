@@ -23,7 +23,7 @@ from __future__ import annotations
 import datetime as dt
 from dataclasses import dataclass, field
 
-from executors.cluster import ClusterBackend, IntervalReport, JobSyncReport
+from executors.cluster import ClusterBackend, IntervalReport, JobSyncReport, round_period_error
 from executors.scheduler import round_runner
 from executors.store import repo
 from executors.store import rounds as rounds_db
@@ -94,9 +94,9 @@ class RoundService:
     forecast: ForecastPolicy = field(default_factory=ForecastPolicy)
 
     def __post_init__(self) -> None:
-        if self.backend.simulated and self.clock.period_s % 60:
-            raise RoundError(f"the simulated cluster steps whole minutes: the round period must be a multiple of "
-                             f"60 s, got {self.clock.period_s} s")
+        why = round_period_error(self.clock.period_s, self.backend.simulated)
+        if why:
+            raise RoundError(why)
 
     # -- windows ------------------------------------------------------------------------
     def _now(self, window: dt.datetime) -> dt.datetime:

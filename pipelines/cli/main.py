@@ -23,6 +23,7 @@ from pipelines.cli import (
     profile,
     rounds,
     simulate,
+    simulate_evaluation,
     simulate_users,
     slurm,
     submit,
@@ -69,3 +70,4 @@ for command in (
 ):
     main.add_command(command)
 simulate.simulate.add_command(simulate_users.users)
+simulate.simulate.add_command(simulate_evaluation.evaluation)

@@ -254,3 +254,20 @@ def test_on_a_simulated_cluster_without_a_split_under_mps_the_round_sees_the_loa
     monkeypatch.setattr(round_runner, "fit_split", lambda series: {})
     stale = first_gpu(gaps)
     assert stale.online.sm_activity_pct < 0.7 * want.online.sm_activity_pct
+
+
+def test_the_round_period_is_checked_against_the_cluster_by_one_rule(tmp_path: Path) -> None:
+    from executors.cluster import round_period_error
+    from executors.scheduler.round_service import RoundError, RoundService
+    from executors.simulated.backend import SimulatedBackend
+    from pipelines.settings import MuxflowSettings, SettingsError
+    from scheduler_core.round.clock import RoundClock
+
+    store, _ = _store(tmp_path)
+    with pytest.raises(RoundError, match="multiple of 60 s, got 30 s"):
+        RoundService(store, SimulatedBackend(), clock=RoundClock(30))
+    assert RoundService(store, SimulatedBackend(), clock=RoundClock(120)).clock.period_s == 120
+    # The settings refuse the same period with the same words, before anything runs.
+    with pytest.raises(SettingsError, match="round_period_s: the simulated cluster steps whole minutes"):
+        MuxflowSettings(db_url=store.url, round_period_s=30)
+    assert round_period_error(30, simulated=False) is None and round_period_error(30, simulated=True)

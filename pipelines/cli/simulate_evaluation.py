@@ -1,0 +1,139 @@
+"""``muxflow simulate evaluation``: the evaluation's comparisons and its targets tables, from one command.
+
+    muxflow simulate evaluation --traces DIR [--trace NAME ...] [--sizes 1000,200] [--jobs-at 200=2000]
+                                [--slo-scale 1.5] [--out docs/evaluation/current/targets] [--doc docs/EVALUATION.md]
+
+For every trace (``DIR/*.trace``, or the ``--trace`` names in it) and cluster size, one ``simulate compare`` of
+MuxFlow and the baselines, its ``results.json`` under ``OUT/<trace>-<gpus>/``. Then the targets
+(``scheduler_core.simulator.targets``) are judged on every ``results.json`` under ``OUT`` — the runs of this call
+and of earlier ones, so a long evaluation can be run a trace at a time — written to ``OUT/targets.json`` and
+``OUT/TARGETS.md``, and, with ``--doc``, between the ``<!-- targets:begin -->`` and ``<!-- targets:end -->``
+lines of that page. ``--tables-only`` rebuilds the tables without running anything. Every figure is SIMULATED.
+"""
+
+from __future__ import annotations
+
+import json
+import time
+from pathlib import Path
+
+import click
+
+from pipelines.cli.common import HELP, CliError, writable_dir
+from pipelines.cli.simulate import _guarded, compare
+from scheduler_core.simulator.targets import judge, markdown
+
+BEGIN, END = "<!-- targets:begin -->", "<!-- targets:end -->"
+POLICIES = "muxflow,salus,pb-time-sharing,time-sharing"
+
+
+def _sizes(text: str) -> list[int]:
+    try:
+        sizes = [int(x) for x in text.split(",") if x.strip()]
+    except ValueError:
+        raise CliError(f"sizes: expected comma-separated GPU counts, got {text!r}") from None
+    if not sizes or any(n < 1 for n in sizes):
+        raise CliError(f"sizes: expected GPU counts >= 1, got {text!r}")
+    return sizes
+
+
+def _jobs_at(text: str) -> dict[int, int]:
+    out = {}
+    for part in filter(None, (p.strip() for p in text.split(","))):
+        gpus, sep, jobs = part.partition("=")
+        if not sep or not gpus.isdigit() or not jobs.isdigit() or int(jobs) < 1:
+            raise CliError(f"jobs-at: expected GPUS=JOBS pairs, e.g. 200=2000, got {part!r}")
+        out[int(gpus)] = int(jobs)
+    return out
+
+
+def _traces(folder: Path | None, names: tuple[str, ...]) -> list[Path]:
+    if folder is None:
+        if names:
+            raise CliError("trace: give --traces, the folder the names are in")
+        return []
+    if not folder.is_dir():
+        raise CliError(f"traces: {folder} is not a folder")
+    if names:
+        paths = [folder / (n if n.endswith(".trace") else f"{n}.trace") for n in names]
+        missing = [str(p) for p in paths if not p.is_file()]
+        if missing:
+            raise CliError(f"trace: not found: {', '.join(missing)}")
+        return paths
+    paths = sorted(folder.glob("*.trace"))
+    if not paths:
+        raise CliError(f"traces: no *.trace file in {folder}")
+    return paths
+
+
+def rebuild(out: Path, doc_page: Path | None) -> list[dict]:
+    """Judge every ``results.json`` under ``out``; write ``targets.json``, ``TARGETS.md`` and the page's section."""
+    judged = []
+    for path in sorted(out.glob("*/results.json")):
+        try:
+            judged.append(judge(json.loads(path.read_text())))
+        except (OSError, ValueError, KeyError, TypeError) as exc:
+            raise CliError(f"results: {path} is not a usable `simulate compare` results.json ({exc})") from exc
+    judged.sort(key=lambda j: (-(j["gpus"] or 0), str(j["trace"])))
+    table = markdown(judged)
+    (out / "targets.json").write_text(json.dumps({"simulated": True, "runs": judged}, indent=2) + "\n")
+    (out / "TARGETS.md").write_text("# Targets (SIMULATED)\n\n" + table + "\n")
+    if doc_page is not None:
+        text = doc_page.read_text()
+        if text.count(BEGIN) != 1 or text.count(END) != 1 or text.index(BEGIN) > text.index(END):
+            raise CliError(f"doc: {doc_page} needs one {BEGIN} line before one {END} line")
+        head, rest = text.split(BEGIN, 1)
+        _, tail = rest.split(END, 1)
+        doc_page.write_text(f"{head}{BEGIN}\n{table}\n{END}{tail}")
+    return judged
+
+
+@click.command("evaluation", context_settings=HELP)
+@click.option("--traces", "folder", type=click.Path(path_type=Path), default=None,
+              help="Folder of Philly-format traces (philly_vc_<vc>.trace).")
+@click.option("--trace", "names", multiple=True, help="Only these traces of --traces (repeatable): a sharded run.")
+@click.option("--sizes", default="1000,200", show_default=True, help="Cluster sizes (GPUs), comma-separated.")
+@click.option("--jobs-at", "jobs_text", default="200=2000", show_default=True,
+              help="Jobs per size, GPUS=JOBS pairs; other sizes take the trace's single-GPU jobs as they are.")
+@click.option("--hours", type=click.FloatRange(min=0.25, max=24 * 7), default=24.0, show_default=True)
+@click.option("--slo-scale", type=click.FloatRange(min=0.0, min_open=True), default=1.5, show_default=True,
+              help="Each service's p99 SLO, in times its p99 alone at its daily peak.")
+@click.option("--policies", default=POLICIES, show_default=True, help="MuxFlow and the baselines it is judged against.")
+@click.option("--calibration", default="transfer", show_default=True)
+@click.option("--out", "out_dir", type=click.Path(file_okay=False, path_type=Path),
+              default=Path("docs/evaluation/current/targets"), show_default=True)
+@click.option("--doc", "doc_page", type=click.Path(dir_okay=False, path_type=Path), default=None,
+              help="A page whose targets section (between the marker lines) is replaced by the tables.")
+@click.option("--tables-only", is_flag=True, help="Rebuild the tables from the results under --out; run nothing.")
+@click.option("--quiet", is_flag=True, help="No progress lines on stderr.")
+@_guarded
+def evaluation(folder, names, sizes, jobs_text, hours, slo_scale, policies, calibration, out_dir, doc_page,
+               tables_only, quiet) -> None:
+    """Run the evaluation (every trace × size) and judge its targets (SIMULATED)."""
+    sizes_, jobs_at = _sizes(sizes), _jobs_at(jobs_text)
+    traces = [] if tables_only else _traces(folder, names)
+    if not tables_only and not traces:
+        raise CliError("traces: give --traces DIR (or --tables-only)")
+    out = writable_dir(out_dir, "out")
+    if doc_page is not None and not doc_page.is_file():
+        raise CliError(f"doc: {doc_page} is not a file")
+    t0 = time.perf_counter()
+    for trace in traces:
+        for gpus in sizes_:
+            args = ["--trace", str(trace), "--gpus", str(gpus), "--hours", str(hours), "--slo-scale", str(slo_scale),
+                    "--policies", policies, "--calibration", calibration,
+                    "--out", str(out / f"{trace.stem}-{gpus}")]
+            if gpus in jobs_at:
+                args += ["--jobs", str(jobs_at[gpus])]
+            if quiet:
+                args.append("--quiet")
+            click.echo(f"== {trace.name}, {gpus} GPUs", err=True)
+            started = time.perf_counter()
+            compare.main(args, standalone_mode=False)
+            click.echo(f"   {time.perf_counter() - started:.0f} s", err=True)
+    judged = rebuild(out, doc_page)
+    click.echo("")
+    click.echo(markdown(judged))
+    click.echo(f"\n{len(judged)} comparisons judged (SIMULATED); {len(traces) * len(sizes_)} run now in "
+               f"{time.perf_counter() - t0:.0f} s; tables in {out / 'TARGETS.md'}"
+               + (f" and {doc_page}" if doc_page else ""))
