@@ -530,7 +530,8 @@ def format_services(metrics: dict[str, dict]) -> str:
     cols = [("policy", "policy", "{}"), ("name", "service", "{}"), ("all_avg_norm", "all avg", "{:.3f}"),
             ("all_p99_norm", "all p99", "{:.3f}"), ("shared_avg_norm", "shared avg", "{:.3f}"),
             ("shared_p99_norm", "shared p99", "{:.3f}"), ("worst_minute_norm", "worst minute", "{:.3f}"),
-            ("minutes_over_cap", "min over cap", "{}"), ("slo_attainment", "SLO attainment", "{:.4f}")]
+            ("minutes_over_cap", "min over cap", "{}"), ("slo_attainment", "SLO attainment", "{:.4f}"),
+            ("slo_attainment_alone", "alone", "{:.4f}")]
     cap = next((r["cap"] for r in rows), None)
     return (f"SIMULATED — per service, latency against the same requests alone; a minute over the cap is slower "
             f"than +{100 * (cap or 0):.0f} % on average\n" + "\n".join(columns_table(rows, cols)))

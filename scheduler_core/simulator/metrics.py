@@ -102,7 +102,9 @@ def service_metrics(cfg: SimConfig, fleet, lat: np.ndarray, solo: np.ndarray, qp
     - ``worst_minute_norm`` and ``minutes_over_cap``: the slowdown of a service-minute is the mean latency of that
       minute's requests against alone; minutes with requests over ``1 + cap`` are counted;
     - ``slo_attainment``: with a p99 SLO (ms), the share of service-minutes with requests whose p99 over all the
-      service's requests was within it (None: no SLO).
+      service's requests was within it (None: no SLO); ``slo_attainment_alone`` the same with the replicas alone
+      (an SLO the service misses alone is not sharing's doing), and ``slo_kept_where_alone_keeps`` the share of the
+      minutes it keeps alone that it still keeps shared.
     """
     out = []
     slos = cfg.service_slos_ms()
@@ -130,11 +132,16 @@ def service_metrics(cfg: SimConfig, fleet, lat: np.ndarray, solo: np.ndarray, qp
             "minutes_over_cap": int((per_minute[active] > 1.0 + cap + 1e-9).sum()),
             "service_minutes": int(active.sum()),
             "slo_p99_ms": slos[s],
-            "slo_attainment": None,
+            "slo_attainment": None, "slo_attainment_alone": None, "slo_kept_where_alone_keeps": None,
         }
         if slos[s] is not None and active.any():
-            p = mixture_p99_rows(L[active], Q[active])
+            p, p0 = mixture_p99_rows(L[active], Q[active]), mixture_p99_rows(S[active], Q[active])
             entry["slo_attainment"] = round(float((p <= slos[s]).mean()), 5)
+            entry["slo_attainment_alone"] = round(float((p0 <= slos[s]).mean()), 5)
+            met_alone = p0 <= slos[s]
+            # What sharing costs: of the minutes the replicas alone keep the SLO, the share still kept.
+            entry["slo_kept_where_alone_keeps"] = round(float((p[met_alone] <= slos[s]).mean()), 5) \
+                if met_alone.any() else None
         out.append(entry)
     return out
 

@@ -248,7 +248,15 @@ def test_each_service_is_judged_over_all_its_requests_each_minute_and_against_it
     tight = SimConfig(gpus=4, services=(ServiceSpec("a", "cnn", 20.0, 100.0, 1.0, slo_p99_ms=50.0),
                                         ServiceSpec("b", "transformer", 20.0, 100.0, 1.0)))
     # SLO 50 ms: minutes 0 (one replica at 13 ms of mean) and 1 (14 ms) are over it, minutes 2 and 3 are not.
-    assert service_metrics(tight, _Fleet(), lat, solo, qps)[0]["slo_attainment"] == pytest.approx(0.5)
+    a_tight = service_metrics(tight, _Fleet(), lat, solo, qps)[0]
+    assert a_tight["slo_attainment"] == pytest.approx(0.5) and a_tight["slo_attainment_alone"] == 1.0
+    assert a_tight["slo_kept_where_alone_keeps"] == pytest.approx(0.5)
+    # SLO 40 ms: alone (≈ 46 ms) the service misses it every minute; sharing cannot be blamed for any.
+    missed = SimConfig(gpus=4, services=(ServiceSpec("a", "cnn", 20.0, 100.0, 1.0, slo_p99_ms=40.0),
+                                         ServiceSpec("b", "transformer", 20.0, 100.0, 1.0)))
+    a_missed = service_metrics(missed, _Fleet(), lat, solo, qps)[0]
+    assert a_missed["slo_attainment"] == a_missed["slo_attainment_alone"] == 0.0
+    assert a_missed["slo_kept_where_alone_keeps"] is None
 
 
 def test_comparison_is_normalized_to_muxflow_and_online_only(all_results) -> None:

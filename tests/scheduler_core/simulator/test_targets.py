@@ -48,6 +48,17 @@ def test_the_worst_service_decides_and_each_miss_is_its_own() -> None:
                  "slo_attainment": False, "evicted": False, "jct_vs_every_baseline": False, "oversold_vs_pb": False}
 
 
+def test_the_slo_target_counts_only_the_minutes_the_service_keeps_alone() -> None:
+    svc = _svc("a", 1.05, 1.05, slo=0.80)
+    svc.update(slo_attainment_alone=0.81, slo_kept_where_alone_keeps=0.995)  # its misses are its own
+    doc = _doc({"muxflow": 3600.0, "salus": 3700.0, "pb-time-sharing": 4000.0, "time-sharing": 5000.0},
+               {"muxflow": 0.8, "pb-time-sharing": 0.6}, [svc])
+    assert judge(doc)["met"]["slo_attainment"] is True
+    svc["slo_kept_where_alone_keeps"] = 0.98
+    assert judge(doc)["met"]["slo_attainment"] is False
+    assert "| 80.00 % / 81.00 % | 98.00 % |" in markdown([judge(doc)])
+
+
 def test_targets_that_the_comparison_cannot_judge_are_left_open() -> None:
     # No PB run, no SLOs: those targets are unknown, not met.
     doc = _doc({"muxflow": 3600.0, "salus": 3700.0}, {"muxflow": 0.8}, [_svc("a", 1.05, 1.05, slo=None)])
