@@ -192,6 +192,17 @@ def parse_types(text: str) -> dict[str, int]:
     return out
 
 
+def int_list(text: str, what: str, minimum: int) -> list[int]:
+    """Comma-separated integers of at least ``minimum`` (at least one), or a :class:`CliError` naming ``what``."""
+    try:
+        values = [int(x) for x in text.split(",") if x.strip()]
+    except ValueError:
+        raise CliError(f"{what}: expected comma-separated integers, got {text!r}") from None
+    if not values or any(v < minimum for v in values):
+        raise CliError(f"{what}: expected integers >= {minimum}, got {text!r}")
+    return values
+
+
 def text_table(cells: list[list[str]]) -> list[str]:
     """Left-aligned columns, the first row a header underlined with dashes."""
     widths = [max(len(row[i]) for row in cells) for i in range(len(cells[0]))]

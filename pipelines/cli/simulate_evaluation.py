@@ -19,22 +19,12 @@ from pathlib import Path
 
 import click
 
-from pipelines.cli.common import HELP, CliError, writable_dir
+from pipelines.cli.common import HELP, CliError, int_list, writable_dir
 from pipelines.cli.simulate import _guarded, compare
 from scheduler_core.simulator.targets import judge, markdown
 
 BEGIN, END = "<!-- targets:begin -->", "<!-- targets:end -->"
 POLICIES = "muxflow,salus,pb-time-sharing,time-sharing"
-
-
-def _sizes(text: str) -> list[int]:
-    try:
-        sizes = [int(x) for x in text.split(",") if x.strip()]
-    except ValueError:
-        raise CliError(f"sizes: expected comma-separated GPU counts, got {text!r}") from None
-    if not sizes or any(n < 1 for n in sizes):
-        raise CliError(f"sizes: expected GPU counts >= 1, got {text!r}")
-    return sizes
 
 
 def _jobs_at(text: str) -> dict[int, int]:
@@ -110,7 +100,7 @@ def rebuild(out: Path, doc_page: Path | None) -> list[dict]:
 def evaluation(folder, names, sizes, jobs_text, hours, slo_scale, policies, calibration, out_dir, doc_page,
                tables_only, quiet) -> None:
     """Run the evaluation (every trace × size) and judge its targets (SIMULATED)."""
-    sizes_, jobs_at = _sizes(sizes), _jobs_at(jobs_text)
+    sizes_, jobs_at = int_list(sizes, "sizes", 1), _jobs_at(jobs_text)
     traces = [] if tables_only else _traces(folder, names)
     if not tables_only and not traces:
         raise CliError("traces: give --traces DIR (or --tables-only)")

@@ -16,7 +16,7 @@ from dataclasses import replace
 
 import click
 
-from pipelines.cli.common import HELP, CliError, columns_table
+from pipelines.cli.common import HELP, columns_table, int_list
 from pipelines.cli.simulate import (
     _check_calibrations,
     _config,
@@ -30,12 +30,7 @@ from pipelines.cli.simulate import (
 
 
 def _counts(text: str) -> list[int]:
-    try:
-        counts = [int(x) for x in text.split(",") if x.strip()]
-    except ValueError:
-        raise CliError(f"users-list: expected comma-separated integers, got {text!r}") from None
-    if not counts or any(c < 0 for c in counts):
-        raise CliError(f"users-list: expected integers >= 0, got {text!r}")
+    counts = int_list(text, "users-list", 0)
     return ([0] if 0 not in counts else []) + counts  # the reference first
 
 

@@ -117,7 +117,8 @@ def test_simulate_evaluation_runs_each_trace_and_size_and_writes_the_tables(tmp_
     (["--traces", "nowhere"], "is not a folder"),
     (["--traces", "."], "no *.trace file"),
     (["--traces", ".", "--trace", "missing"], "not found"),
-    (["--traces", ".", "--sizes", "0"], "GPU counts >= 1"),
+    (["--traces", ".", "--sizes", "0"], "sizes: expected integers >= 1"),
+    (["--traces", ".", "--sizes", "big"], "sizes: expected comma-separated integers"),
     (["--traces", ".", "--jobs-at", "200:2000"], "GPUS=JOBS"),
     ([], "give --traces"),
 ])
