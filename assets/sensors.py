@@ -40,7 +40,6 @@ from scheduler_core.domain import JobState
 # Dagster's own @sensor passes its beta `owners` parameter internally and warns about it.
 warnings.filterwarnings("ignore", message="Parameter `owners`", module="dagster")
 
-DEFAULT_INTERVAL_S = 30
 NOW = "now"  # the resource key of the round sensor's clock: a callable returning an aware UTC datetime
 _IN_PROGRESS = [DagsterRunStatus.QUEUED, DagsterRunStatus.NOT_STARTED, DagsterRunStatus.STARTING,
                 DagsterRunStatus.STARTED]
@@ -51,8 +50,7 @@ def _defined(**kwargs) -> Callable[[Callable], SensorDefinition]:
     """``@sensor`` at the defaults, remembering the function so :func:`with_cadence` can re-time it."""
     def wrap(fn: Callable) -> SensorDefinition:
         _TICKS[fn.__name__] = (fn, kwargs)
-        return sensor(minimum_interval_seconds=DEFAULT_INTERVAL_S, default_status=DefaultSensorStatus.STOPPED,
-                      **kwargs)(fn)
+        return sensor(default_status=DefaultSensorStatus.STOPPED, **kwargs)(fn)  # Dagster's interval (30 s)
     return wrap
 
 
