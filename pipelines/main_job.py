@@ -288,13 +288,13 @@ def _ratio(a: float, b: float) -> float | None:
 
 
 def summarize(store: Store, rounds: list[dict], cfg: MainJobConfig, elapsed_s: float, compression: float) -> dict:
+    since = SIM_START + dt.timedelta(minutes=cfg.warmup_minutes)
     with store.session() as s:
-        f = summary_db.run_figures(s, SIM_START + dt.timedelta(minutes=cfg.warmup_minutes))
+        f = summary_db.run_figures(s, since)
+        services = service_tails(summary_db.shared_service_minutes(s, since))
     arr, shared, states, evictions = f.metrics, f.shared, f.jobs_by_state, f.evictions
     ex = (f.solo_equiv_s, f.wall_s, f.executions)
     slow = arr[shared, 6] if shared.any() else np.array([1.0])
-    with store.session() as s:
-        services = service_tails(summary_db.shared_service_minutes(s, SIM_START + dt.timedelta(minutes=cfg.warmup_minutes)))
     return {
         "label": "SIMULATED cluster (calibrated interference model, no real GPU)",
         "elapsed_s": round(elapsed_s, 1),
