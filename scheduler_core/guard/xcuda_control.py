@@ -6,9 +6,10 @@ will do with a GPU record; both are checked against
 ``executors/node/xcuda/tests/control_vectors.csv``. Change one, change the other.
 
 Control variable: the GPU load ``U_GPU = U_SM * a_C`` (Eq. 1) with the clock
-factor ``a_C`` of Eq. 2. Actuator: the offline process's kernel-launch rate. The
+factor ``a_C`` of Eq. 2, U_SM the mean over the control period (:class:`Meter`).
+Actuator: the offline process's kernel-launch rate. The
 PID acts on ``ln(rate)`` in velocity form: gains do not depend on how many
-kernels a job launches, and the clamped rate is its only state (no wind-up).
+kernels a job launches; the clamped rate and the demand's decaying peak are its only state (no wind-up).
 """
 
 from __future__ import annotations
@@ -89,6 +90,40 @@ class Pid:
         return d
 
 
+METER_MAX_GAP_NS = 5_000_000_000  # a longer silence of the record is a gap: start again from its sample
+
+
+@dataclass
+class Meter:
+    """The U_SM a control period acts on (``struct xc_meter``): the mean since the previous read.
+
+    The node agent publishes, beside its latest sample, the running integral of U_SM over
+    time; its increase over the record's time since the last period is what the GPU did in
+    the period. The latest sample alone covers only the agent's own sampling window, and a
+    controller reading one sample per period aliases with the job's launch bursts (it
+    settles where the samples it happens to see average to the target). Without the
+    integral, after a gap, or when the record goes back in time, the latest sample is used.
+    """
+
+    primed: bool = False
+    integral_s: float = 0.0
+    ts_ns: int = 0
+    last: float = math.nan
+
+    def update(self, u_sm: float, has_integral: bool, integral_s: float, ts_ns: int) -> float:
+        if not has_integral or not math.isfinite(integral_s):
+            self.primed, self.last = False, u_sm
+            return u_sm
+        u = u_sm
+        if self.primed and ts_ns == self.ts_ns and integral_s == self.integral_s:
+            u = self.last   # no new sample since the last period: the same mean
+        elif (self.primed and self.ts_ns < ts_ns <= self.ts_ns + METER_MAX_GAP_NS
+              and integral_s >= self.integral_s):
+            u = (integral_s - self.integral_s) / ((ts_ns - self.ts_ns) / 1e9)
+        self.primed, self.integral_s, self.ts_ns, self.last = True, integral_s, ts_ns, u
+        return u
+
+
 class PacerMode(IntEnum):
     FRESH = 0   # no sample yet
     CLOSED = 1  # launches paced at `rate`
@@ -101,6 +136,7 @@ class PacerParams:
     headroom: float = 2.0                 # the limit never exceeds headroom x demand
     max_step_up: float = math.log(2.0)    # per period, on ln(rate): give the online service time
     max_step_down: float = math.log(10.0)  # cut fast to protect it
+    demand_hold_s: float = 1.0            # the cap follows the demand's recent peak, decaying over this time
 
 
 @dataclass
@@ -109,6 +145,7 @@ class Pacer:
 
     mode: PacerMode
     rate: float
+    demand_hold: float = 0.0   # the demand's recent peak (a job that stops launching for a while keeps its cap)
 
     @classmethod
     def fresh(cls, initial_rate: float) -> Pacer:
@@ -120,7 +157,12 @@ class Pacer:
         e = target - u_gpu
         d = min(max(pid.delta(e, dt_s), -params.max_step_down), params.max_step_up)
         demand = demand_rate if demand_rate > params.min_rate else params.min_rate
-        cap = params.headroom * demand
+        hold = demand
+        if params.demand_hold_s > 0.0:
+            decay = math.exp(-dt_s / params.demand_hold_s) if dt_s > 0.0 and math.isfinite(dt_s) else 1.0
+            hold = max(hold, self.demand_hold * decay)
+        self.demand_hold = hold
+        cap = params.headroom * hold
 
         def clamp(x: float) -> float:
             return min(max(x, params.min_rate), cap)

@@ -12,7 +12,7 @@ The layout is ``src/xcuda_shm.h`` (128 bytes, little-endian)::
      24    8 u64  checksum          FNV-1a 64 of bytes 32..127
      32    8 u64  timestamp_ns      CLOCK_MONOTONIC (time.monotonic_ns()) of the sample
      40    4 u32  gpu_index
-     44    4 u32  flags             reserved, 0
+     44    4 u32  flags             bit 0 (FLAG_INTEGRAL): u_sm_integral_s is published
      48    8 f64  u_sm              SM activity U_SM in [0, 1]
      56    8 f64  sm_clock_mhz      C_SM
      64    8 f64  clock_threshold_mhz  T_SM (0 = no clock information)
@@ -21,7 +21,15 @@ The layout is ``src/xcuda_shm.h`` (128 bytes, little-endian)::
      88    8 f64  sm_occupancy      informational
      96    8 f64  gpu_util          informational
     104    8 u64  mem_used_bytes    informational
-    112   16      reserved, 0
+    112    8 f64  u_sm_integral_s   running integral of U_SM over time, seconds (with FLAG_INTEGRAL)
+    120    8      reserved, 0
+
+The integral lets each reader take the mean U_SM over exactly the time since it last read
+(xCUDA does, once per control period): the latest sample alone covers only the agent's own
+sampling window, and a controller that reads one sample per period aliases with the job's
+launch bursts. :class:`ShmWriter` keeps the integral itself: each sample's U_SM (the mean
+over the window since the previous sample, as NVML's GPM metrics give it) times the time
+since the previous write; a silence longer than ``MAX_INTEGRAL_GAP_S`` adds nothing.
 
 Write protocol: seq += 1 (odd), payload, checksum, seq += 1 (even). Readers
 accept a copy only when seq is even and unchanged and the checksum matches, so
@@ -44,13 +52,14 @@ the reader's own uid), or writable by group or others: it falls back as without 
 from __future__ import annotations
 
 import logging
+import math
 import mmap
 import os
 import secrets
 import stat
 import struct
 import time
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 from pathlib import Path
 
 log = logging.getLogger(__name__)
@@ -63,7 +72,7 @@ SEQ_OFFSET = 16
 
 _HEADER = struct.Struct("<QII")        # magic, version, record_size at 0
 _U64 = struct.Struct("<Q")             # seq at 16, checksum at 24
-_PAYLOAD = struct.Struct("<QIIdddddddQ16x")  # bytes 32..127
+_PAYLOAD = struct.Struct("<QIIdddddddQd8x")  # bytes 32..127
 assert _PAYLOAD.size == RECORD_SIZE - PAYLOAD_OFFSET
 
 # Field name -> (offset, size), as in the C struct; checked against it by the tests.
@@ -72,8 +81,10 @@ LAYOUT = {
     "timestamp_ns": (32, 8), "gpu_index": (40, 4), "flags": (44, 4), "u_sm": (48, 8),
     "sm_clock_mhz": (56, 8), "clock_threshold_mhz": (64, 8), "clock_max_mhz": (72, 8),
     "target_util": (80, 8), "sm_occupancy": (88, 8), "gpu_util": (96, 8), "mem_used_bytes": (104, 8),
-    "reserved": (112, 16),
+    "u_sm_integral_s": (112, 8), "reserved": (120, 8),
 }
+FLAG_INTEGRAL = 1
+MAX_INTEGRAL_GAP_S = 1.0
 
 
 def default_path(gpu_index: int) -> Path:
@@ -94,6 +105,7 @@ class GpuSample:
     gpu_util: float = 0.0
     mem_used_bytes: int = 0
     flags: int = 0
+    u_sm_integral_s: float = 0.0     # with FLAG_INTEGRAL (the writer sets both)
 
 
 def checksum(payload: bytes) -> int:
@@ -107,7 +119,7 @@ def checksum(payload: bytes) -> int:
 def encode_payload(sample: GpuSample, gpu_index: int, timestamp_ns: int) -> bytes:
     return _PAYLOAD.pack(timestamp_ns, gpu_index, sample.flags, sample.u_sm, sample.sm_clock_mhz,
                          sample.clock_threshold_mhz, sample.clock_max_mhz, sample.target_util,
-                         sample.sm_occupancy, sample.gpu_util, sample.mem_used_bytes)
+                         sample.sm_occupancy, sample.gpu_util, sample.mem_used_bytes, sample.u_sm_integral_s)
 
 
 def encode(sample: GpuSample, gpu_index: int, timestamp_ns: int, seq: int = 2) -> bytes:
@@ -139,8 +151,8 @@ def decode(buf: bytes) -> Record:
     payload = bytes(buf[PAYLOAD_OFFSET:RECORD_SIZE])
     if _U64.unpack_from(buf, 24)[0] != checksum(payload):
         raise ValueError("checksum mismatch")
-    ts, idx, flags, u_sm, c_sm, t_sm, c_h, target, occ, util, mem = _PAYLOAD.unpack(payload)
-    return Record(seq, ts, idx, GpuSample(u_sm, c_sm, t_sm, c_h, target, occ, util, mem, flags))
+    ts, idx, flags, u_sm, c_sm, t_sm, c_h, target, occ, util, mem, integral = _PAYLOAD.unpack(payload)
+    return Record(seq, ts, idx, GpuSample(u_sm, c_sm, t_sm, c_h, target, occ, util, mem, flags, integral))
 
 
 class RecordPathError(PermissionError):
@@ -271,11 +283,18 @@ class ShmWriter:
             os.close(fd)
         seq = _U64.unpack_from(self._map, SEQ_OFFSET)[0]
         self._seq = seq + (seq & 1)  # a writer that died mid-update left it odd
+        self._integral_s = 0.0
+        self._last_ns: int | None = None
         _HEADER.pack_into(self._map, 0, MAGIC, VERSION, RECORD_SIZE)
 
     def write(self, sample: GpuSample, timestamp_ns: int | None = None) -> int:
         """Publishes ``sample`` (stamped now unless given); returns the new seq."""
         ts = time.monotonic_ns() if timestamp_ns is None else timestamp_ns
+        if self._last_ns is not None and 0 < ts - self._last_ns <= MAX_INTEGRAL_GAP_S * 1e9 and math.isfinite(
+                sample.u_sm):
+            self._integral_s += min(max(sample.u_sm, 0.0), 1.0) * (ts - self._last_ns) / 1e9
+        self._last_ns = ts
+        sample = replace(sample, flags=sample.flags | FLAG_INTEGRAL, u_sm_integral_s=self._integral_s)
         payload = encode_payload(sample, self.gpu_index, ts)
         self._seq += 1
         _U64.pack_into(self._map, SEQ_OFFSET, self._seq)

@@ -124,7 +124,8 @@ def test_paced_rate_stays_within_floor_and_headroom(steps) -> None:
     for u, demand, dt in steps:
         before = pacer.rate if pacer.mode == PacerMode.CLOSED else None
         pacer.step(params, pid, u, 0.9, demand, dt)
-        assert params.min_rate <= pacer.rate <= params.headroom * max(demand, params.min_rate) * (1 + 1e-12)
+        assert pacer.demand_hold >= max(demand, params.min_rate)
+        assert params.min_rate <= pacer.rate <= params.headroom * pacer.demand_hold * (1 + 1e-12)
         if before is not None and pacer.mode == PacerMode.CLOSED:
             assert pacer.rate <= 2.0 * before * (1 + 1e-12)  # never more than doubles in a period
 

@@ -66,12 +66,46 @@ void xc_pacer_params_default(struct xc_pacer_params *p, double min_rate)
     p->headroom = 2.0;
     p->max_step_up = log(2.0);     /* grow at most x2 a period: give the online service time to react */
     p->max_step_down = log(10.0);  /* cut at most x10 a period: protect it fast */
+    p->demand_hold_s = 1.0;
 }
 
 void xc_pacer_reset(struct xc_pacer *s, double initial_rate)
 {
     s->mode = XC_PACER_FRESH;
     s->rate = initial_rate;
+    s->demand_hold = 0.0;
+}
+
+#define XC_METER_MAX_GAP_NS 5000000000ull  /* a longer silence is a gap: start again from the sample */
+
+void xc_meter_reset(struct xc_meter *m)
+{
+    m->primed = 0;
+    m->integral_s = 0.0;
+    m->ts_ns = 0;
+    m->last = NAN;
+}
+
+double xc_meter_update(struct xc_meter *m, double u_sm, int has_integral, double integral_s,
+                       unsigned long long ts_ns)
+{
+    if (!has_integral || !isfinite(integral_s)) {
+        m->primed = 0;
+        m->last = u_sm;
+        return u_sm;
+    }
+    double u = u_sm;
+    if (m->primed && ts_ns == m->ts_ns && integral_s == m->integral_s) {
+        u = m->last;  /* no new sample since the last period: the same mean */
+    } else if (m->primed && ts_ns > m->ts_ns && ts_ns - m->ts_ns <= XC_METER_MAX_GAP_NS &&
+               integral_s >= m->integral_s) {
+        u = (integral_s - m->integral_s) / ((double)(ts_ns - m->ts_ns) / 1e9);
+    }
+    m->primed = 1;
+    m->integral_s = integral_s;
+    m->ts_ns = ts_ns;
+    m->last = u;
+    return u;
 }
 
 void xc_pacer_step(const struct xc_pacer_params *p, struct xc_pacer *s, struct xc_pid *pid,
@@ -80,7 +114,14 @@ void xc_pacer_step(const struct xc_pacer_params *p, struct xc_pacer *s, struct x
     double e = target - u_gpu;
     double d = clamp(xc_pid_delta(pid, e, dt_s), -p->max_step_down, p->max_step_up);
     double demand = demand_rate > p->min_rate ? demand_rate : p->min_rate;
-    double cap = p->headroom * demand;
+    double hold = demand;
+    if (p->demand_hold_s > 0.0) {
+        double decayed = s->demand_hold * (dt_s > 0.0 && isfinite(dt_s) ? exp(-dt_s / p->demand_hold_s) : 1.0);
+        if (decayed > hold)
+            hold = decayed;
+    }
+    s->demand_hold = hold;
+    double cap = p->headroom * hold;
 
     switch (s->mode) {
     case XC_PACER_FRESH:

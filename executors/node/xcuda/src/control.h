@@ -6,7 +6,7 @@
  * Control variable: the GPU load U_GPU = U_SM * a_C. Actuator: the offline
  * process's kernel-launch rate. The PID works on ln(rate) in velocity form,
  * so the gains do not depend on how many kernels a job launches per second,
- * and the clamped rate is the only state (no integral wind-up).
+ * and the clamped rate is the only integrator (no integral wind-up).
  */
 #ifndef XCUDA_CONTROL_H
 #define XCUDA_CONTROL_H
@@ -37,15 +37,38 @@ struct xc_pacer_params {
     double headroom;       /* the limit never exceeds headroom * demand */
     double max_step_up;    /* per period, on ln(rate) */
     double max_step_down;
+    double demand_hold_s;  /* the demand the cap follows decays over this time constant, so a job that
+                              stops launching for a while (a synchronisation, data loading) keeps its rate */
 };
 
 struct xc_pacer {
     enum xc_pacer_mode mode;
     double rate;           /* launches/s allowed (OPEN: the cap it would have) */
+    double demand_hold;    /* the recent peak of the demand, decaying over demand_hold_s */
 };
 
 void xc_pacer_params_default(struct xc_pacer_params *p, double min_rate);
 void xc_pacer_reset(struct xc_pacer *s, double initial_rate);
+
+/*
+ * The U_SM a control period acts on. The node agent publishes, beside its latest
+ * sample, the running integral of U_SM over time; the mean since the previous
+ * period's read is what the GPU did in the period (the latest sample alone sees
+ * only its own window: with the agent sampling every 10 ms and the controller
+ * granting launches every 20 ms, it would alias with the job's bursts and
+ * settle away from the target). Without the integral (an older agent), after a
+ * gap or when the record went back in time, the latest sample is used.
+ */
+struct xc_meter {
+    int primed;
+    double integral_s;
+    unsigned long long ts_ns;
+    double last;
+};
+
+void xc_meter_reset(struct xc_meter *m);
+double xc_meter_update(struct xc_meter *m, double u_sm, int has_integral, double integral_s,
+                       unsigned long long ts_ns);
 
 /*
  * One control period: U_GPU measured, the target, the launch demand seen in

@@ -35,6 +35,7 @@ struct controller {
     struct xc_pacer_params params;
     struct xc_pacer pacer;
     struct xc_pid pid;
+    struct xc_meter meter;
     enum ctl_mode mode;
     int warned_fallback;
     int was_open;
@@ -103,13 +104,16 @@ static void tick(struct controller *c, uint64_t now)
                    "GPU record %s in use: closed-loop pacing of kernel launches", c->reader.path);
             xc_pacer_reset(&c->pacer, cfg->fallback_rate);
             xc_pid_init(&c->pid, cfg->kp, cfg->ki, cfg->kd);
+            xc_meter_reset(&c->meter);
             c->mode = MODE_CONTROL;
         }
+        double u_sm = xc_meter_update(&c->meter, s.u_sm, (s.flags & XCUDA_SHM_FLAG_INTEGRAL) != 0,
+                                      s.u_sm_integral_s, s.timestamp_ns);
         double target = s.target_util > 0.0 ? s.target_util : cfg->target_util;
         double a_c = xc_clock_factor(s.sm_clock_mhz, s.clock_threshold_mhz, s.clock_max_mhz, cfg->a_l, cfg->a_h);
-        double u_gpu = xc_gpu_load(s.u_sm, a_c);
+        double u_gpu = xc_gpu_load(u_sm, a_c);
         xc_pacer_step(&c->params, &c->pacer, &c->pid, u_gpu, target, demand, dt);
-        xc_log(XC_LOG_DEBUG, "U_SM %.3f a_C %.3f U_GPU %.3f target %.3f demand %.0f/s -> %s %.0f/s", s.u_sm, a_c,
+        xc_log(XC_LOG_DEBUG, "U_SM %.3f a_C %.3f U_GPU %.3f target %.3f demand %.0f/s -> %s %.0f/s", u_sm, a_c,
                u_gpu, target, demand, c->pacer.mode == XC_PACER_OPEN ? "open" : "paced", c->pacer.rate);
         grant(c, c->pacer.mode == XC_PACER_OPEN, c->pacer.rate, dt, taken);
         return;

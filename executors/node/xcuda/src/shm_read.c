@@ -64,6 +64,8 @@ enum xc_shm_status xc_shm_decode(const unsigned char *buf, size_t len, struct xc
         !fraction_ok(rec.target_util, 2.0) || !fraction_ok(rec.sm_occupancy, 1.0) ||
         !fraction_ok(rec.gpu_util, 1.0))
         return XC_SHM_BAD_VALUES;
+    if ((rec.flags & XCUDA_SHM_FLAG_INTEGRAL) && !fraction_ok(rec.u_sm_integral_s, 1e15))
+        return XC_SHM_BAD_VALUES;
     *out = rec;
     return XC_SHM_OK;
 }

@@ -12,7 +12,7 @@
  *    24    8 u64   checksum         FNV-1a 64 of bytes 32..127
  *    32    8 u64   timestamp_ns     CLOCK_MONOTONIC time of the sample
  *    40    4 u32   gpu_index
- *    44    4 u32   flags            reserved, 0
+ *    44    4 u32   flags            bit 0: u_sm_integral_s is published; other bits 0
  *    48    8 f64   u_sm             SM activity U_SM, fraction [0, 1]
  *    56    8 f64   sm_clock_mhz     current SM clock C_SM
  *    64    8 f64   clock_threshold_mhz  T_SM (0: no clock information)
@@ -21,8 +21,12 @@
  *    88    8 f64   sm_occupancy     informational
  *    96    8 f64   gpu_util         informational
  *   104    8 u64   mem_used_bytes   informational
- *   112   16       reserved, 0
+ *   112    8 f64   u_sm_integral_s  running integral of U_SM over time (seconds of full SM
+ *                                   activity since the writer started), with flag bit 0
+ *   120    8       reserved, 0
  *
+ * The integral is an addition within version 1: older writers leave it 0 and
+ * the flag clear, and older readers never looked at it.
  * Writer: seq += 1 (odd); write bytes 32..127; write checksum; seq += 1.
  * Reader: read the record; accept it only if seq is even, unchanged when read
  * again afterwards, and the checksum matches. The checksum also catches the
@@ -56,14 +60,18 @@ struct xcuda_shm_record {
     double sm_occupancy;
     double gpu_util;
     uint64_t mem_used_bytes;
-    uint8_t reserved[16];
+    double u_sm_integral_s;
+    uint8_t reserved[8];
 };
+
+#define XCUDA_SHM_FLAG_INTEGRAL 1u
 
 _Static_assert(sizeof(struct xcuda_shm_record) == XCUDA_SHM_SIZE, "record is 128 bytes");
 _Static_assert(offsetof(struct xcuda_shm_record, seq) == 16, "layout");
 _Static_assert(offsetof(struct xcuda_shm_record, timestamp_ns) == XCUDA_SHM_PAYLOAD_OFFSET, "layout");
 _Static_assert(offsetof(struct xcuda_shm_record, u_sm) == 48, "layout");
 _Static_assert(offsetof(struct xcuda_shm_record, mem_used_bytes) == 104, "layout");
+_Static_assert(offsetof(struct xcuda_shm_record, u_sm_integral_s) == 112, "layout");
 _Static_assert(__BYTE_ORDER__ == __ORDER_LITTLE_ENDIAN__, "the record is little-endian");
 
 #endif

@@ -27,7 +27,7 @@ int main(int argc, char **argv)
         FIELD(magic); FIELD(version); FIELD(record_size); FIELD(seq); FIELD(checksum); FIELD(timestamp_ns);
         FIELD(gpu_index); FIELD(flags); FIELD(u_sm); FIELD(sm_clock_mhz); FIELD(clock_threshold_mhz);
         FIELD(clock_max_mhz); FIELD(target_util); FIELD(sm_occupancy); FIELD(gpu_util); FIELD(mem_used_bytes);
-        FIELD(reserved);
+        FIELD(u_sm_integral_s); FIELD(reserved);
         printf("}}\n");
         return 0;
     }
@@ -46,10 +46,11 @@ int main(int argc, char **argv)
     enum xc_shm_status st = xc_shm_read(&r, now, stale_ms * 1000000ull, &s);
     printf("{\"status\": \"%s\", \"seq\": %llu, \"timestamp_ns\": %llu, \"gpu_index\": %u, \"flags\": %u, "
            "\"u_sm\": %.17g, \"sm_clock_mhz\": %.17g, \"clock_threshold_mhz\": %.17g, \"clock_max_mhz\": %.17g, "
-           "\"target_util\": %.17g, \"sm_occupancy\": %.17g, \"gpu_util\": %.17g, \"mem_used_bytes\": %llu}\n",
+           "\"target_util\": %.17g, \"sm_occupancy\": %.17g, \"gpu_util\": %.17g, \"mem_used_bytes\": %llu, "
+           "\"u_sm_integral_s\": %.17g}\n",
            xc_shm_status_name(st), (unsigned long long)s.seq, (unsigned long long)s.timestamp_ns, s.gpu_index,
            s.flags, s.u_sm, s.sm_clock_mhz, s.clock_threshold_mhz, s.clock_max_mhz, s.target_util, s.sm_occupancy,
-           s.gpu_util, (unsigned long long)s.mem_used_bytes);
+           s.gpu_util, (unsigned long long)s.mem_used_bytes, s.u_sm_integral_s);
     xc_shm_reader_close(&r);
     return 0;
 }

@@ -104,7 +104,61 @@ static void test_pacer(void)
     double before = s.rate;
     xc_pacer_step(&p, &s, &pid, 0.1, 0.9, before, 0.02);
     NEAR(s.rate, 2.0 * before);
-    CHECK(s.mode == XC_PACER_OPEN, "the limit reached 2x demand with room: open (mode %d)", s.mode);
+    CHECK(s.mode == XC_PACER_CLOSED, "still under the cap of the demand's recent peak (100/s): closed");
+    /* It keeps doubling until it reaches 2x the (decaying) peak, then opens. */
+    int periods = 0;
+    while (s.mode == XC_PACER_CLOSED && periods < 10) {
+        before = s.rate;
+        xc_pacer_step(&p, &s, &pid, 0.1, 0.9, before, 0.02);
+        CHECK(s.rate <= 2.0 * before * (1 + 1e-12), "grew more than x2: %g -> %g", before, s.rate);
+        periods++;
+    }
+    CHECK(s.mode == XC_PACER_OPEN, "the limit reached 2x the held demand with room: open (mode %d)", s.mode);
+    NEAR(s.rate, 2.0 * s.demand_hold);
+    CHECK(periods == 3, "opened after %d more periods, expected 3 (13.5 -> 27 -> 54 -> 108 -> cap ~188)", periods);
+}
+
+static void test_meter(void)
+{
+    struct xc_meter m;
+    xc_meter_reset(&m);
+    /* No integral published: the latest sample. */
+    NEAR(xc_meter_update(&m, 0.7, 0, 0.0, 1000000000ull), 0.7);
+    /* The first record with one: its sample (nothing to difference yet). */
+    NEAR(xc_meter_update(&m, 0.2, 1, 5.0, 1000000000ull), 0.2);
+    /* 20 ms later the integral rose by 0.01 s: the period's mean is 0.5, whatever the latest sample says. */
+    NEAR(xc_meter_update(&m, 0.9, 1, 5.01, 1020000000ull), 0.5);
+    /* The record did not move since: the same mean. */
+    NEAR(xc_meter_update(&m, 0.9, 1, 5.01, 1020000000ull), 0.5);
+    /* Gone back in time (the agent restarted): the sample. */
+    NEAR(xc_meter_update(&m, 0.3, 1, 0.0, 500000000ull), 0.3);
+    NEAR(xc_meter_update(&m, 0.3, 1, 0.004, 510000000ull), 0.4);
+    /* A silence over 5 s is a gap: the sample, then means again. */
+    NEAR(xc_meter_update(&m, 0.6, 1, 1.0, 6510000001ull), 0.6);
+    NEAR(xc_meter_update(&m, 0.6, 1, 1.01, 6530000001ull), 0.5);
+    /* An integral that went down: the sample. */
+    NEAR(xc_meter_update(&m, 0.1, 1, 0.5, 6550000001ull), 0.1);
+}
+
+static void test_demand_hold(void)
+{
+    struct xc_pacer_params p;
+    xc_pacer_params_default(&p, 10.0);
+    struct xc_pacer s;
+    struct xc_pid pid;
+    xc_pacer_reset(&s, 5000.0);
+    xc_pid_init(&pid, 0.0, 0.0, 0.0);  /* no change from the PID: only the cap moves the rate */
+    xc_pacer_step(&p, &s, &pid, 1.0, 0.5, 5000.0, 0.02);
+    CHECK(s.mode == XC_PACER_CLOSED, "overload closes");
+    NEAR(s.rate, 5000.0);
+    /* The job stops launching (a synchronisation): the cap follows the decaying peak, not the idle period. */
+    xc_pacer_step(&p, &s, &pid, 1.0, 0.5, 0.0, 0.02);
+    NEAR(s.demand_hold, 5000.0 * exp(-0.02));
+    NEAR(s.rate, 5000.0);
+    /* Without the hold, one idle period collapses the rate to 2x the floor. */
+    p.demand_hold_s = 0.0;
+    xc_pacer_step(&p, &s, &pid, 1.0, 0.5, 0.0, 0.02);
+    NEAR(s.rate, 20.0);
 }
 
 /* Closed loop against a toy GPU: the online service alone keeps U_SM at
@@ -304,6 +358,8 @@ int main(int argc, char **argv)
     test_clock_factor();
     test_pid();
     test_pacer();
+    test_meter();
+    test_demand_hold();
     test_closed_loop();
     if (argc == 2)
         check_vectors(argv[1]);

@@ -8,6 +8,7 @@ import struct
 import subprocess
 import threading
 import time
+from dataclasses import replace
 from pathlib import Path
 
 import pytest
@@ -16,6 +17,7 @@ from hypothesis import strategies as st
 
 from executors.node.xcuda.build import Artifacts
 from executors.node.xcuda.shm import (
+    FLAG_INTEGRAL,
     LAYOUT,
     MAGIC,
     RECORD_SIZE,
@@ -56,6 +58,25 @@ def test_what_python_writes_c_reads(xcuda, tmp_path) -> None:
         assert got[field] == getattr(SAMPLE, field), field
     assert abs(got["timestamp_ns"] - time.monotonic_ns()) < 30e9  # the same clock on both sides
     assert path.stat().st_mode & 0o777 == 0o644
+    assert got["flags"] == FLAG_INTEGRAL and got["u_sm_integral_s"] == 0.0  # nothing to integrate yet
+
+
+def test_the_writer_publishes_the_integral_of_u_sm_over_time(xcuda, tmp_path) -> None:
+    path = tmp_path / "rec"
+    t0 = time.monotonic_ns()
+    with ShmWriter(path) as w:
+        w.write(replace(SAMPLE, u_sm=0.9), t0)
+        w.write(replace(SAMPLE, u_sm=0.5), t0 + 10_000_000)          # 10 ms at 0.5
+        w.write(replace(SAMPLE, u_sm=0.2), t0 + 30_000_000)          # 20 ms at 0.2
+        assert decode(path.read_bytes()).sample.u_sm_integral_s == pytest.approx(0.005 + 0.004)
+        w.write(replace(SAMPLE, u_sm=1.0), t0 + 2_030_000_000)       # after a 2 s silence: adds nothing
+        w.write(replace(SAMPLE, u_sm=float("nan")), t0 + 2_040_000_000)  # a NaN sample adds nothing
+        w.write(replace(SAMPLE, u_sm=0.4), t0 + 2_050_000_000)
+    rec = decode(path.read_bytes())
+    assert rec.sample.flags & FLAG_INTEGRAL
+    assert rec.sample.u_sm_integral_s == pytest.approx(0.009 + 0.004)
+    got = _dump(xcuda, path, stale_ms=10**7)   # what xCUDA's reader sees
+    assert got["u_sm_integral_s"] == pytest.approx(0.013) and got["flags"] == FLAG_INTEGRAL
 
 
 @pytest.mark.parametrize(
@@ -135,7 +156,7 @@ def test_a_writer_resumes_after_one_that_died_mid_update(tmp_path) -> None:
     path.write_bytes(encode(SAMPLE, 0, 1)[:16] + struct.pack("<Q", 9) + encode(SAMPLE, 0, 1)[24:])
     with ShmWriter(path) as w:
         assert w.write(SAMPLE) % 2 == 0
-    assert decode(path.read_bytes()).sample == SAMPLE
+    assert decode(path.read_bytes()).sample == replace(SAMPLE, flags=FLAG_INTEGRAL)
 
 
 def test_default_path() -> None:

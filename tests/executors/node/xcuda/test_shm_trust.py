@@ -15,12 +15,21 @@ import os
 import stat
 import subprocess
 import time
+from dataclasses import replace
 from pathlib import Path
 
 import pytest
 
 from executors.node.xcuda.build import Artifacts
-from executors.node.xcuda.shm import GpuSample, RecordPathError, ShmWriter, check_record_dir, decode, encode
+from executors.node.xcuda.shm import (
+    FLAG_INTEGRAL,
+    GpuSample,
+    RecordPathError,
+    ShmWriter,
+    check_record_dir,
+    decode,
+    encode,
+)
 
 SAMPLE = GpuSample(u_sm=0.42, sm_clock_mhz=1215.0, clock_threshold_mhz=1290.0, clock_max_mhz=1590.0)
 FORGED = GpuSample(u_sm=0.0, sm_clock_mhz=1590.0, clock_threshold_mhz=1290.0, clock_max_mhz=1590.0)
@@ -55,9 +64,10 @@ def test_attack_a_record_planted_by_another_user_is_replaced_not_written_into(sh
             w.write(SAMPLE)
             st = path.stat()
             assert (st.st_uid, stat.S_IMODE(st.st_mode)) == (os.geteuid(), 0o644)
-            assert decode(path.read_bytes()).sample == SAMPLE
+            mine = decode(path.read_bytes()).sample
+            assert mine == replace(SAMPLE, flags=FLAG_INTEGRAL)
             os.pwrite(planted, encode(FORGED, 0, time.monotonic_ns()), 0)  # reaches his own file only
-            assert decode(path.read_bytes()).sample == SAMPLE
+            assert decode(path.read_bytes()).sample == mine
     finally:
         os.close(planted)
 
