@@ -113,8 +113,14 @@ static void tick(struct controller *c, uint64_t now)
         double a_c = xc_clock_factor(s.sm_clock_mhz, s.clock_threshold_mhz, s.clock_max_mhz, cfg->a_l, cfg->a_h);
         double u_gpu = xc_gpu_load(u_sm, a_c);
         xc_pacer_step(&c->params, &c->pacer, &c->pid, u_gpu, target, demand, dt);
-        xc_log(XC_LOG_DEBUG, "U_SM %.3f a_C %.3f U_GPU %.3f target %.3f demand %.0f/s -> %s %.0f/s", u_sm, a_c,
-               u_gpu, target, demand, c->pacer.mode == XC_PACER_OPEN ? "open" : "paced", c->pacer.rate);
+        /* One line per period at debug level, every input and output at full precision: the controller's trace,
+         * replayed through the Python mirror by executors.node.xcuda.trace (docs/GPU.md). */
+        xc_log(XC_LOG_DEBUG,
+               "pace ts=%llu flags=%u u_sm=%.17g integral=%.17g c_sm=%.17g t_sm=%.17g c_h=%.17g target=%.17g "
+               "demand=%.17g dt=%.17g u=%.17g u_gpu=%.17g mode=%d rate=%.17g",
+               (unsigned long long)s.timestamp_ns, (unsigned)s.flags, s.u_sm, s.u_sm_integral_s, s.sm_clock_mhz,
+               s.clock_threshold_mhz, s.clock_max_mhz, target, demand, dt, u_sm, u_gpu, (int)c->pacer.mode,
+               c->pacer.rate);
         grant(c, c->pacer.mode == XC_PACER_OPEN, c->pacer.rate, dt, taken);
         return;
     }
