@@ -7,7 +7,7 @@ catalog per *calibration* and GPU type:
 - ``transfer`` (the default): the transferable model (:mod:`scheduler_core.interference.transfer`)
   fitted on every measured type, applied to each job's profile on the GPU type in question —
   measured profiles where the type was measured, profiles synthesized from the measured type
-  nearest in speed otherwise (T4, A10, A100, H100 until a site measures them);
+  nearest in speed otherwise (T4, L4, A10, L40S, A100, H100, H200 until a site measures them);
 - ``pessimistic`` and ``optimistic``: ``transfer`` moved to the low and the high end of its 80 %
   prediction interval (every σ·π × e^hi or × e^lo), the interval built from the residuals on measured
   types the model was not fitted on — for a measured type the measured-profile interval, for one

@@ -14,6 +14,7 @@ from pathlib import Path
 
 import pytest
 
+from executors.node.gpu_type import resolve_gpu_type
 from executors.node.sampler import nvml_available
 
 REPO = Path(__file__).resolve().parents[2]
@@ -62,8 +63,8 @@ def test_solo_profile_on_the_gpu_is_measured_with_nvml(tmp_path) -> None:
     job.write_text(f"#!/bin/sh\ncd {REPO}\nexec {shlex.quote(sys.executable)} -m executors.job.workloads.train "
                    f"--family cnn --size gpu --device cuda --ckpt {tmp_path}/ckpt --steps 100000\n")
     job.chmod(0o755)
-    rep = run_probe(tmp_path / "run", [str(job)], job_type="ResNet-18 (batch size 64)", gpu_type="h100",
-                    metrics="nvml", iterations=20, seconds=60, warmup=3, deadline_s=300, interval_s=0.02)
+    rep = run_probe(tmp_path / "run", [str(job)], job_type="ResNet-18 (batch size 64)",
+                    gpu_type=resolve_gpu_type("auto"), metrics="nvml", iterations=20, seconds=60, warmup=3, deadline_s=300, interval_s=0.02)
     out = classify(rep, bound_s=600)
     assert out.ok, out.reason
     assert (out.source, out.method) == ("measured", "nvml")
@@ -78,8 +79,8 @@ def test_colocation_harness_on_the_gpu(tmp_path) -> None:
     """The SM sweep on one GPU: under MPS a larger share gives the job more throughput."""
     from executors.node.profiling.colocate import Harness
 
-    h = Harness(tmp_path, gpu_type="h100", service_family="cnn", qps=200, job_family="cnn", size="gpu",
-                window_s=10, metrics="nvml")
+    h = Harness(tmp_path, gpu_type=resolve_gpu_type("auto"), service_family="cnn", qps=200, job_family="cnn",
+                size="gpu", window_s=6, baseline_window_s=4, metrics="nvml")
     rep = h.run([20, 80])
     assert rep["method"] in ("mps", "no-mps") and "error" not in rep, rep.get("error")
     assert rep["solo_service"]["metrics"]["source"] == "measured"

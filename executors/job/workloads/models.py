@@ -1,12 +1,16 @@
-"""The reference models: a ResNet-style CNN, a transformer encoder and an embedding-heavy recommender.
+"""The reference models: ResNet-18 and ResNet-50, a transformer encoder and an embedding-heavy recommender.
 
 Defined here with random weights (nothing is downloaded). Each family comes in
 sizes: ``tiny`` for CPU tests (milliseconds per step), ``small`` for CPU demos,
-``gpu`` at the scale of the workloads the paper co-locates (ResNet-18 at
-224×224, a 6-layer BERT-base-width encoder, a DLRM-style model with 26 large
-embedding tables). Inputs are synthetic and deterministic: a pool of batches
-drawn once from a seeded generator on the target device (so generating data
-never dominates a GPU iteration) and cycled by step.
+``gpu`` at the scale of the workloads the paper co-locates (torchvision's
+ResNet-18 and ResNet-50 at 224×224, a 6-layer BERT-base-width encoder, a
+DLRM-style model with 26 large embedding tables); ``tiny`` and ``small`` keep
+each architecture's shape rules at a smaller width, depth and input.
+docs/WORKLOADS.md lists every size's parameters and FLOPs
+(``python -m executors.job.workloads.sizes``). Inputs are synthetic and
+deterministic: a pool of batches drawn once from a seeded generator on the
+target device (so generating data never dominates a GPU iteration) and cycled
+by step.
 """
 
 from __future__ import annotations
@@ -16,13 +20,19 @@ from dataclasses import dataclass
 import torch
 from torch import nn
 
+# Families that are both an online service (scheduler_core.workloads.ONLINE_FAMILIES has each) and an
+# offline job: what `serve` runs and what co-location sampling pairs. ``cnn`` is ResNet-18.
 FAMILIES = ("cnn", "transformer", "recommender")
+SERVICE_FAMILIES = FAMILIES
+# Every offline job family `train` runs: the above and ResNet-50 (offline only: no online family stands for it).
+JOB_FAMILIES = ("cnn", "resnet50", "transformer", "recommender")
 SIZES = ("tiny", "small", "gpu")
 
 
 @dataclass(frozen=True)
 class CnnSize:
-    width: int
+    block: str  # "basic" (ResNet-18) | "bottleneck" (ResNet-50)
+    width: int  # the stem's channels; stage i has width * 2**i planes (× 4 out of a bottleneck)
     blocks: tuple[int, int, int, int]
     image: int
     classes: int
@@ -64,9 +74,15 @@ class WorkloadSize:
 _SIZES: dict[tuple[str, str], WorkloadSize] = {
     (w.family, w.size): w
     for w in (
-        WorkloadSize("cnn", "tiny", CnnSize(8, (1, 1, 1, 1), 32, 10), 8, "ResNet-18 (batch size 16)"),
-        WorkloadSize("cnn", "small", CnnSize(16, (2, 2, 2, 2), 64, 100), 16, "ResNet-18 (batch size 16)"),
-        WorkloadSize("cnn", "gpu", CnnSize(64, (2, 2, 2, 2), 224, 1000), 64, "ResNet-18 (batch size 64)"),
+        WorkloadSize("cnn", "tiny", CnnSize("basic", 8, (1, 1, 1, 1), 32, 10), 8, "ResNet-18 (batch size 16)"),
+        WorkloadSize("cnn", "small", CnnSize("basic", 16, (2, 2, 2, 2), 64, 100), 16, "ResNet-18 (batch size 16)"),
+        WorkloadSize("cnn", "gpu", CnnSize("basic", 64, (2, 2, 2, 2), 224, 1000), 64, "ResNet-18 (batch size 64)"),
+        WorkloadSize("resnet50", "tiny", CnnSize("bottleneck", 8, (1, 1, 1, 1), 32, 10), 8,
+                     "ResNet-50 (batch size 16)"),
+        WorkloadSize("resnet50", "small", CnnSize("bottleneck", 16, (3, 4, 6, 3), 64, 100), 16,
+                     "ResNet-50 (batch size 16)"),
+        WorkloadSize("resnet50", "gpu", CnnSize("bottleneck", 64, (3, 4, 6, 3), 224, 1000), 64,
+                     "ResNet-50 (batch size 64)"),
         WorkloadSize("transformer", "tiny", TransformerSize(1000, 32, 2, 2, 64, 32, 8), 8,
                      "Transformer (batch size 16)"),
         WorkloadSize("transformer", "small", TransformerSize(8000, 128, 4, 2, 256, 64, 8), 16,
@@ -87,50 +103,120 @@ def workload_size(family: str, size: str) -> WorkloadSize:
     try:
         return _SIZES[(family, size)]
     except KeyError:
-        raise ValueError(f"unknown workload {family!r}/{size!r} (families: {', '.join(FAMILIES)}; "
+        raise ValueError(f"unknown workload {family!r}/{size!r} (families: {', '.join(JOB_FAMILIES)}; "
                          f"sizes: {', '.join(SIZES)})") from None
 
 
 def reference_job_types() -> dict[tuple[str, str], str]:
+    """(family, size) → the catalog job type, for every job family."""
     return {k: w.job_type for k, w in _SIZES.items()}
 
 
 # -- CNN -----------------------------------------------------------------------------------------
+# torchvision's ResNet (torchvision/models/resnet.py, He et al. 2016, "v1.5": the stride of a
+# bottleneck's downsampling block on its 3x3 conv), module for module: the same attribute names
+# (conv1, bn1, layer1..layer4, fc; a block's downsample) and initialisation, so a state_dict has
+# torchvision's keys and shapes. ``width`` is the stem's channels (64 in ResNet-18/50); the scaled
+# sizes shrink it, the depth and the image, and keep every shape rule.
+
+def conv3x3(cin: int, cout: int, stride: int = 1) -> nn.Conv2d:
+    return nn.Conv2d(cin, cout, kernel_size=3, stride=stride, padding=1, bias=False)
+
+
+def conv1x1(cin: int, cout: int, stride: int = 1) -> nn.Conv2d:
+    return nn.Conv2d(cin, cout, kernel_size=1, stride=stride, bias=False)
+
 
 class BasicBlock(nn.Module):
-    def __init__(self, cin: int, cout: int, stride: int):
+    """Two 3x3 convolutions (ResNet-18/34)."""
+
+    expansion = 1
+
+    def __init__(self, inplanes: int, planes: int, stride: int = 1, downsample: nn.Module | None = None):
         super().__init__()
-        self.conv1 = nn.Conv2d(cin, cout, 3, stride, 1, bias=False)
-        self.bn1 = nn.BatchNorm2d(cout)
-        self.conv2 = nn.Conv2d(cout, cout, 3, 1, 1, bias=False)
-        self.bn2 = nn.BatchNorm2d(cout)
-        self.short = (nn.Sequential(nn.Conv2d(cin, cout, 1, stride, bias=False), nn.BatchNorm2d(cout))
-                      if stride != 1 or cin != cout else nn.Identity())
+        self.conv1 = conv3x3(inplanes, planes, stride)
+        self.bn1 = nn.BatchNorm2d(planes)
+        self.relu = nn.ReLU(inplace=True)
+        self.conv2 = conv3x3(planes, planes)
+        self.bn2 = nn.BatchNorm2d(planes)
+        self.downsample = downsample
+        self.stride = stride
 
     def forward(self, x: torch.Tensor) -> torch.Tensor:
-        y = torch.relu(self.bn1(self.conv1(x)))
-        return torch.relu(self.bn2(self.conv2(y)) + self.short(x))
+        identity = x if self.downsample is None else self.downsample(x)
+        out = self.relu(self.bn1(self.conv1(x)))
+        out = self.bn2(self.conv2(out))
+        return self.relu(out + identity)
 
 
-class ResNetStyle(nn.Module):
-    """ResNet-18's shape (He et al.) at a chosen width and depth: stem, four stages, pool, classifier."""
+class Bottleneck(nn.Module):
+    """1x1 reduce, 3x3 (carrying the stride), 1x1 expand by 4 (ResNet-50/101/152)."""
+
+    expansion = 4
+
+    def __init__(self, inplanes: int, planes: int, stride: int = 1, downsample: nn.Module | None = None):
+        super().__init__()
+        self.conv1 = conv1x1(inplanes, planes)
+        self.bn1 = nn.BatchNorm2d(planes)
+        self.conv2 = conv3x3(planes, planes, stride)
+        self.bn2 = nn.BatchNorm2d(planes)
+        self.conv3 = conv1x1(planes, planes * self.expansion)
+        self.bn3 = nn.BatchNorm2d(planes * self.expansion)
+        self.relu = nn.ReLU(inplace=True)
+        self.downsample = downsample
+        self.stride = stride
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        identity = x if self.downsample is None else self.downsample(x)
+        out = self.relu(self.bn1(self.conv1(x)))
+        out = self.relu(self.bn2(self.conv2(out)))
+        out = self.bn3(self.conv3(out))
+        return self.relu(out + identity)
+
+
+BLOCKS: dict[str, type[BasicBlock] | type[Bottleneck]] = {"basic": BasicBlock, "bottleneck": Bottleneck}
+
+
+class ResNet(nn.Module):
+    """7x7 stride-2 stem, BN, ReLU, 3x3 stride-2 max-pool, four stages (stride 1, 2, 2, 2),
+    global average pool, a linear classifier."""
 
     def __init__(self, a: CnnSize):
         super().__init__()
-        self.stem = nn.Sequential(nn.Conv2d(3, a.width, 3, 1, 1, bias=False), nn.BatchNorm2d(a.width), nn.ReLU())
-        layers: list[nn.Module] = []
-        cin = a.width
-        for stage, n in enumerate(a.blocks):
-            cout = a.width * 2**stage
-            for b in range(n):
-                layers.append(BasicBlock(cin, cout, 2 if stage > 0 and b == 0 else 1))
-                cin = cout
-        self.stages = nn.Sequential(*layers)
-        self.head = nn.Linear(cin, a.classes)
+        block = BLOCKS[a.block]
+        self.inplanes = a.width
+        self.conv1 = nn.Conv2d(3, a.width, kernel_size=7, stride=2, padding=3, bias=False)
+        self.bn1 = nn.BatchNorm2d(a.width)
+        self.relu = nn.ReLU(inplace=True)
+        self.maxpool = nn.MaxPool2d(kernel_size=3, stride=2, padding=1)
+        self.layer1 = self._make_layer(block, a.width, a.blocks[0])
+        self.layer2 = self._make_layer(block, a.width * 2, a.blocks[1], stride=2)
+        self.layer3 = self._make_layer(block, a.width * 4, a.blocks[2], stride=2)
+        self.layer4 = self._make_layer(block, a.width * 8, a.blocks[3], stride=2)
+        self.avgpool = nn.AdaptiveAvgPool2d((1, 1))
+        self.fc = nn.Linear(a.width * 8 * block.expansion, a.classes)
+        for m in self.modules():
+            if isinstance(m, nn.Conv2d):
+                nn.init.kaiming_normal_(m.weight, mode="fan_out", nonlinearity="relu")
+            elif isinstance(m, nn.BatchNorm2d):
+                nn.init.constant_(m.weight, 1)
+                nn.init.constant_(m.bias, 0)
+
+    def _make_layer(self, block: type[BasicBlock] | type[Bottleneck], planes: int, blocks: int,
+                    stride: int = 1) -> nn.Sequential:
+        downsample = None
+        if stride != 1 or self.inplanes != planes * block.expansion:
+            downsample = nn.Sequential(conv1x1(self.inplanes, planes * block.expansion, stride),
+                                       nn.BatchNorm2d(planes * block.expansion))
+        layers: list[nn.Module] = [block(self.inplanes, planes, stride, downsample)]
+        self.inplanes = planes * block.expansion
+        layers.extend(block(self.inplanes, planes) for _ in range(1, blocks))
+        return nn.Sequential(*layers)
 
     def forward(self, x: torch.Tensor) -> torch.Tensor:
-        y = self.stages(self.stem(x))
-        return self.head(torch.flatten(nn.functional.adaptive_avg_pool2d(y, 1), 1))
+        x = self.maxpool(self.relu(self.bn1(self.conv1(x))))
+        x = self.layer4(self.layer3(self.layer2(self.layer1(x))))
+        return self.fc(torch.flatten(self.avgpool(x), 1))
 
 
 # -- transformer ------------------------------------------------------------------------------------
@@ -187,11 +273,11 @@ class Recommender(nn.Module):
 
 
 def build_model(w: WorkloadSize) -> nn.Module:
-    if w.family == "cnn":
-        return ResNetStyle(w.arch)  # type: ignore[arg-type]
-    if w.family == "transformer":
-        return EncoderClassifier(w.arch)  # type: ignore[arg-type]
-    return Recommender(w.arch)  # type: ignore[arg-type]
+    if isinstance(w.arch, CnnSize):
+        return ResNet(w.arch)
+    if isinstance(w.arch, TransformerSize):
+        return EncoderClassifier(w.arch)
+    return Recommender(w.arch)
 
 
 Batch = tuple[tuple[torch.Tensor, ...], torch.Tensor]  # (model inputs, labels)

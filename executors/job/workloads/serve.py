@@ -35,7 +35,14 @@ from executors.job.runtime.timing import write_json_atomic
 from executors.job.workloads.device import describe, resolve_device, set_threads, synchronize
 from executors.job.workloads.endpoint import Endpoint, ServeMetrics, TargetQps
 from executors.job.workloads.latency import REPORT_FORMAT, LatencyRecorder, arrival_stream, arrival_times, run_open_loop
-from executors.job.workloads.models import FAMILIES, SIZES, batch_pool, build_model, parameter_count, workload_size
+from executors.job.workloads.models import (
+    SERVICE_FAMILIES,
+    SIZES,
+    batch_pool,
+    build_model,
+    parameter_count,
+    workload_size,
+)
 
 log = logging.getLogger(__name__)
 STDOUT_MARKER = "MUXFLOW-LATENCY-REPORT "
@@ -54,6 +61,8 @@ def serve(family: str, size: str, qps: float | TargetQps, duration_s: float | No
     ``qps`` is a fixed rate or a :class:`TargetQps` that may change while serving;
     ``metrics`` receives every served batch; ``requests_out`` receives (arrival_unix, latency_s).
     """
+    if family not in SERVICE_FAMILIES:
+        raise ValueError(f"family: {family!r} is not an online service family ({', '.join(SERVICE_FAMILIES)})")
     w = workload_size(family, size)
     dev = resolve_device(device)
     set_threads(dev, threads)
@@ -102,7 +111,7 @@ def serve(family: str, size: str, qps: float | TargetQps, duration_s: float | No
 
 def main(argv: list[str] | None = None) -> int:
     ap = argparse.ArgumentParser(prog="python -m executors.job.workloads.serve", description=__doc__.split("\n")[0])
-    ap.add_argument("--family", choices=FAMILIES, required=True)
+    ap.add_argument("--family", choices=SERVICE_FAMILIES, required=True, help="cnn is ResNet-18 (docs/WORKLOADS.md)")
     ap.add_argument("--size", choices=SIZES, default="tiny")
     ap.add_argument("--qps", type=float, required=True)
     ap.add_argument("--duration", type=float, default=None,

@@ -23,7 +23,7 @@ import torch
 from executors.job.runtime import Runtime, restore_training
 from executors.job.runtime.timing import write_json_atomic
 from executors.job.workloads.device import describe, resolve_device, set_threads, synchronize
-from executors.job.workloads.models import FAMILIES, SIZES, batch_pool, build_model, loss_fn, workload_size
+from executors.job.workloads.models import JOB_FAMILIES, SIZES, batch_pool, build_model, loss_fn, workload_size
 
 log = logging.getLogger(__name__)
 POOL = 4  # distinct batches cycled through (data generation never dominates an iteration)
@@ -41,7 +41,12 @@ def train(family: str, size: str, ckpt: str, steps: int, *, seed: int = 0, every
     opt = torch.optim.SGD(model.parameters(), lr=lr, momentum=0.9)
     rt = runtime or Runtime(os.environ.get("MUXFLOW_CHECKPOINT_DIR") or ckpt, every_steps=every)
     step, state = rt.resume()
-    loss_v = restore_training(state, model, opt)
+    try:
+        loss_v = restore_training(state, model, opt)
+    except (RuntimeError, KeyError, ValueError, TypeError) as exc:  # another model's checkpoint (or not a training one)
+        first = str(exc).strip().splitlines()[0] if str(exc).strip() else type(exc).__name__
+        raise ValueError(f"checkpoint at step {step} is not a {family}/{size} training state ({first}); "
+                         "resume it with the model that wrote it, or start in an empty directory") from None
     pool = batch_pool(w, w.train_batch, POOL, seed + 1, dev)
     log.info("%s/%s on %s from step %d%s", family, size, describe(dev), step, " (profiling)" if rt.profiling else "")
     while step < steps:
@@ -66,7 +71,8 @@ def train(family: str, size: str, ckpt: str, steps: int, *, seed: int = 0, every
 
 def main(argv: list[str] | None = None) -> int:
     ap = argparse.ArgumentParser(prog="python -m executors.job.workloads.train", description=__doc__.split("\n")[0])
-    ap.add_argument("--family", choices=FAMILIES, required=True)
+    ap.add_argument("--family", choices=JOB_FAMILIES, required=True,
+                    help="cnn is ResNet-18, resnet50 ResNet-50 (docs/WORKLOADS.md)")
     ap.add_argument("--size", choices=SIZES, default="tiny")
     ap.add_argument("--ckpt", required=True, help="checkpoint directory ($MUXFLOW_CHECKPOINT_DIR wins)")
     ap.add_argument("--steps", type=int, required=True)

@@ -1,6 +1,6 @@
 """The solo-profiling wrapper that runs on a profile node, around a copy of the job's script.
 
-    python -m executors.node.profiling.probe --run-dir DIR --job-type T --gpu-type G [--mem-bytes B] \\
+    python -m executors.node.profiling.probe --run-dir DIR --job-type T --gpu-type G|auto [--mem-bytes B] \\
         [--metrics auto|nvml|simulated] [--iters 20] [--seconds 120] [--warmup 2] [--deadline 570] -- job.sh
 
 It starts the job in profiling mode (``MUXFLOW_PROFILE_*``: a dry run that
@@ -8,7 +8,8 @@ stops after N iterations or T seconds and writes ``DIR/iteration.json``),
 samples the GPU the job sees while it runs (:mod:`executors.node.profiling.metrics`),
 stops the job if it is still running at ``--deadline`` seconds, and writes
 ``DIR/probe.json``: the child's exit, the iteration report, the GPU metrics of
-the measured iterations' window and the end of the child's stderr. What the
+the measured iterations' window and the end of the child's stderr. ``--gpu-type auto``
+is the type of the node's first GPU by its NVML name (:mod:`executors.node.gpu_type`). What the
 profile becomes, or why profiling failed, is decided by the controller
 (:mod:`executors.scheduler.profiling.outcome`) from that file. SIGTERM (Slurm's time
 limit, a cancel) stops the job and still writes the file.
@@ -30,6 +31,7 @@ from typing import Any
 
 from executors.job.runtime.profiling import ProfilingMode
 from executors.job.runtime.timing import write_json_atomic
+from executors.node.gpu_type import resolve_gpu_type
 from executors.node.profiling.child import Child
 from executors.node.profiling.metrics import (
     MetricsUnavailable,
@@ -138,7 +140,7 @@ def main(argv: list[str] | None = None) -> int:
     ap = argparse.ArgumentParser(prog="python -m executors.node.profiling.probe")
     ap.add_argument("--run-dir", required=True)
     ap.add_argument("--job-type", required=True)
-    ap.add_argument("--gpu-type", required=True)
+    ap.add_argument("--gpu-type", required=True, help="a known GPU type, or auto: the type of NVML's GPU 0")
     ap.add_argument("--mem-bytes", type=float, default=None, help="the job's GPU memory need (the generic model's)")
     ap.add_argument("--metrics", choices=("auto", "nvml", "simulated"), default="auto")
     ap.add_argument("--iters", type=int, default=20)
@@ -153,12 +155,17 @@ def main(argv: list[str] | None = None) -> int:
     if not command:
         print("error: no command after --", file=sys.stderr)
         return 2
+    try:
+        gpu_type = resolve_gpu_type(a.gpu_type)
+    except ValueError as exc:
+        print(f"error: {exc}", file=sys.stderr)
+        return 2
     logging.basicConfig(level=logging.INFO, format="%(levelname)s %(name)s: %(message)s")
     stop: list[int] = []
     for sig in (signal.SIGTERM, signal.SIGINT):
         signal.signal(sig, lambda signum, _f: stop.append(signum))
     cwd = a.cwd if a.cwd and os.path.isdir(a.cwd) and os.access(a.cwd, os.X_OK) else None
-    rep = run_probe(Path(a.run_dir), command, job_type=a.job_type, gpu_type=a.gpu_type, metrics=a.metrics,
+    rep = run_probe(Path(a.run_dir), command, job_type=a.job_type, gpu_type=gpu_type, metrics=a.metrics,
                     iterations=a.iters, seconds=a.seconds, warmup=a.warmup, deadline_s=a.deadline, seed=a.seed,
                     interval_s=a.interval_ms / 1000.0, cwd=cwd, mem_bytes=a.mem_bytes, stop=lambda: bool(stop))
     it = rep.get("iteration_report") or {}

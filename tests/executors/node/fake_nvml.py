@@ -10,6 +10,8 @@ What it follows (NVML API reference, nvidia-ml-py):
   ``usedGpuMemory`` is None where the driver cannot tell (NVML_VALUE_NOT_AVAILABLE).
 - Everything else the sampler reads: utilization rates, memory info, clocks, power, temperature;
   GPM and event sets are not supported (their calls raise), as on pre-Hopper GPUs.
+- The identity ``executors.node.gpu_type`` reads: the device name, the driver version and the CUDA
+  version the driver supports (``nvmlSystemGetCudaDriverVersion``: 1000 × major + 10 × minor).
 """
 
 from __future__ import annotations
@@ -45,6 +47,7 @@ class FakeGpu:
     processes: list = field(default_factory=list)        # SimpleNamespace(pid, usedGpuMemory)
     samples: list = field(default_factory=list)          # SimpleNamespace(pid, timeStamp, smUtil, memUtil, …)
     per_process_supported: bool = True
+    name: str = "Tesla T4"
 
 
 class FakeNvml:
@@ -59,8 +62,9 @@ class FakeNvml:
     nvmlClocksEventReasonGpuIdle = 1
     nvmlEventTypeXidCriticalError = 8
 
-    def __init__(self, gpus: list[FakeGpu]):
+    def __init__(self, gpus: list[FakeGpu], driver: str = "fake", cuda_driver: int | None = 13000):
         self.gpus = gpus
+        self.driver, self.cuda_driver = driver, cuda_driver
         self.calls: dict[str, int] = {}
 
     def _count(self, name: str) -> None:
@@ -73,7 +77,15 @@ class FakeNvml:
         pass
 
     def nvmlSystemGetDriverVersion(self) -> str:  # noqa: N802
-        return "fake"
+        return self.driver
+
+    def nvmlSystemGetCudaDriverVersion(self) -> int:  # noqa: N802
+        if self.cuda_driver is None:
+            raise NVMLError_NotSupported()
+        return self.cuda_driver
+
+    def nvmlDeviceGetName(self, h: FakeGpu) -> str:  # noqa: N802
+        return h.name
 
     def nvmlDeviceGetCount(self) -> int:  # noqa: N802
         return len(self.gpus)
