@@ -12,8 +12,6 @@ from collections.abc import Callable
 from dataclasses import dataclass
 from typing import Protocol
 
-from executors.store.rounds import running_in_latest_dispatch
-
 log = logging.getLogger(__name__)
 
 
@@ -62,6 +60,9 @@ class SlurmEvictor:
 def store_jobs_on_gpu(store, with_slurm_id: bool = True) -> Callable[[int], list[tuple[int | None, int | None]]]:
     """RUNNING offline jobs placed on a GPU by the latest dispatched round, with their Slurm ids
     (only jobs that have one unless ``with_slurm_id`` is False)."""
+    # imported here: the evictors themselves run where no database library is installed
+    from executors.store.rounds import running_in_latest_dispatch
+
     def lookup(gpu_id: int) -> list[tuple[int | None, int | None]]:
         with store.session() as s:
             rows = running_in_latest_dispatch(s, [gpu_id])

@@ -27,9 +27,6 @@ from typing import Protocol
 
 from executors.slurm.models import RUNNING
 from executors.slurm.plan import placed_plan
-from executors.store import models as m
-from executors.store.profiling import profile_on
-from executors.store.rounds import running_in_latest_dispatch
 from scheduler_core.interference.gpu_model import offline_traits
 from scheduler_core.interference.pairs import WorkloadTraits
 
@@ -149,6 +146,9 @@ class JobInfoLoader:
     def __call__(self, job_id: int) -> JobInfo | None:
         if job_id in self._cache:
             return self._cache[job_id]
+        # the store's code is imported where a store is read: the agent's core runs without a database library
+        from executors.store import models as m
+        from executors.store.profiling import profile_on
 
         with self.store.session() as s:
             job = s.get(m.OfflineJob, job_id)
@@ -214,6 +214,8 @@ def slurm_reader(client_factory: Callable[[], object], node: str, jobs: Callable
 def store_reader(store, gpu_index_of: Mapping[int, int],
                  jobs: Callable[[int], JobInfo | None]) -> Callable[[], dict[int, tuple[OfflineOnGpu, ...]]]:
     """RUNNING jobs the latest dispatched round placed on this node's GPUs (``gpu_index_of``: store id → index)."""
+    from executors.store.rounds import running_in_latest_dispatch
+
     def read() -> dict[int, tuple[OfflineOnGpu, ...]]:
         with store.session() as s:
             rows = [(r.job_id, r.gpu_id, r.sm_pct, r.started_utc)

@@ -16,7 +16,7 @@ from dataclasses import dataclass
 from pathlib import Path
 
 from executors.data.calibration import default_catalog
-from executors.node.agent import AgentConfig, EvictionEvent, GpuBinding, NodeAgent, StoreSink
+from executors.node.agent import AgentConfig, EvictionEvent, GpuBinding, NodeAgent
 from executors.node.attribution import default_task_prolog
 from executors.node.detector import ErrorDetector, FakeMpsControl, MpsControl, SubprocessMpsControl
 from executors.node.evictor import CallbackEvictor, Evictor, SlurmEvictor, store_jobs_on_gpu
@@ -35,6 +35,7 @@ from executors.node.prolog_watch import PrologWatch, PrologWatchThread, slurm_jo
 from executors.node.sampler import GpuSampler, NvmlSampler, SimulatedSampler
 from executors.node.scrape import ReplicaScraper, Scrapers
 from executors.node.simgpu import Replica, SimulatedGpu
+from executors.node.store_sink import StoreSink
 from executors.node.xcuda.stats import StatsRefused, job_stats
 from executors.node.xcuda_check import Violation, XcudaCheck, XcudaWatch, read_procs, user_pids_of_jobs
 from executors.store import inventory

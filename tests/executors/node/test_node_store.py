@@ -126,7 +126,8 @@ def test_jobs_on_gpu_follow_the_latest_dispatched_round(cluster_store):
 
 
 def test_store_writer_batches_without_losing_good_events_to_a_bad_one(cluster_store):
-    from executors.node.agent import DeviceErrorEvent, StoreSink
+    from executors.node.agent import DeviceErrorEvent
+    from executors.node.store_sink import StoreSink
 
     store = cluster_store
     gid = node_gpus(store, "sim-a10-000")[0][0].id
