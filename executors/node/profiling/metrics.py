@@ -58,6 +58,7 @@ class WindowMetrics:
     sm_clock_mhz: float
     sm_clock_max_mhz: float
     notes: str = ""
+    sm_clock_min_mhz: float = math.nan   # the lowest SM clock read in the window (a clock that sagged or throttled)
 
     def as_dict(self) -> dict:
         return asdict(self)
@@ -179,13 +180,17 @@ class WindowRecorder:
         self._thread.join(timeout=5.0)
         self.sampler.close()
 
-    def window(self, start_unix: float | None, end_unix: float | None, note: str = "") -> WindowMetrics:
-        """Averages over [start, end] (all samples if the window is unknown or holds none)."""
+    def window(self, start_unix: float | None, end_unix: float | None, note: str = "",
+               strict: bool = False) -> WindowMetrics:
+        """Averages over [start, end] (all samples if the window is unknown or holds none, unless ``strict``:
+        then :class:`MetricsUnavailable`)."""
         t, data = self.ring.since(0)
         if start_unix is not None and end_unix is not None:
             inside = (t >= start_unix) & (t <= end_unix)
             if inside.any():
                 t, data = t[inside], data[inside]
+            elif strict:
+                raise MetricsUnavailable(f"no GPU sample inside the window ({end_unix - start_unix:.2f} s)")
             else:
                 note = (note + "; " if note else "") + "no sample inside the iteration window: whole run used"
         if len(t) == 0:
@@ -199,6 +204,7 @@ class WindowRecorder:
         mem = (float(np.nanmax(data[:, col("mem_used_bytes")])) if self.sampler.source == "measured"
                else r.mem_used_bytes)
         max_clock = data[:, col("sm_clock_max_mhz")]
+        clock = data[:, col("sm_clock_mhz")]
         occ_missing = bool(np.isnan(data[:, col("sm_occupancy_pct")]).all())
         if occ_missing:
             note = (note + "; " if note else "") + "no SM occupancy (no GPM on this GPU): stored as 0"
@@ -209,6 +215,7 @@ class WindowRecorder:
             sm_clock_mhz=r.sm_clock_mhz,
             sm_clock_max_mhz=float(np.nanmax(max_clock)) if not np.isnan(max_clock).all() else math.nan,
             notes=note,
+            sm_clock_min_mhz=float(np.nanmin(clock)) if not np.isnan(clock).all() else math.nan,
         )
 
 

@@ -178,6 +178,9 @@ class ColocationSampler:
                 "--gpu-type", q(run.gpu_type), "--service", run.service_family, "--qps", repr(run.qps),
                 "--job", run.job_family, "--size", st.size, "--sm", ",".join(str(p) for p in run.sm_pcts),
                 "--window", repr(st.window_s), "--metrics", st.metrics, "--mps", st.mps,
+                # One repetition per point, as SamplingCost plans the GPU time (each still between baselines taken
+                # before and after it); repeated sweeps with their spread are make gpu-check's calibration part.
+                "--repeat", "1",
                 "--seed", str(self.seed * 1_000_003 + run.id), "--service-mem", repr(mem_bytes)]
         return (f"#!/bin/sh\n# MuxFlow co-location sampling run {run.id}: {run.service_name} ({run.service_family}) "
                 f"at {run.qps:g} QPS with {run.job_type} on {run.gpu_type} (docs/PROFILING.md)\n"
