@@ -11,11 +11,22 @@ The format (``muxflow.colocation/1``, docs/CALIBRATION.md) is one JSON document:
                "gpu_util_pct": 97, "sm_activity_pct": 81, "sm_occupancy_pct": 35,
                "mem_bw_util_pct": 40, "mem_used_bytes": 4200000000}],  # counters optional
      "pairs": [{"gpu_type": "v100", "job_type": "A", "partner": "B",
-                "norm_tput": 0.61, "partner_norm_tput": 0.55}]}       # the last optional
+                "norm_tput": 0.61, "partner_norm_tput": 0.55}],       # the last optional
+     "service_points": [{"gpu_type": "v100", "service": "cnn", "qps": 200, "job_type": "A", "sm_pct": 20,
+                         "norm_tput": 0.26, "slowdown_avg": 1.29, "slowdown_p99": 2.56,
+                         "usable": true, "window_s": 10, "repetitions": 1, "baseline": "before"}],  # optional
+     "caveats": ["..."]}                                                # optional
 
 ``norm_tput`` is the job's steps/s while sharing the GPU with ``partner`` over its solo steps/s on
 the same GPU type with the same method. The reader also takes Gavel's published layout (the
 bundled K80/P100 file). A bad field is one ``MeasurementError`` line naming the file and field.
+
+``service_points`` are a different kind of measurement: an online service at a request rate and an
+offline job at an MPS SM share on one GPU (the co-location harness, paper §7.1; converted by
+:mod:`executors.data.harness_reports`), each with its caveats and a verdict (``usable``, else
+``reasons``). They are carried for comparison with the simulated GPU (``ServicePoint``); the
+interference model is fitted on ``pairs`` only, and a GPU type described for its service points
+alone (no solo run, no pair) is not a type of that model.
 
 Where the chain's measurements come from: the bundled Gavel file, then every file named in the
 ``MUXFLOW_MEASUREMENTS`` environment variable (``os.pathsep``-separated); a later file's GPU type
@@ -53,6 +64,15 @@ GAVEL_META = {
 }
 
 
+SERVICE_POINT_LIMITS = {  # optional numbers of a service point: (low, high, low end open)
+    "slowdown_p99": (0.0, 1e3, True), "window_s": (0.0, 1e6, True), "noise": (0.0, 10.0, False),
+    "service_solo_gpu_util_pct": (0.0, 100.0, False), "service_busy_frac": (0.0, 1.0, False),
+    "solo_iter_time_s": (0.0, 1e6, True), "iter_time_s": (0.0, 1e6, True),
+    "solo_latency_avg_ms": (0.0, 1e9, True), "solo_latency_p99_ms": (0.0, 1e9, True),
+    "latency_avg_ms": (0.0, 1e9, True), "latency_p99_ms": (0.0, 1e9, True), "requests": (0.0, 1e12, False),
+}
+
+
 class MeasurementError(ValueError):
     """A measurement file that cannot be used, with the file and field at fault."""
 
@@ -78,14 +98,41 @@ class MeasuredType:
 
 
 @dataclass(frozen=True)
+class ServicePoint:
+    """An online service and an offline job sharing one GPU under an MPS SM limit (docs/CALIBRATION.md).
+
+    ``usable`` False: kept out of every sample, with its ``reasons``; its numbers (None where the
+    run produced none) stay for the record. ``row``: the point as written, caveats included."""
+
+    gpu_type: str
+    service: str
+    qps: float
+    job_type: str
+    sm_pct: float
+    norm_tput: float | None
+    slowdown_avg: float | None
+    slowdown_p99: float | None
+    usable: bool
+    reasons: tuple[str, ...]
+    meta: GpuMeta
+    row: dict = field(default_factory=dict, compare=False, repr=False)
+
+
+@dataclass(frozen=True)
 class MeasurementSet:
     types: dict[str, MeasuredType]
     stressor: str = DEFAULT_STRESSOR
     sources: tuple[str, ...] = ()
+    service_points: tuple[ServicePoint, ...] = ()
+    caveats: tuple[str, ...] = ()
 
     def merged(self, other: MeasurementSet) -> MeasurementSet:
-        """``other``'s types replace these; its stressor wins when it names one."""
-        return MeasurementSet({**self.types, **other.types}, other.stressor, self.sources + other.sources)
+        """``other``'s types replace these, and its service points these on its GPU types; its stressor wins
+        when it names one."""
+        theirs = {p.gpu_type for p in other.service_points} | set(other.types)
+        points = tuple(p for p in self.service_points if p.gpu_type not in theirs) + other.service_points
+        return MeasurementSet({**self.types, **other.types}, other.stressor, self.sources + other.sources, points,
+                              self.caveats + other.caveats)
 
     def type_data(self) -> dict[str, TypeData]:
         """Per type, the inputs of the interference model, with a relative speed for every type.
@@ -195,15 +242,65 @@ def parse_document(doc: object, source: str) -> MeasurementSet:
         if row.get("partner_norm_tput") is not None:
             implied[gtype][(partner, job)] = _number(row["partner_norm_tput"], f"{where}.partner_norm_tput", 0.0,
                                                      MAX_NORM_TPUT, lo_open=True)
+    points = tuple(_service_point(row, f"{source}: service_points[{i}]", metas)
+                   for i, row in enumerate(_list(doc, "service_points", source)))
+    caveats = _strings(doc.get("caveats"), f"{source}: caveats")
     types = {}
     for g, meta in metas.items():
+        if not solo[g] and not pairs[g] and any(p.gpu_type == g for p in points):
+            continue  # described for its service points alone: not a type of the interference model
         both = {**implied[g], **pairs[g]}  # a pair listed in its own right wins over the implied one
         types[g] = MeasuredType(g, meta, solo[g], tuple(PairMeasurement(a, b, x) for (a, b), x in sorted(both.items())),
                                 counters[g])
     stressor = doc.get("stressor", DEFAULT_STRESSOR)
     if not isinstance(stressor, str) or not stressor:
         raise MeasurementError(f"{source}: stressor: expected a job type name")
-    return MeasurementSet(types, stressor, (source,))
+    return MeasurementSet(types, stressor, (source,), points, caveats)
+
+
+def _strings(value, where: str) -> tuple[str, ...]:
+    """An optional list of non-empty strings."""
+    if value is None:
+        return ()
+    if not isinstance(value, list) or not all(isinstance(v, str) and v.strip() for v in value):
+        raise MeasurementError(f"{where}: expected a list of non-empty strings")
+    return tuple(v.strip() for v in value)
+
+
+def _service_point(row: object, where: str, metas: dict) -> ServicePoint:
+    if not isinstance(row, dict):
+        raise MeasurementError(f"{where}: expected an object")
+    gtype = _gpu_of(row, where, metas)
+    service, job = _text(row, "service", where), _text(row, "job_type", where)
+    qps = _number(row.get("qps"), f"{where}.qps", 0.0, 1e9, lo_open=True)
+    sm_pct = _number(row.get("sm_pct"), f"{where}.sm_pct", 0.0, 100.0, lo_open=True)
+    usable = row.get("usable", True)
+    if not isinstance(usable, bool):
+        raise MeasurementError(f"{where}.usable: expected true or false, got {usable!r}")
+    reasons = _strings(row.get("reasons"), f"{where}.reasons")
+    if not usable and not reasons:
+        raise MeasurementError(f"{where}.reasons: required when usable is false (why the point is kept out)")
+
+    def value(key: str, hi: float) -> float | None:
+        if row.get(key) is None:
+            if usable:
+                raise MeasurementError(f"{where}.{key}: required in a usable point")
+            return None
+        return _number(row[key], f"{where}.{key}", 0.0, hi, lo_open=True)
+
+    norm_tput, slowdown_avg = value("norm_tput", MAX_NORM_TPUT), value("slowdown_avg", 1e3)
+    for key, (lo, hi, lo_open) in SERVICE_POINT_LIMITS.items():
+        if row.get(key) is not None:
+            _number(row[key], f"{where}.{key}", lo, hi, lo_open)
+    reps = row.get("repetitions")
+    if reps is not None and (isinstance(reps, bool) or not isinstance(reps, int) or reps < 1):
+        raise MeasurementError(f"{where}.repetitions: expected a whole number >= 1, got {reps!r}")
+    if row.get("baseline") is not None and (not isinstance(row["baseline"], str) or not row["baseline"].strip()):
+        raise MeasurementError(f"{where}.baseline: expected a non-empty string")
+    _strings(row.get("notes"), f"{where}.notes")
+    p99 = row.get("slowdown_p99")
+    return ServicePoint(gtype, service, qps, job, sm_pct, norm_tput, slowdown_avg,
+                        None if p99 is None else float(p99), usable, reasons, metas[gtype], dict(row))
 
 
 def _gpu_of(row: dict, where: str, metas: dict) -> str:
@@ -291,4 +388,13 @@ def to_document(mset: MeasurementSet) -> dict:
             if (b, a) in measured and a != b:
                 row["partner_norm_tput"] = measured[(b, a)]
             pairs.append(row)
-    return {"format": FORMAT, "stressor": mset.stressor, "gpus": gpus, "solo": solo, "pairs": pairs}
+    for p in mset.service_points:
+        m = p.meta
+        gpus.setdefault(p.gpu_type, {"gpu_model": m.gpu_model, "driver": m.driver, "method": m.method,
+                                     "date": m.date, **({"notes": m.notes} if m.notes else {})})
+    doc = {"format": FORMAT, "stressor": mset.stressor, "gpus": gpus, "solo": solo, "pairs": pairs}
+    if mset.service_points:
+        doc["service_points"] = [p.row for p in mset.service_points]
+    if mset.caveats:
+        doc["caveats"] = list(mset.caveats)
+    return doc

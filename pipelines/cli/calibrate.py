@@ -4,6 +4,8 @@
     muxflow calibrate refit --data FILE [--types t4,a10,a100,h100] [--no-predictors] [--json]
     muxflow calibrate check FILE
     muxflow calibrate convert-gavel IN OUT
+    muxflow calibrate from-harness REPORT... [--gpu-type T] [--gpu-model M] [--driver D] [--date D] -o OUT
+    muxflow calibrate service-model FILE [--calibration transfer] [--json]
 
 Measured pairs are real (the bundled Gavel K80/P100 data, or a site's own file); the predictors'
 samples are SIMULATED from the calibrated model.
@@ -186,6 +188,12 @@ def check(path) -> None:
         click.echo(f"  {g}: {t.meta.gpu_model}, driver {t.meta.driver}, method {t.meta.method}, {t.meta.date}: "
                    f"{len(t.solo_steps_per_s)} solo runs, {len(t.pairs)} pair measurements ({probes} with the "
                    f"stressor), counters for {len(t.counters)} jobs")
+    for g in sorted({p.gpu_type for p in m.service_points}):
+        pts = [p for p in m.service_points if p.gpu_type == g]
+        meta, usable = pts[0].meta, sum(p.usable for p in pts)
+        click.echo(f"  {g}: {meta.gpu_model}, driver {meta.driver}, method {meta.method}, {meta.date}: "
+                   f"{len(pts)} service points ({usable} usable, {len(pts) - usable} kept out); not pairs: the "
+                   f"interference model does not fit on them (`muxflow calibrate service-model` compares)")
     merged = Calibrator(installed_calibrator().mset.merged(m))
     model = merged.transfer_model()
     for g in sorted(m.types):
@@ -205,3 +213,71 @@ def convert_gavel(src, dst) -> None:
     doc = to_document(load_file(src))
     Path(dst).write_text(json.dumps(doc, indent=1) + "\n")
     click.echo(f"{dst}: {len(doc['solo'])} solo runs, {len(doc['pairs'])} pair rows, types {', '.join(doc['gpus'])}")
+
+
+def _workload_note(text: str) -> tuple[str, str]:
+    label, sep, note = text.partition("=")
+    if not sep or not label.strip() or not note.strip():
+        raise CliError(f"workload-note: expected JOB_TYPE=TEXT, got {text!r}")
+    return label.strip(), note.strip()
+
+
+@calibrate.command("from-harness", context_settings=HELP)
+@click.argument("reports", nargs=-1, required=True, type=click.Path(dir_okay=False))
+@click.option("-o", "--out", "out", required=True, type=click.Path(dir_okay=False, writable=True),
+              help="The muxflow.colocation/1 file to write.")
+@click.option("--gpu-type", default=None,
+              help="The GPU type key [default: the type of the reports' device, else their label].")
+@click.option("--gpu-model", default=None, help="[default: from the reports' device].")
+@click.option("--driver", default=None, help="[default: from the reports' device].")
+@click.option("--date", default=None, help="YYYY-MM-DD [default: the first report's start, UTC].")
+@click.option("--method", default=None, help="mps | no-mps | unknown [default: the reports'].")
+@click.option("--noise", type=click.FloatRange(0.0, 1.0), default=None,
+              help="Relative noise of a slowdown where a report cannot measure it [default: 0.10].")
+@click.option("--min-service-util", type=click.FloatRange(0.0, 100.0), default=None,
+              help="Solo GPU utilization (%) under which a service is not GPU-bound [default: 30].")
+@click.option("--workload-note", "workload_notes", multiple=True,
+              help="JOB_TYPE=TEXT: a caveat on every point whose job or service stands for JOB_TYPE (repeatable).")
+@click.option("--caveat", "caveats", multiple=True, help="A caveat on the whole file (repeatable).")
+@_guarded
+def from_harness(reports, out, gpu_type, gpu_model, driver, date, method, noise, min_service_util, workload_notes,
+                 caveats) -> None:
+    """Convert co-location harness reports (or the GPU suite's printed output) to a muxflow.colocation/1 file.
+
+    Each measured point becomes a service point with its caveats (window, repetitions, baseline, noise) and
+    its verdict: kept out of the samples, with the reasons, when its run failed, the service was not
+    GPU-bound, or it ran faster beside the job than alone by more than the noise."""
+    from executors.data.harness_reports import DEFAULT_NOISE, MIN_SERVICE_UTIL_PCT, convert, load_report
+
+    notes = dict(_workload_note(t) for t in workload_notes)
+    doc = convert([(r, load_report(r)) for r in reports], gpu_type=gpu_type, gpu_model=gpu_model, driver=driver,
+                  date=date, method=method, noise=DEFAULT_NOISE if noise is None else noise,
+                  min_service_util_pct=MIN_SERVICE_UTIL_PCT if min_service_util is None else min_service_util,
+                  workload_notes=notes, caveats=list(caveats))
+    Path(out).write_text(json.dumps(doc, indent=1) + "\n")
+    pts = doc["service_points"]
+    usable = sum(p["usable"] for p in pts)
+    click.echo(f"{out}: {', '.join(doc['gpus'])}: {len(pts)} service points, {usable} usable, "
+               f"{len(pts) - usable} kept out")
+    for p in pts:
+        if not p["usable"]:
+            click.echo(f"  kept out: {p['source']} {p['service']} + {p['job_type']} at {p['sm_pct']:g} %: "
+                       f"{p['reasons'][0]}")
+
+
+@calibrate.command("service-model", context_settings=HELP)
+@click.argument("path", type=click.Path(dir_okay=False))
+@click.option("--calibration", default="transfer", show_default=True,
+              help="Which calibration's traits the simulated GPU uses (muxflow simulate --calibration).")
+@click.option("--json", "as_json", is_flag=True)
+@_guarded
+def service_model(path, calibration, as_json) -> None:
+    """The simulated GPU against a file's service points: job throughput and online slowdown, measured and modelled."""
+    from executors.data.measurements import load_file
+    from executors.data.service_model import compare, markdown
+
+    points = load_file(path).service_points
+    if not points:
+        raise CliError(f"{path}: no service points to compare")
+    rows = compare(points, calibration)
+    click.echo(json.dumps(rows, indent=1) if as_json else markdown(rows))

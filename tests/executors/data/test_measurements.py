@@ -5,6 +5,7 @@ from __future__ import annotations
 import copy
 import hashlib
 import json
+from dataclasses import replace
 from pathlib import Path
 
 import pytest
@@ -162,3 +163,99 @@ def test_site_files_join_the_installed_measurements(tmp_path, monkeypatch) -> No
     m = installed()
     assert m.types["p100"].meta.gpu_model == "test p100"
     assert len(m.types["p100"].pairs) == len(load_file(GAVEL_FILE).types["k80"].pairs)
+
+
+def with_points() -> dict:
+    """The small document with an H200 described for its service points alone, and one point on the V100."""
+    doc = small_doc()
+    doc["gpus"]["h200"] = {"gpu_model": "NVIDIA H200", "driver": "580.159.04", "method": "mps", "date": "2026-11-27"}
+    doc["service_points"] = [
+        {"gpu_type": "h200", "service": "cnn", "qps": 200, "job_type": "ResNet-18 (batch size 64)", "sm_pct": 20,
+         "norm_tput": 0.26, "slowdown_avg": 1.29, "slowdown_p99": 2.56, "window_s": 10, "repetitions": 1,
+         "baseline": "one solo run of each, before the points", "noise": 0.1, "notes": ["one run"],
+         "service_busy_frac": 0.43, "job_solo": {"sm_activity_pct": 82.7}, "a_later_field": {"x": 1}},
+        {"gpu_type": "h200", "service": "cnn", "qps": 200, "job_type": "Recommendation (batch size 2048)",
+         "sm_pct": 50, "norm_tput": 0.97, "slowdown_avg": 0.62, "usable": False,
+         "reasons": ["the service was not GPU-bound"]},
+        {"gpu_type": "h200", "service": "cnn", "qps": 200, "job_type": "A", "sm_pct": 80, "usable": False,
+         "reasons": ["the run failed: exit code 1"]},
+        {"gpu_type": "v100", "service": "transformer", "qps": 50, "job_type": "A", "sm_pct": 50, "norm_tput": 0.6,
+         "slowdown_avg": 1.1},
+    ]
+    doc["caveats"] = ["one repetition per point"]
+    return doc
+
+
+def test_service_points_are_read_with_their_verdicts_and_stay_out_of_the_interference_model() -> None:
+    m = parse_document(with_points(), "site.json")
+    # The H200 has service points only: no type of the interference model; the V100 keeps its pairs.
+    assert sorted(m.types) == ["v100"] and len(m.types["v100"].pairs) == 2
+    first, kept_out, failed, v100 = m.service_points
+    assert (first.gpu_type, first.service, first.qps, first.job_type, first.sm_pct) == (
+        "h200", "cnn", 200.0, "ResNet-18 (batch size 64)", 20.0)
+    assert (first.norm_tput, first.slowdown_avg, first.slowdown_p99, first.usable) == (0.26, 1.29, 2.56, True)
+    assert first.meta.driver == "580.159.04" and first.row["a_later_field"] == {"x": 1}  # unknown fields are kept
+    assert kept_out.usable is False and kept_out.reasons == ("the service was not GPU-bound",)
+    assert failed.norm_tput is None and failed.slowdown_avg is None
+    assert v100.usable and v100.slowdown_p99 is None and m.caveats == ("one repetition per point",)
+    # Written back as read.
+    back = parse_document(json.loads(json.dumps(to_document(m))), "again")
+    unsourced = lambda ps: [replace(p, meta=replace(p.meta, source="")) for p in ps]  # noqa: E731
+    assert unsourced(back.service_points) == unsourced(m.service_points) and back.caveats == m.caveats
+    assert [p.row for p in back.service_points] == [p.row for p in m.service_points]
+    assert back.types["v100"].pairs == m.types["v100"].pairs
+
+
+@pytest.mark.parametrize("mutate,message", [
+    (_set("service_points/0/usable", "yes"), "site.json: service_points[0].usable: expected true or false, got 'yes'"),
+    (_set("service_points/1/reasons", KeyError), "site.json: service_points[1].reasons: required when usable is false "
+                                                 "(why the point is kept out)"),
+    (_set("service_points/1/reasons", ["ok", ""]), "site.json: service_points[1].reasons: expected a list of "
+                                                   "non-empty strings"),
+    (_set("service_points/0/norm_tput", KeyError), "site.json: service_points[0].norm_tput: required in a usable "
+                                                   "point"),
+    (_set("service_points/3/slowdown_avg", None), "site.json: service_points[3].slowdown_avg: required in a usable "
+                                                  "point"),
+    (_set("service_points/0/sm_pct", 0), "site.json: service_points[0].sm_pct: 0 is outside (0.0, 100.0]"),
+    (_set("service_points/0/qps", -1), "site.json: service_points[0].qps: -1 is outside (0.0, 1000000000.0]"),
+    (_set("service_points/0/gpu_type", "a100"), "site.json: service_points[0].gpu_type: 'a100' is not described "
+                                                "under gpus"),
+    (_set("service_points/0/service", ""), "site.json: service_points[0].service: required, a non-empty string"),
+    (_set("service_points/0/repetitions", 0), "site.json: service_points[0].repetitions: expected a whole number "
+                                              ">= 1, got 0"),
+    (_set("service_points/0/service_busy_frac", 1.5), "site.json: service_points[0].service_busy_frac: 1.5 is "
+                                                      "outside [0.0, 1.0]"),
+    (_set("service_points/0/window_s", "8"), "site.json: service_points[0].window_s: expected a number, got '8'"),
+    (_set("service_points/0/baseline", 3), "site.json: service_points[0].baseline: expected a non-empty string"),
+    (_set("service_points/0/notes", "one run"), "site.json: service_points[0].notes: expected a list of non-empty "
+                                                "strings"),
+    (_set("service_points/0/norm_tput", 2.0), "site.json: service_points[0].norm_tput: 2.0 is outside (0.0, 1.5]"),
+    (_set("caveats", "few"), "site.json: caveats: expected a list of non-empty strings"),
+    (_set("service_points", {}), "site.json: service_points: expected a list"),
+])
+def test_a_bad_service_point_field_is_one_line_naming_it(mutate, message) -> None:
+    doc = with_points()
+    mutate(doc)
+    with pytest.raises(MeasurementError) as err:
+        parse_document(doc, "site.json")
+    assert str(err.value) == message
+
+
+def test_a_points_only_file_installed_changes_no_calibration(tmp_path, monkeypatch) -> None:
+    from executors.data.calibration import Calibrator
+
+    doc = with_points()
+    doc["gpus"].pop("v100")
+    doc["solo"], doc["pairs"] = [], []
+    doc["service_points"] = [p for p in doc["service_points"] if p["gpu_type"] == "h200"]
+    path = tmp_path / "h200.json"
+    path.write_text(json.dumps(doc))
+    before = Calibrator(installed())
+    monkeypatch.setenv(ENV_VAR, str(path))
+    after = Calibrator(installed())
+    assert len(after.mset.service_points) == 3 and not before.mset.service_points
+    assert after.measured_types() == before.measured_types() == ["k80", "p100"]
+    assert after.fingerprint() == before.fingerprint()
+    # A later file's service points on a GPU type replace an earlier one's.
+    again = after.mset.merged(parse_document({**doc, "service_points": doc["service_points"][:1]}, "later.json"))
+    assert [p.job_type for p in again.service_points] == ["ResNet-18 (batch size 64)"]

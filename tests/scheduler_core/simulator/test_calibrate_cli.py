@@ -102,3 +102,76 @@ def test_refit_json_on_the_data_already_installed_changes_nothing() -> None:
     rep = json.loads(res.stdout)
     assert rep["same_measurements"] is True and "predictors" not in rep
     assert rep["before"]["leave_one_type_out"] == rep["after"]["leave_one_type_out"]
+
+
+H200 = GAVEL_FILE.parents[3] / "docs" / "evaluation" / "gpu" / "2026-11-27-h200" / "colocation.json"
+
+
+def harness_report(tmp_path, name: str = "colocation.json", **changes) -> str:
+    """A harness report (format /1) of two points: one usable, one where the service ran faster than alone."""
+    def pt(sm, tput, avg):
+        return {"sm_pct": sm, "iterations": {"mean_s": 0.1 / tput}, "latency": {"avg_ms": 4 * avg, "p99_ms": 9.0},
+                "norm_tput": tput, "slowdown_avg": avg, "slowdown_p99": 1.1}
+    rep = {"format": "muxflow-colocation-report/1", "method": "mps", "gpu_type": "h200", "service_family": "cnn",
+           "qps": 200.0, "job_type": "Transformer (batch size 32)", "window_s": 8.0, "started_unix": 1795808331.9,
+           "device": "NVIDIA H200 (driver 580.159.04)",
+           "solo_service": {"latency": {"avg_ms": 4.0, "p99_ms": 8.0, "busy_frac": 0.5},
+                            "metrics": {"gpu_util_pct": 45.0, "source": "measured"}},
+           "solo_job": {"iterations": {"mean_s": 0.1}, "metrics": {"sm_activity_pct": 80.0, "mem_bw_util_pct": 30.0}},
+           "points": [pt(20, 0.25, 1.3), pt(80, 0.8, 0.7)], **changes}
+    path = tmp_path / name
+    path.write_text(json.dumps(rep))
+    return str(path)
+
+
+def test_from_harness_writes_service_points_that_check_and_service_model_read(tmp_path) -> None:
+    out = tmp_path / "h200.json"
+    res = run("calibrate", "from-harness", harness_report(tmp_path), "-o", str(out), "--caveat", "one repetition")
+    assert res.exit_code == 0, res.stderr
+    assert res.stdout.splitlines() == [
+        f"{out}: h200: 2 service points, 1 usable, 1 kept out",
+        "  kept out: colocation.json cnn + Transformer (batch size 32) at 80 %: online slowdown x0.70 (average) is "
+        "below 1 by more than the noise (10 %): the service ran faster beside the job, which is not interference"]
+    doc = json.loads(out.read_text())
+    assert doc["caveats"] == ["one repetition"] and doc["gpus"]["h200"]["driver"] == "580.159.04"
+    checked = run("calibrate", "check", str(out))
+    assert checked.exit_code == 0, checked.stderr
+    assert ("  h200: NVIDIA H200, driver 580.159.04, method mps, 2026-11-27: 2 service points (1 usable, 1 kept "
+            "out)") in checked.stdout
+    table = run("calibrate", "service-model", str(out))
+    assert table.exit_code == 0, table.stderr
+    assert table.stdout.splitlines()[2].startswith("| colocation.json | cnn, 200 | 0.14 / 0.50 | Transformer "
+                                                   "(batch size 32) | 20 | yes | 0.25 / ")
+    rows = json.loads(run("calibrate", "service-model", str(out), "--json").stdout)
+    assert [r["usable"] for r in rows] == [True, False] and rows[0]["measured"]["slowdown_avg"] == 1.3
+
+
+@pytest.mark.parametrize("setup,args,message", [
+    (lambda p: (p / "notes.txt").write_text("11 passed\n"), ["notes.txt"],
+     "{dir}/notes.txt: neither a harness report (JSON) nor the GPU suite's output"),
+    (lambda p: None, ["missing.json"], "{dir}/missing.json: cannot read: No such file or directory"),
+    (lambda p: harness_report(p, "cpu.json", method="cpu"), ["cpu.json"],
+     "{dir}/cpu.json: method 'cpu': a CPU run tests the harness, it measures no GPU "
+     "(convert it only as method 'simulated')"),
+    (lambda p: harness_report(p), ["colocation.json", "--workload-note", "no equals sign"],
+     "workload-note: expected JOB_TYPE=TEXT, got 'no equals sign'"),
+    (lambda p: harness_report(p), ["colocation.json", "--date", "27.11.2026"],
+     "converted reports: gpus.h200.date: '27.11.2026' is not YYYY, YYYY-MM or YYYY-MM-DD"),
+])
+def test_from_harness_refuses_a_bad_input_in_one_line(tmp_path, setup, args, message) -> None:
+    setup(tmp_path)
+    out = tmp_path / "out.json"
+    res = run("calibrate", "from-harness", str(tmp_path / args[0]), *args[1:], "-o", str(out))
+    assert res.exit_code == 2
+    assert res.stderr.splitlines() == [f"error: {message.format(dir=tmp_path)}"]
+    assert not out.exists()
+
+
+def test_the_committed_h200_file_checks_and_service_model_needs_service_points() -> None:
+    res = run("calibrate", "check", str(H200))
+    assert res.exit_code == 0, res.stderr
+    assert "h200: NVIDIA H200, driver 580.159.04, method mps, 2026-11-27: 11 service points (2 usable, 9 kept " \
+           "out)" in res.stdout
+    assert res.stdout.splitlines()[-1].startswith("usable: with the installed measurements (k80, p100) ")
+    none = run("calibrate", "service-model", str(GAVEL_FILE))
+    assert none.exit_code == 2 and none.stderr.strip() == f"error: {GAVEL_FILE}: no service points to compare"
