@@ -11,7 +11,7 @@ STAMP := $(VENV)/.installed-stamp
 export DAGSTER_HOME ?= $(CURDIR)/.dagster_home
 UI_PORT ?= 3000
 
-.PHONY: install run ui test test-slurm-compat test-gpu bench clean
+.PHONY: install run ui test test-slurm-compat test-gpu gpu-check bench clean
 
 install: $(STAMP)
 
@@ -67,6 +67,15 @@ test-slurm-compat: install
 # NVML node-agent tests on a GPU node (fail, not skip, if the driver is missing).
 test-gpu: install
 	$(TEST_ENV) MUXFLOW_REQUIRE_GPU=1 $(PY) -m pytest -q -rs tests/gpu
+
+# The GPU path proved on a lent GPU machine as it comes: no venv, no network, no database (docs/GPU.md). xCUDA is
+# built, then each part runs with its deadline and writes its results as it goes, into $(GPU_CHECK_OUT) (the device
+# tool's $$OUT where set): at most 8 files, summary.json and SUMMARY.md first. Eight minutes at most.
+GPU_PYTHON ?= $(if $(wildcard $(PY)),$(PY),python3)
+GPU_CHECK_OUT ?= $(if $(OUT),$(OUT),gpu-check-results)
+gpu-check:
+	$(MAKE) -s -C executors/node/xcuda
+	$(GPU_PYTHON) -m executors.dev.gpu_check --out "$(GPU_CHECK_OUT)" $(GPU_CHECK_ARGS)
 
 bench: install
 	$(VENV)/bin/muxflow bench round
