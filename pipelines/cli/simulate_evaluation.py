@@ -1,14 +1,19 @@
 """``muxflow simulate evaluation``: the evaluation's comparisons and its targets tables, from one command.
 
     muxflow simulate evaluation --traces DIR [--trace NAME ...] [--sizes 1000,200] [--jobs-at 200=2000]
-                                [--slo-scale 1.5] [--out docs/evaluation/current/targets] [--doc docs/EVALUATION.md]
+                                [--slo-scale 1.5] [--sensitivity] [--out docs/evaluation/current/targets]
+                                [--doc docs/EVALUATION.md]
 
 For every trace (``DIR/*.trace``, or the ``--trace`` names in it) and cluster size, one ``simulate compare`` of
 MuxFlow and the baselines, its ``results.json`` under ``OUT/<trace>-<gpus>/``. Then the targets
 (``scheduler_core.simulator.targets``) are judged on every ``results.json`` under ``OUT`` — the runs of this call
 and of earlier ones, so a long evaluation can be run a trace at a time — written to ``OUT/targets.json`` and
 ``OUT/TARGETS.md``, and, with ``--doc``, between the ``<!-- targets:begin -->`` and ``<!-- targets:end -->``
-lines of that page. ``--tables-only`` rebuilds the tables without running anything. Every figure is SIMULATED.
+lines of that page. With ``--sensitivity`` each comparison is rerun under every calibration of the interference
+model's interval (``simulate compare --sensitivity``: ``sensitivity.json`` beside ``results.json``), and the
+conclusions that hold under all of them, per trace and size, go to ``OUT/SENSITIVITY.md`` and between the page's
+``<!-- sensitivity:begin -->`` and ``<!-- sensitivity:end -->`` lines. ``--tables-only`` rebuilds the tables
+without running anything. Every figure is SIMULATED.
 """
 
 from __future__ import annotations
@@ -21,9 +26,10 @@ import click
 
 from pipelines.cli.common import HELP, CliError, int_list, writable_dir
 from pipelines.cli.simulate import _guarded, compare
-from scheduler_core.simulator.targets import judge, markdown
+from scheduler_core.simulator.targets import judge, markdown, sensitivity_markdown
 
 BEGIN, END = "<!-- targets:begin -->", "<!-- targets:end -->"
+SENS_BEGIN, SENS_END = "<!-- sensitivity:begin -->", "<!-- sensitivity:end -->"
 POLICIES = "muxflow,salus,pb-time-sharing,time-sharing"
 
 
@@ -68,14 +74,32 @@ def rebuild(out: Path, doc_page: Path | None) -> list[dict]:
     table = markdown(judged)
     (out / "targets.json").write_text(json.dumps({"simulated": True, "runs": judged}, indent=2) + "\n")
     (out / "TARGETS.md").write_text("# Targets (SIMULATED)\n\n" + table + "\n")
+    sens = []
+    for path in sorted(out.glob("*/sensitivity.json")):
+        try:
+            doc = json.loads(path.read_text())
+            sens.append({"trace": doc["trace"], "config": {"gpus": doc["config"]["gpus"]}, "matrix": doc["matrix"]})
+        except (OSError, ValueError, KeyError, TypeError) as exc:
+            raise CliError(f"sensitivity: {path} is not a usable `simulate compare --sensitivity` output "
+                           f"({exc})") from exc
+    sens_table = sensitivity_markdown(sens)
+    if sens_table:
+        (out / "SENSITIVITY.md").write_text("# Conclusions under every calibration (SIMULATED)\n\n" + sens_table
+                                            + "\n")
     if doc_page is not None:
-        text = doc_page.read_text()
-        if text.count(BEGIN) != 1 or text.count(END) != 1 or text.index(BEGIN) > text.index(END):
-            raise CliError(f"doc: {doc_page} needs one {BEGIN} line before one {END} line")
-        head, rest = text.split(BEGIN, 1)
-        _, tail = rest.split(END, 1)
-        doc_page.write_text(f"{head}{BEGIN}\n{table}\n{END}{tail}")
+        text = _replace_between(doc_page, doc_page.read_text(), BEGIN, END, table)
+        if sens_table and SENS_BEGIN in text:
+            text = _replace_between(doc_page, text, SENS_BEGIN, SENS_END, sens_table)
+        doc_page.write_text(text)
     return judged
+
+
+def _replace_between(page: Path, text: str, begin: str, end: str, body: str) -> str:
+    if text.count(begin) != 1 or text.count(end) != 1 or text.index(begin) > text.index(end):
+        raise CliError(f"doc: {page} needs one {begin} line before one {end} line")
+    head, rest = text.split(begin, 1)
+    _, tail = rest.split(end, 1)
+    return f"{head}{begin}\n{body}\n{end}{tail}"
 
 
 @click.command("evaluation", context_settings=HELP)
@@ -94,11 +118,14 @@ def rebuild(out: Path, doc_page: Path | None) -> list[dict]:
               default=Path("docs/evaluation/current/targets"), show_default=True)
 @click.option("--doc", "doc_page", type=click.Path(dir_okay=False, path_type=Path), default=None,
               help="A page whose targets section (between the marker lines) is replaced by the tables.")
+@click.option("--sensitivity", is_flag=True,
+              help="Rerun each comparison under every calibration of the interference model's interval and table "
+                   "the conclusions that hold under all (about three times the run time).")
 @click.option("--tables-only", is_flag=True, help="Rebuild the tables from the results under --out; run nothing.")
 @click.option("--quiet", is_flag=True, help="No progress lines on stderr.")
 @_guarded
 def evaluation(folder, names, sizes, jobs_text, hours, slo_scale, policies, calibration, out_dir, doc_page,
-               tables_only, quiet) -> None:
+               sensitivity, tables_only, quiet) -> None:
     """Run the evaluation (every trace × size) and judge its targets (SIMULATED)."""
     sizes_, jobs_at = int_list(sizes, "sizes", 1), _jobs_at(jobs_text)
     traces = [] if tables_only else _traces(folder, names)
@@ -117,6 +144,8 @@ def evaluation(folder, names, sizes, jobs_text, hours, slo_scale, policies, cali
                 args += ["--jobs", str(jobs_at[gpus])]
             if quiet:
                 args.append("--quiet")
+            if sensitivity:
+                args.append("--sensitivity")
             click.echo(f"== {trace.name}, {gpus} GPUs", err=True)
             started = time.perf_counter()
             compare.main(args, standalone_mode=False)

@@ -116,6 +116,42 @@ def markdown(judged: list[dict]) -> str:
     return "\n".join(lines)
 
 
+def sensitivity_markdown(runs: list[dict]) -> str:
+    """Which of the comparison's conclusions hold under every interference calibration, per trace and size.
+
+    ``runs``: what ``simulate compare --sensitivity`` writes to ``sensitivity.json`` (its ``trace``, ``config.gpus``
+    and ``matrix``), one per trace and size. A cell is ``yes`` when the conclusion holds under every calibration,
+    else ``NO`` with the calibrations it fails under (``n/a`` where a calibration could not judge it)."""
+    if not runs:
+        return ""
+    runs = sorted(runs, key=lambda r: (-(r.get("config", {}).get("gpus") or 0), _name(r.get("trace"))))
+    heads = [f"{_name(r.get('trace'))}, {r.get('config', {}).get('gpus', 0):,}" for r in runs]
+    cals = sorted({c for r in runs for row in r["matrix"] for c in row["by_calibration"]})
+    names: list[str] = []
+    claims: dict[str, str] = {}
+    for r in runs:
+        for row in r["matrix"]:
+            if row["name"] not in claims:
+                names.append(row["name"])
+                claims[row["name"]] = row["claim"]
+    lines = [f"Calibrations: {', '.join(cals)}.", "", "| conclusion | " + " | ".join(heads) + " |",
+             "|---|" + "---|" * len(heads)]
+    for name in names:
+        cells = []
+        for r in runs:
+            row = next((x for x in r["matrix"] if x["name"] == name), None)
+            if row is None:
+                cells.append("–")
+                continue
+            failing = [c for c, v in row["by_calibration"].items() if v["holds"] is False]
+            unknown = [c for c, v in row["by_calibration"].items() if v["holds"] is None]
+            cells.append("yes" if row["holds_under_all"] else
+                         (f"NO ({', '.join(failing)})" if failing else f"n/a ({', '.join(unknown)})"))
+        lines.append(f"| {name} | " + " | ".join(cells) + " |")
+    lines += ["", *(f"- {name}: {claims[name]}" for name in names)]
+    return "\n".join(lines)
+
+
 def _share(v: float | None) -> str:
     return "–" if v is None else f"{100 * v:.2f} %"
 

@@ -12,7 +12,7 @@ from click.testing import CliRunner
 
 from executors.data.calibration import SAMPLE_TRACE
 from pipelines.cli import main
-from scheduler_core.simulator.targets import judge, markdown
+from scheduler_core.simulator.targets import judge, markdown, sensitivity_markdown
 
 
 def _svc(name: str, avg: float, p99: float, over: int = 0, slo: float | None = 1.0) -> dict:
@@ -138,3 +138,46 @@ def test_a_page_without_the_markers_is_refused_and_left_as_it_was(tmp_path: Path
     res = CliRunner().invoke(main, ["simulate", "evaluation", "--tables-only", "--out", str(out), "--doc", str(page)])
     assert res.exit_code != 0 and "needs one <!-- targets:begin --> line" in res.stderr
     assert page.read_text() == "no markers here\n"
+
+
+def _row(name: str, verdicts: dict[str, bool | None]) -> dict:
+    known = [v for v in verdicts.values()]
+    return {"name": name, "claim": f"{name} claim", "holds_under_all": None if None in known else all(known),
+            "by_calibration": {c: {"holds": v, "value": "x"} for c, v in verdicts.items()}}
+
+
+def test_sensitivity_table_says_which_conclusions_hold_under_every_calibration() -> None:
+    runs = [
+        {"trace": "t/philly_vc_a.trace", "config": {"gpus": 200},
+         "matrix": [_row("ranking", {"transfer": True, "pessimistic": False}), _row("latency", {"transfer": True,
+                                                                                                 "pessimistic": None})]},
+        {"trace": "t/philly_vc_a.trace", "config": {"gpus": 1000},
+         "matrix": [_row("ranking", {"transfer": True, "pessimistic": True})]},
+    ]
+    text = sensitivity_markdown(runs)
+    lines = text.splitlines()
+    assert lines[0] == "Calibrations: pessimistic, transfer."
+    assert lines[2] == "| conclusion | a, 1,000 | a, 200 |"          # the larger cluster first
+    assert "| ranking | yes | NO (pessimistic) |" in lines
+    assert "| latency | – | n/a (pessimistic) |" in lines
+    assert "- ranking: ranking claim" in lines
+    assert sensitivity_markdown([]) == ""
+
+
+def test_simulate_evaluation_with_sensitivity_tables_the_conclusions(tmp_path: Path, monkeypatch) -> None:
+    monkeypatch.chdir(tmp_path)
+    traces = tmp_path / "traces"
+    traces.mkdir()
+    shutil.copy(SAMPLE_TRACE, traces / "philly_vc_one.trace")
+    page = tmp_path / "EVALUATION.md"
+    page.write_text("<!-- targets:begin -->\n<!-- targets:end -->\nmid\n<!-- sensitivity:begin -->\nstale\n"
+                    "<!-- sensitivity:end -->\n")
+    out = tmp_path / "out"
+    res = run("simulate", "evaluation", "--traces", str(traces), "--sizes", "6", "--hours", "1", "--sensitivity",
+              "--out", str(out), "--doc", str(page), "--quiet")
+    assert res.exit_code == 0, res.stderr
+    assert (out / "philly_vc_one-6" / "sensitivity.json").is_file()
+    sens = (out / "SENSITIVITY.md").read_text()
+    assert "| conclusion | one, 6 |" in sens and "optimistic" in sens and "pessimistic" in sens
+    text = page.read_text()
+    assert "stale" not in text and "| conclusion | one, 6 |" in text and "\nmid\n" in text
