@@ -64,7 +64,8 @@ def test_solo_profile_on_the_gpu_is_measured_with_nvml(tmp_path) -> None:
                    f"--family cnn --size gpu --device cuda --ckpt {tmp_path}/ckpt --steps 100000\n")
     job.chmod(0o755)
     rep = run_probe(tmp_path / "run", [str(job)], job_type="ResNet-18 (batch size 64)",
-                    gpu_type=resolve_gpu_type("auto"), metrics="nvml", iterations=20, seconds=60, warmup=3, deadline_s=300, interval_s=0.02)
+                    gpu_type=resolve_gpu_type("auto"), metrics="nvml", iterations=20, seconds=60, warmup=3,
+                    deadline_s=300, interval_s=0.02)
     out = classify(rep, bound_s=600)
     assert out.ok, out.reason
     assert (out.source, out.method) == ("measured", "nvml")

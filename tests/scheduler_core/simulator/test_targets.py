@@ -149,8 +149,8 @@ def _row(name: str, verdicts: dict[str, bool | None]) -> dict:
 def test_sensitivity_table_says_which_conclusions_hold_under_every_calibration() -> None:
     runs = [
         {"trace": "t/philly_vc_a.trace", "config": {"gpus": 200},
-         "matrix": [_row("ranking", {"transfer": True, "pessimistic": False}), _row("latency", {"transfer": True,
-                                                                                                 "pessimistic": None})]},
+         "matrix": [_row("ranking", {"transfer": True, "pessimistic": False}),
+                    _row("latency", {"transfer": True, "pessimistic": None})]},
         {"trace": "t/philly_vc_a.trace", "config": {"gpus": 1000},
          "matrix": [_row("ranking", {"transfer": True, "pessimistic": True})]},
     ]
