@@ -124,16 +124,18 @@ class Mps:
         self.env = {"CUDA_MPS_PIPE_DIRECTORY": str(self.pipe), "CUDA_MPS_LOG_DIRECTORY": str(self.log)}
         self.started = False
 
-    def start(self) -> str | None:
-        """None when started, else why not."""
+    def start(self, static: bool = False) -> str | None:
+        """None when started, else why not. ``static``: with ``-S`` (static SM partitions, CUDA 13.1+)."""
         exe = shutil.which("nvidia-cuda-mps-control")
         if exe is None:
             return "nvidia-cuda-mps-control not found"
         self.pipe.mkdir(parents=True, exist_ok=True)
         self.log.mkdir(parents=True, exist_ok=True)
-        out = subprocess.run([exe, "-d"], env={**os.environ, **self.env}, capture_output=True, text=True, timeout=30)
+        args = ["-d", "-S"] if static else ["-d"]
+        out = subprocess.run([exe, *args], env={**os.environ, **self.env}, capture_output=True, text=True, timeout=30)
         if out.returncode != 0:
-            return f"nvidia-cuda-mps-control -d failed: {(out.stderr or out.stdout).strip()}"
+            return f"nvidia-cuda-mps-control {' '.join(args)} failed ({out.returncode}): " \
+                   f"{(out.stderr or out.stdout).strip()}"
         self.started = True
         return None
 

@@ -317,18 +317,7 @@ class MpsDaemon:
 
     def start(self) -> str | None:
         """None when started, else why not."""
-        if not self.static:
-            return self.mps.start()
-        if self.exe is None:
-            return "nvidia-cuda-mps-control not found"
-        self.mps.pipe.mkdir(parents=True, exist_ok=True)
-        self.mps.log.mkdir(parents=True, exist_ok=True)
-        out = subprocess.run([self.exe, "-d", "-S"], env={**os.environ, **self.env}, capture_output=True, text=True,
-                             timeout=30, check=False)
-        if out.returncode != 0:
-            return f"nvidia-cuda-mps-control -d -S failed ({out.returncode}): {(out.stderr or out.stdout).strip()}"
-        self.mps.started = True
-        return None
+        return self.mps.start(static=self.static)
 
     def ctl(self, command: str, timeout_s: float = 15.0) -> dict[str, Any]:
         """One control command; its exit status and answer, for the record."""
