@@ -92,6 +92,7 @@ class JobSyncReport:
 
     transitions: dict[str, int] = field(default_factory=dict)  # target state → count
     held: list[int] = field(default_factory=list)              # cluster job ids held by the sync
+    made_eligible: list[int] = field(default_factory=list)     # placed jobs the cluster had delayed, made eligible
     executions: int = 0
     skipped_in_flight: int = 0
     moved_meanwhile: int = 0  # jobs whose store state changed while Slurm was asked: left to the next call
@@ -99,7 +100,7 @@ class JobSyncReport:
 
     @property
     def changed(self) -> int:
-        return sum(self.transitions.values()) + len(self.held)
+        return sum(self.transitions.values()) + len(self.held) + len(self.made_eligible)
 
     def count(self, target: str, n: int = 1) -> None:
         self.transitions[target] = self.transitions.get(target, 0) + n

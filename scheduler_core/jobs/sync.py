@@ -44,6 +44,8 @@ class ClusterView:
     exit_code: int | None = None
     started_utc: dt.datetime | None = None
     ended_utc: dt.datetime | None = None
+    # WAITING, but the cluster will not start it before a time still to come (Slurm: reason BeginTime)
+    delayed: bool = False
 
 
 @dataclass(frozen=True)
@@ -59,10 +61,14 @@ class Decision:
     hold: bool = False          # make the job held in the cluster (checkpoint + requeue-hold if it runs)
     run_ended: bool = False     # a stretch of running ended: book it as an execution
     exit_code: int | None = None
+    # tell the cluster to start the job as soon as it fits: a job MuxFlow released that the cluster delayed
+    # afterwards (Slurm pushes a requeued job's begin time 2 min ahead when it finishes the requeue, which can be
+    # after the release that made it eligible now)
+    make_eligible: bool = False
 
     @property
     def changes(self) -> bool:
-        return bool(self.steps) or self.hold
+        return bool(self.steps) or self.hold or self.make_eligible
 
 
 NOTHING = Decision()
@@ -121,8 +127,9 @@ def decide(state: JobState, view: ClusterView) -> Decision:
     if state == JobState.PENDING:
         # Released or started without a booked placement: a dispatcher that crashed between
         # Slurm's answer and the store's record, or an administrator. The store follows Slurm.
-        if seen == Seen.WAITING:
-            return Decision((Step(JobState.PLACED, "found released in the cluster (adopted)"),))
+        if seen == Seen.WAITING:  # PLACED: booked as started when it fits, so a delayed one is made eligible too
+            return Decision((Step(JobState.PLACED, "found released in the cluster (adopted)"),),
+                            make_eligible=view.delayed)
         if seen == Seen.RUNNING:
             return Decision((Step(JobState.RUNNING, f"{started} (adopted)", view.started_utc),))
         if seen in ENDED:
@@ -136,6 +143,8 @@ def decide(state: JobState, view: ClusterView) -> Decision:
             return Decision((Step(JobState.RUNNING, started, view.started_utc),))
         if seen in ENDED:
             return _end(view, via_running=True, started_reason=started)
+        if seen == Seen.WAITING and view.delayed:
+            return Decision(make_eligible=True)
         return NOTHING
 
     if state == JobState.RUNNING:

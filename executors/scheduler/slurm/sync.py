@@ -3,9 +3,11 @@
 Slurm starts a placed job (PLACED → RUNNING, at Slurm's start time), finishes it
 (→ DONE, or FAILED with Slurm's state, reason and exit code), requeues it after a
 node failure (→ PENDING, and it is held so that only a round places it again), and
-finishes the requeue-hold of an eviction (EVICTED → PENDING). A job Slurm no longer
+finishes the requeue-hold of an eviction (EVICTED → PENDING). A placed job that Slurm delayed after its release
+(a requeue that finished later pushes its begin time ahead) is made eligible again. A job Slurm no longer
 knows is FAILED with that reason. Nodes Slurm says are unusable take their GPUs out of the rounds
-and hand their jobs back (:mod:`executors.scheduler.slurm.node_faults`). The decisions are :func:`scheduler_core.jobs.sync.decide`;
+and hand their jobs back (:mod:`executors.scheduler.slurm.node_faults`). The decisions are
+:func:`scheduler_core.jobs.sync.decide`;
 this module reads Slurm once per call (one job listing), applies them with
 compare-and-set transitions (audited in ``job_transitions``) and books each stretch
 of running that ended as a ``job_executions`` row (steps from the job's checkpoints
@@ -31,6 +33,7 @@ from executors.cluster import ExecutionRecord, JobSyncReport
 from executors.job.runtime.checkpoint import NAME as CHECKPOINT_NAME
 from executors.scheduler.slurm import node_faults
 from executors.slurm.models import FINISHED_STATES, PENDING, Job
+from executors.slurm.spec import JobUpdate
 from executors.store import jobs as jobstore
 from executors.store import models as m
 from executors.store import profiling as profstore
@@ -66,7 +69,9 @@ def view_of(job: Job | None) -> ClusterView:
         seen = Seen.FAILED
     else:  # REQUEUED, REQUEUE_HOLD, REQUEUE_FED, SPECIAL_EXIT, … or a state newer than this code: not an end
         seen = Seen.CHANGING
-    return ClusterView(seen, reason, job.exit_code, job.start_time_utc, job.end_time_utc)
+    # Released but not to start before its begin time: Slurm's reason for a job it delays (BeginTime)
+    delayed = seen == Seen.WAITING and job.state_reason == "BeginTime"
+    return ClusterView(seen, reason, job.exit_code, job.start_time_utc, job.end_time_utc, delayed=delayed)
 
 
 def sync_jobs(cluster, now: dt.datetime | None = None) -> JobSyncReport:
@@ -116,6 +121,18 @@ def sync_jobs(cluster, now: dt.datetime | None = None) -> JobSyncReport:
                 report.errors.append(f"job {job_id} (Slurm {sid}): hold failed: {exc}")
                 log.warning("sync: could not hold Slurm job %s: %s", sid, exc)
                 continue
+        if decision.make_eligible:
+            try:
+                cluster.retry.call(f"make Slurm job {sid} eligible now", lambda: cluster.client.update_job(
+                    sid, JobUpdate(eligible_now=True)))
+                report.made_eligible.append(sid)
+                log.info("sync: Slurm delayed placed job %s (%s) after its release; made it eligible now", sid,
+                         sjob.state_reason)
+            except Exception as exc:  # the next call tries again
+                report.errors.append(f"job {job_id} (Slurm {sid}): making it eligible failed: {exc}")
+                log.warning("sync: could not make Slurm job %s eligible: %s", sid, exc)
+        if not decision.steps and not decision.hold:
+            continue
         try:
             with store.session() as s:
                 _apply(s, job_id, state, decision, now, report)

@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import datetime as dt
 import itertools
+from dataclasses import replace
 
 import pytest
 from hypothesis import given
@@ -76,9 +77,22 @@ def test_times_and_reasons_come_from_the_cluster() -> None:
     assert cancelled.reason == "cancelled in the cluster before it was placed (CANCELLED)" and cancelled.at_utc == T1
 
 
-@given(st.sampled_from(list(JobState)), st.sampled_from(list(Seen)), st.sampled_from([None, 0, 1]))
-def test_every_decision_is_a_legal_path_and_settles(state: JobState, seen: Seen, code: int | None) -> None:
-    v = view(seen, code)
+def test_only_a_placed_job_the_cluster_delayed_is_made_eligible() -> None:
+    delayed = replace(view(Seen.WAITING), delayed=True)
+    d = decide(S.PLACED, delayed)
+    assert d.make_eligible and d.changes and not d.steps and not d.hold
+    assert not decide(S.PLACED, view(Seen.WAITING)).changes  # released, waiting for room: nothing to do
+    assert decide(S.PENDING, delayed).make_eligible  # released by someone else: adopted as PLACED, so eligible too
+    # Believed running (Slurm's own requeue: held instead), or not the rounds' yet: never made eligible
+    for state in set(JobState) - {S.PLACED, S.PENDING}:
+        assert not decide(state, delayed).make_eligible, state
+    assert decide(S.RUNNING, delayed).hold
+
+
+@given(st.sampled_from(list(JobState)), st.sampled_from(list(Seen)), st.sampled_from([None, 0, 1]), st.booleans())
+def test_every_decision_is_a_legal_path_and_settles(state: JobState, seen: Seen, code: int | None,
+                                                    delayed: bool) -> None:
+    v = replace(view(seen, code), delayed=delayed and seen == Seen.WAITING)
     d = decide(state, v)
     current = state
     for step in d.steps:
@@ -86,9 +100,10 @@ def test_every_decision_is_a_legal_path_and_settles(state: JobState, seen: Seen,
         current = step.target
     # Once applied (and the hold carried out, after which the cluster shows the job held), the same view
     # asks for nothing more: running the sync twice changes nothing.
-    after = ClusterView(Seen.HELD, "held") if d.hold else v
+    # Made eligible, it is no longer delayed.
+    after = ClusterView(Seen.HELD, "held") if d.hold else replace(v, delayed=v.delayed and not d.make_eligible)
     again = decide(current, after)
-    assert not again.steps and not again.hold, (state, seen, current, again)
+    assert not again.changes, (state, seen, current, again)
 
 
 def test_every_state_view_pair_is_covered_by_a_rule_or_left_alone() -> None:

@@ -26,14 +26,15 @@ from executors.slurm.hostlist import parse_gres, per_gpu_type
 from executors.slurm.models import Job, Node, SubmitResult
 from executors.slurm.spec import BatchJob, JobUpdate
 
-PLAN_KEY = bytes(range(32))  # the tests' plan key (executors.slurm.plan)
-USER = pwd.getpwuid(os.geteuid()).pw_name  # the fake jobs' owner: whoever runs the tests (owns their files)
 from executors.store.db import Store
 from executors.store.migrate import upgrade
 
+PLAN_KEY = bytes(range(32))  # the tests' plan key (executors.slurm.plan)
+USER = pwd.getpwuid(os.geteuid()).pw_name  # the fake jobs' owner: whoever runs the tests (owns their files)
 
-def make_job(job_id: int, *, comment: str = "", admin_comment: str = "", gres: str = "gres:mps:30", partition: str = "offline",
-             held: bool = True, name: str | None = None, state: str = "PENDING") -> Job:
+
+def make_job(job_id: int, *, comment: str = "", admin_comment: str = "", gres: str = "gres:mps:30",
+             partition: str = "offline", held: bool = True, name: str | None = None, state: str = "PENDING") -> Job:
     return Job(job_id=job_id, name=name or f"job{job_id}", state=state,
                state_reason="JobHeldUser" if held else "None", partition=partition, user_name=USER, nodes=(),
                required_nodes=(), gres_per_node=gres, priority=0 if held else 100, requeue=True, restart_count=0,
@@ -125,6 +126,9 @@ class FakeSlurm:
             changes["partition"] = update.partition
         if update.hold is not None:
             changes["priority"] = 0 if update.hold else 100
+            changes["state_reason"] = "JobHeldUser" if update.hold else "None"
+        if update.eligible_now and j.state_reason == "BeginTime":  # a begin time to come is now
+            changes.setdefault("state_reason", "None")
         self.jobs[job_id] = replace(j, **changes)
 
     def clear_gres(self, job_id: int) -> None:

@@ -1,6 +1,6 @@
-"""Job states follow Slurm (executors.scheduler.slurm.sync) against the stateful fake slurmrestd: placed → running → done,
-failures with exit codes, Slurm's own requeue, evictions, vanished jobs, in-flight dispatches, idempotence and a
-crash between the hold and the store write. No Slurm needed."""
+"""Job states follow Slurm (executors.scheduler.slurm.sync) against the stateful fake slurmrestd: placed → running →
+done, failures with exit codes, Slurm's own requeue, a release Slurm delayed afterwards, evictions, vanished jobs,
+in-flight dispatches, idempotence and a crash between the hold and the store write. No Slurm needed."""
 
 from __future__ import annotations
 
@@ -15,6 +15,7 @@ from executors.job.runtime.checkpoint import CheckpointStore
 from executors.scheduler.slurm import sync as slurm_sync
 from executors.scheduler.slurm.backend import SlurmBackend
 from executors.scheduler.slurm.pickup import import_submissions
+from executors.slurm.spec import JobUpdate
 from executors.store import models as m
 from executors.store import repo
 from executors.store.db import Store
@@ -139,6 +140,29 @@ def test_slurms_own_requeue_is_held_and_queued_with_the_progress_of_its_checkpoi
         assert "requeued by the cluster" in j.state_reason and "NodeDown" in j.state_reason
         ex = s.scalars(select(m.JobExecution).where(m.JobExecution.job_id == ids[12])).one()
         assert ex.steps == 40 and ex.solo_equiv_s == pytest.approx(20.0)
+
+
+def test_a_placed_job_slurm_delays_after_its_release_is_made_eligible_again(env) -> None:
+    """Slurm finishes a node-failure requeue after MuxFlow released the job on its new GPU, and pushes the job's begin
+    time 2 min ahead then (reason BeginTime): the sync makes it eligible again, once, and leaves the store PLACED.
+    A job delayed while MuxFlow believes it runs is Slurm's own requeue: held, not made eligible."""
+    store, fake, backend, ids, gpus, _ = env
+    _place(store, backend, [(ids[11], gpus[0], 40)])
+    fake.jobs[11] = replace(fake.jobs[11], state_reason="BeginTime")  # released (priority 100), not before later
+    calls = len(fake.calls)
+    rep = backend.sync_jobs(store, W0)
+    assert rep.made_eligible == [11] and rep.transitions == {} and not rep.errors
+    assert [c for c in fake.calls[calls:] if c[0] == "update_job"] == [("update_job", 11, JobUpdate(eligible_now=True))]
+    assert (fake.jobs[11].state_reason, fake.jobs[11].held, _state(store, ids[11])) == ("None", False, "PLACED")
+    assert backend.sync_jobs(store, W0).changed == 0  # done once: nothing more to tell Slurm
+
+    _place(store, backend, [(ids[12], gpus[1], 30)], minute=15)
+    _start(fake, 12)
+    backend.sync_jobs(store, W0)
+    fake.jobs[12] = replace(fake.jobs[12], state="PENDING", priority=100, state_reason="BeginTime", nodes=(),
+                            end_time_utc=ENDED)
+    rep = backend.sync_jobs(store, W0)
+    assert rep.held == [12] and rep.made_eligible == [] and _state(store, ids[12]) == "PENDING"
 
 
 def test_an_eviction_whose_requeue_did_not_take_is_held_then_queued(env) -> None:
