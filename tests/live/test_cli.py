@@ -116,6 +116,8 @@ def test_submit_with_slurm_unreachable_says_so_and_stores_nothing(tmp_path: Path
 
     from pipelines.cli import main
 
+    # A configuration Slurm's commands cannot use (empty: they fail at once; a missing file they retry for 60 s)
+    (tmp_path / "no-slurm.conf").write_text("")
     env = {"MUXFLOW_SETTINGS": None, "DAGSTER_HOME": None, "MUXFLOW_DATABASE_URL": store_url,
            "MUXFLOW_CLUSTER": "slurm", "SLURM_CONF": str(tmp_path / "no-slurm.conf"),
            "MUXFLOW_SLURM_URL": f"unix:{tmp_path / 'none.sock'}"}

@@ -119,7 +119,8 @@ def test_four_jobs_run_at_once_each_on_its_planned_gpu_and_share(mixed_cluster, 
         idx = {re.search(r"\(IDX:(\d)\)", scontrol_gres(live, sid)[0]).group(1)
                for sid, (node, _i, _pct) in placed.items() if node == "mx-a10-1"}
         assert len(idx) == 2, idx
-        print(f"untyped shares planned on mx-a10-1 GPUs {sorted(UNTYPED_SHARES)}, Slurm accounted them on {sorted(idx)}")
+        print(f"untyped shares planned on mx-a10-1 GPUs {sorted(UNTYPED_SHARES)}, "
+              f"Slurm accounted them on {sorted(idx)}")
         running = backend(live).cluster(store).running()  # mapping needs no naming
         assert {j: r.gpu_id for j, r in running.items()} == {
             job_of[sid]: gpus[(node, i)] for sid, (node, i, _pct) in placed.items()}
@@ -152,6 +153,10 @@ def test_slurm_2205_adds_a_pending_jobs_new_type_next_to_its_old_one(mixed_clust
             c.update_job(sid, JobUpdate(gres_per_node="mps:t4g0:30", hold=False, eligible_now=True))
             j = live.wait_job(c, sid, lambda j: j.state == "RUNNING", "restart", timeout_s=60)
         assert j.gres_per_node == "gres:mps:t4g0:30"  # what the job record says it asks for ...
-        assert scontrol_gres(live, sid) == ["mps:t4g2:40(IDX:2),mps:t4g0:30(IDX:0)"]  # ... and what Slurm gave it
+        # ... and what Slurm gave it: the per-node detail line of `scontrol show job -d`, there only while the job holds
+        # its allocation. Wait for it, and if it never comes, say what Slurm knew of the job then.
+        gres = live.wait_for(f"job {sid}: the per-node GRES of its restart", lambda: scontrol_gres(live, sid),
+                             timeout_s=30, explain=lambda: live.explain_job(sid))
+        assert gres == ["mps:t4g2:40(IDX:2),mps:t4g0:30(IDX:0)"], live.explain_job(sid)
     finally:
         cancel_quietly(live, [sid])
