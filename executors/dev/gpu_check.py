@@ -32,7 +32,6 @@ the code, its files and their formats, and measures nothing about GPUs.
 from __future__ import annotations
 
 import argparse
-import datetime as dt
 import json
 import os
 import platform
@@ -48,9 +47,10 @@ from pathlib import Path
 from typing import Any
 
 from executors.job.runtime.timing import write_json_atomic
+from executors.node.gpu_check_part import PART_FORMAT, part_document
+from executors.node.gpu_check_part import now_iso as _now_iso
 
 FORMAT = "muxflow.gpu-check/1"
-PART_FORMAT = "muxflow.gpu-check.part/1"
 SUMMARY_FILE, README_FILE, LOG_FILE, COLOCATION_FILE = "summary.json", "SUMMARY.md", "gpu-check.log", "colocation.json"
 DEFAULT_BUDGET_S = 480.0
 RESERVE_S = 15.0          # kept back for the summary and the colocation file
@@ -74,10 +74,6 @@ PARTS: tuple[Part, ...] = (
     Part("gpu_suite", None, 90.0, 60.0),
 )
 PART_NAMES = tuple(p.name for p in PARTS)
-
-
-def _now_iso() -> str:
-    return dt.datetime.now(dt.timezone.utc).isoformat(timespec="seconds")
 
 
 def gpu_identity() -> dict[str, Any] | None:
@@ -183,11 +179,6 @@ def run_gpu_suite(out: Path, deadline_s: float, simulate: bool, log: Log) -> Non
         doc["errors"].append(f"pytest exit code {rc}")
     doc["ended"] = _now_iso()
     write_json_atomic(path, doc)
-
-
-def part_document(name: str, method: str) -> dict[str, Any]:
-    return {"format": PART_FORMAT, "part": name, "method": method, "gpu": None, "started": _now_iso(), "ended": None,
-            "complete": False, "why_incomplete": "running", "results": {}, "errors": []}
 
 
 def _pythonpath() -> str:

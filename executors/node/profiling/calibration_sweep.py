@@ -21,7 +21,6 @@ GPU metrics, in seconds; its numbers test the code path and are labelled ``simul
 from __future__ import annotations
 
 import argparse
-import datetime as dt
 import logging
 import math
 import signal
@@ -31,10 +30,10 @@ from dataclasses import asdict, dataclass
 from pathlib import Path
 from typing import Any
 
+from executors.node.gpu_check_part import now_iso, part_document
 from executors.node.profiling import forked
 
 PART = "calibration"
-PART_FORMAT = "muxflow.gpu-check.part/1"
 WORK = f".{PART}-work"
 DEFAULT_PAIRS = "cnn+cnn"
 log = logging.getLogger(__name__)
@@ -118,10 +117,6 @@ def plan(deadline_s: float, *, pairs: list[tuple[str, str]], sm_pcts: list[int],
                 "stops at the deadline")
 
 
-def _now() -> str:
-    return dt.datetime.now(dt.timezone.utc).isoformat(timespec="seconds")
-
-
 def _r(x: Any, digits: int = 4) -> Any:
     return round(x, digits) if isinstance(x, float) else x
 
@@ -158,12 +153,10 @@ class PartFile:
 
     def __init__(self, out: Path, method: str, gpu: dict | None, plan_: Plan, simulate: bool):
         self.path = out / f"{PART}.json"
-        self.doc: dict[str, Any] = {
-            "format": PART_FORMAT, "part": PART, "method": method, "gpu": gpu, "started": _now(), "ended": None,
-            "complete": False, "why_incomplete": "running", "simulated": simulate,
-            "results": {"plan": plan_.as_dict(), "reports": [], "points_summary": [], "qps": {}, "service": {},
-                        "job": {}},
-            "errors": []}
+        self.doc: dict[str, Any] = part_document(
+            PART, method, gpu=gpu, simulated=simulate,
+            results={"plan": plan_.as_dict(), "reports": [], "points_summary": [], "qps": {}, "service": {},
+                     "job": {}})
         self.done: list[dict] = []
 
     def update(self, current: dict | None = None) -> None:
@@ -181,7 +174,7 @@ class PartFile:
         write_json_atomic(self.path, self.doc)
 
     def finish(self, complete: bool, why: str | None) -> None:
-        self.doc.update(ended=_now(), complete=complete, why_incomplete=None if complete else why)
+        self.doc.update(ended=now_iso(), complete=complete, why_incomplete=None if complete else why)
         self.update()
 
 

@@ -92,6 +92,7 @@ from executors.job.runtime.timing import finite_or_none, percentile, write_json_
 from executors.job.workloads.models import JOB_FAMILIES, SERVICE_FAMILIES, workload_size
 from executors.node.agent import AgentConfig, GpuBinding, MemorySink, NodeAgent
 from executors.node.evictor import CallbackEvictor
+from executors.node.gpu_check_part import part_document
 from executors.node.placements import OfflineOnGpu, StaticPlacements
 from executors.node.profiling.child import Child
 from executors.node.profiling.colocate import Mps, latency_stats
@@ -102,7 +103,6 @@ from executors.node.xcuda import shm
 log = logging.getLogger(__name__)
 
 PART = "protection"
-FORMAT = "muxflow.gpu-check.part/1"
 REPORT_FILE = f"{PART}.json"
 ROOT = Path(__file__).resolve().parents[3]   # the repository: children import the product from here
 TALLY_P99_SLOWDOWN = 1.072   # Tally (ASPLOS'25): co-located inference within +7.2 % p99
@@ -635,11 +635,7 @@ class Experiment:
         self._stats_n = 0
         self._lock = threading.Lock()      # the file
         self._ev_lock = threading.Lock()   # the window the agent's evictor acts on
-        self.doc: dict[str, Any] = {
-            "format": FORMAT, "part": PART, "method": "simulated" if p.simulate else "no-mps", "gpu": None,
-            "started": _iso(time.time()), "ended": None, "complete": False, "why_incomplete": None,
-            "results": {}, "errors": [],
-        }
+        self.doc: dict[str, Any] = part_document(PART, "simulated" if p.simulate else "no-mps", why_incomplete=None)
 
     # -- time --
     def left(self) -> float:

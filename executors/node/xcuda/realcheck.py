@@ -38,7 +38,6 @@ keeps it busy a fixed time). CUDA graphs need a GPU. Its numbers are labelled ``
 from __future__ import annotations
 
 import argparse
-import datetime as dt
 import logging
 import math
 import os
@@ -55,6 +54,7 @@ from pathlib import Path
 from typing import Any, NoReturn
 
 from executors.job.runtime.timing import write_json_atomic
+from executors.node.gpu_check_part import now_iso, part_document
 from executors.node.xcuda.build import XCUDA_DIR, Artifacts, BuildError, build, missing_tools
 from executors.node.xcuda.realcheck_loop import (
     AgentLoop,
@@ -73,7 +73,6 @@ from executors.node.xcuda.realcheck_loop import (
 log = logging.getLogger(__name__)
 
 PART = "xcuda"
-FORMAT = "muxflow.gpu-check.part/1"
 REPO_ROOT = Path(__file__).resolve().parents[3]
 GIB = 2**30
 QUOTA_BYTES = 2 * GIB
@@ -130,10 +129,6 @@ SIM_PLAN = Plan(fallback_s=1.0, overhead_warmup_s=0.0, overhead_measure_s=0.5, t
                 min_steady_s=0.8, startup_s=0.3, max_points=500, slack_s=0.5)
 
 
-def _now_iso() -> str:
-    return dt.datetime.now(dt.timezone.utc).isoformat(timespec="seconds")
-
-
 def hooked(names: tuple[str, ...] = ALLOC_HOOKS) -> dict[str, bool]:
     """Which of ``names`` xCUDA interposes (``src/hooks.def``, the list every table is generated from)."""
     text = (XCUDA_DIR / "src" / "hooks.def").read_text()
@@ -153,10 +148,8 @@ class Part:
         self.deadline_at = self.t0 + deadline_s
         self.skipped: list[str] = []
         self._lock = threading.RLock()
-        self.doc: dict[str, Any] = {
-            "format": FORMAT, "part": PART, "method": "simulated" if simulate else "real-driver", "gpu": None,
-            "started": _now_iso(), "ended": None, "complete": False, "why_incomplete": "running",
-            "results": {"deadline_s": deadline_s}, "errors": []}
+        self.doc: dict[str, Any] = part_document(PART, "simulated" if simulate else "real-driver",
+                                                  results={"deadline_s": deadline_s})
 
     @property
     def method(self) -> str:
@@ -194,7 +187,7 @@ class Part:
 
     def finish(self, why_incomplete: str | None) -> None:
         with self._lock:
-            self.doc["ended"] = _now_iso()
+            self.doc["ended"] = now_iso()
             self.doc["complete"] = why_incomplete is None
             self.doc["why_incomplete"] = why_incomplete
             self.write()

@@ -13,6 +13,7 @@ from pathlib import Path
 
 import pytest
 
+from executors.node.gpu_check_part import PART_FORMAT
 from executors.node.profiling import protection as pr
 
 ROOT = Path(__file__).resolve().parents[4]
@@ -282,7 +283,7 @@ def test_simulated_run_end_to_end(tmp_path) -> None:
     assert "not installed here" not in r.stderr  # nor in the service's and the job's processes
     assert sorted(p.name for p in out.iterdir()) == [".protection-work", "protection.json"]
     doc = json.loads((out / "protection.json").read_text())
-    assert (doc["format"], doc["part"], doc["method"], doc["gpu"]) == (pr.FORMAT, "protection", "simulated", None)
+    assert (doc["format"], doc["part"], doc["method"], doc["gpu"]) == (PART_FORMAT, "protection", "simulated", None)
     assert doc["complete"] is True and doc["why_incomplete"] is None and doc["ended"] and doc["errors"] == []
     res = doc["results"]
     assert res["simulated"] is True and res["parameters"]["allowance"] == pytest.approx(0.2)
@@ -322,7 +323,7 @@ def test_deadline_cut_leaves_a_valid_partial_file(tmp_path) -> None:
     r = _part(tmp_path / "site", "--out", str(out), "--deadline", "6", "--simulate", timeout=60)
     assert r.returncode == 0, r.stderr[-3000:]
     doc = json.loads((out / "protection.json").read_text())
-    assert doc["format"] == pr.FORMAT and doc["complete"] is False and doc["ended"]
+    assert doc["format"] == PART_FORMAT and doc["complete"] is False and doc["ended"]
     assert doc["why_incomplete"].startswith("deadline")
     res = doc["results"]
     assert res["solo_job"] is None and res["recommended"] is None
