@@ -2,8 +2,10 @@
 
 A *point* is (GPU type, online service, offline job type, SM %). Points are
 measured in *runs*: one session on one GPU measures a (service, job type) pair's
-solo baselines once (the service alone, the job alone) and then each of its SM
-percentages co-located, so a run costs ``baseline_s + k × point_s``.
+SM percentages co-located, each between solo windows of the service (before the
+first point and after every point) and the whole sweep between solo windows of the
+job (before and after), so a run of k points costs ``baseline_s + k × point_s``:
+three solo windows, then two windows (co-located, then the service alone) a point.
 
 The plan is greedy on information per GPU-second. A point's value is
 
@@ -46,7 +48,7 @@ class PairCandidate:
 
 @dataclass(frozen=True)
 class SamplingCost:
-    """GPU seconds: each measurement window plus the start-up of its processes."""
+    """GPU seconds: each measurement window (co-located or solo, ``window_s``) plus the start-up of its processes."""
 
     window_s: float
     setup_s: float = 0.0
@@ -56,13 +58,19 @@ class SamplingCost:
             raise ValueError("window_s must be positive and setup_s non-negative")
 
     @property
-    def point_s(self) -> float:
+    def one_window_s(self) -> float:
         return self.window_s + self.setup_s
 
     @property
+    def point_s(self) -> float:
+        """What a point adds to its run: its co-located window and the service's solo window after it."""
+        return 2.0 * self.one_window_s
+
+    @property
     def baseline_s(self) -> float:
-        """The two solo baselines (service alone, job alone) every run measures first."""
-        return 2.0 * self.point_s
+        """What every run spends besides its points: the service alone before the first point, the job alone
+        before and after the sweep."""
+        return 3.0 * self.one_window_s
 
 
 @dataclass(frozen=True)

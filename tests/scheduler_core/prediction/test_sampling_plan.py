@@ -8,7 +8,7 @@ from hypothesis import strategies as st
 
 from scheduler_core.prediction.sampling_plan import PairCandidate, SamplingCost, plan_sampling
 
-COST = SamplingCost(window_s=30, setup_s=20)  # point 50 s, baseline 100 s: a run with k points costs 100 + 50 k
+COST = SamplingCost(window_s=30, setup_s=20)  # windows of 50 s; point 100 s, baseline 150 s: k points cost 150 + 100 k
 
 
 def cands(gpu="t4", services=("svc-a", "svc-b"), jobs=("A", "B", "C")):
@@ -17,7 +17,7 @@ def cands(gpu="t4", services=("svc-a", "svc-b"), jobs=("A", "B", "C")):
 
 def test_unseen_job_types_come_first() -> None:
     measured = {("t4", "svc-a", "A"): {50: 4, 10: 1}, ("t4", "svc-b", "B"): {50: 2}}  # C never measured
-    plan = plan_sampling(cands(), measured, budget_s=150, cost=COST)  # room for exactly one new run of 1 point
+    plan = plan_sampling(cands(), measured, budget_s=250, cost=COST)  # room for exactly one new run of 1 point
     assert [(r.job_type, r.sm_pcts, r.opens_job_type) for r in plan.runs] == [("C", (50,), True)]
     assert plan.runs[0].service == "svc-a"  # ties broken by name
 
@@ -33,19 +33,19 @@ def test_every_unseen_type_before_any_seen_pair_or_sweep() -> None:
 
 
 def test_a_pair_sweep_starts_in_the_middle_and_fills_the_widest_gaps() -> None:
-    plan = plan_sampling([PairCandidate("a10", "s", "J", 50.0)], {}, budget_s=100 + 50 * 5, cost=COST)
+    plan = plan_sampling([PairCandidate("a10", "s", "J", 50.0)], {}, budget_s=150 + 100 * 5, cost=COST)
     assert [sm for *_k, sm in plan.order] == [50, 10, 90, 30, 70]
-    assert plan.runs[0].sm_pcts == (10, 30, 50, 70, 90) and plan.cost_s == 350
+    assert plan.runs[0].sm_pcts == (10, 30, 50, 70, 90) and plan.cost_s == 650
 
 
 def test_measured_points_are_worth_less_than_new_ones() -> None:
     measured = {("t4", "s", "J"): {p: 3 for p in (10, 30, 50, 70, 90)}}
-    plan = plan_sampling([PairCandidate("t4", "s", "J", 20.0)], measured, budget_s=100 + 50 * 4, cost=COST)
+    plan = plan_sampling([PairCandidate("t4", "s", "J", 20.0)], measured, budget_s=150 + 100 * 4, cost=COST)
     assert plan.runs[0].sm_pcts == (20, 40, 60, 80)
 
 
 def test_a_budget_too_small_for_one_run_plans_nothing() -> None:
-    plan = plan_sampling(cands(), {}, budget_s=149, cost=COST)
+    plan = plan_sampling(cands(), {}, budget_s=249, cost=COST)
     assert plan.runs == [] and plan.cost_s == 0
     assert plan_sampling([], {}, budget_s=1e6, cost=COST).runs == []
 
@@ -53,8 +53,17 @@ def test_a_budget_too_small_for_one_run_plans_nothing() -> None:
 def test_gpu_types_are_planned_separately() -> None:
     measured = {("t4", "s", "J"): {50: 1}}
     plan = plan_sampling([PairCandidate("t4", "s", "J", 9.0), PairCandidate("a10", "s", "J", 9.0)], measured,
-                         budget_s=150, cost=COST)
+                         budget_s=250, cost=COST)
     assert [(r.gpu_type, r.opens_job_type) for r in plan.runs] == [("a10", True)]  # J is unseen on a10
+
+
+def test_a_runs_cost_counts_every_window_the_harness_measures() -> None:
+    """k points: k co-located windows, k + 1 solo windows of the service (before the first point, after each),
+    2 of the job (before and after the sweep)."""
+    cost = SamplingCost(window_s=30, setup_s=20)
+    for k in (1, 2, 5):
+        windows = k + (k + 1) + 2
+        assert cost.baseline_s + k * cost.point_s == windows * (30 + 20)
 
 
 @pytest.mark.parametrize("bad", [dict(budget_s=-1), dict(sm_grid=(0, 50)), dict(sm_grid=())])
