@@ -33,6 +33,32 @@ PG_URL_ENV = "MUXFLOW_TEST_PG_URL"
 DEFAULT_PG_URL = "postgresql+psycopg2://postgres@127.0.0.1:5432/postgres"
 
 
+# Tests that drive live daemons (the dev Slurm cluster, Dagster's webserver and a browser) wait on them more than they
+# compute, and share their state (one cluster): under `make test`'s workers (pytest-xdist, --dist loadgroup) they run
+# in order in one worker while the others take the rest of the suite.
+DAEMON_TEST_DIRS = ("live", "ui")
+
+
+def pytest_collection_modifyitems(config: pytest.Config, items: list[pytest.Item]) -> None:
+    tests_dir = Path(__file__).resolve().parent
+    for item in items:
+        try:
+            top = Path(str(item.path)).resolve().relative_to(tests_dir).parts[0]
+        except (ValueError, IndexError):
+            continue
+        if top in DAEMON_TEST_DIRS:
+            item.add_marker(pytest.mark.xdist_group("daemons"))
+
+
+def pytest_configure(config: pytest.Config) -> None:
+    # One Dagster home per worker: two workers never share an instance's SQLite files.
+    worker, home = os.environ.get("PYTEST_XDIST_WORKER"), os.environ.get("DAGSTER_HOME")
+    if worker and home and Path(home).is_dir():
+        own = Path(home) / worker
+        own.mkdir(exist_ok=True)
+        os.environ["DAGSTER_HOME"] = str(own)
+
+
 def _in_ci() -> bool:
     return os.environ.get("CI", "").lower() == "true"
 
