@@ -29,7 +29,10 @@ The integral lets each reader take the mean U_SM over exactly the time since it 
 sampling window, and a controller that reads one sample per period aliases with the job's
 launch bursts. :class:`ShmWriter` keeps the integral itself: each sample's U_SM (the mean
 over the window since the previous sample, as NVML's GPM metrics give it) times the time
-since the previous write; a silence longer than ``MAX_INTEGRAL_GAP_S`` adds nothing.
+since the previous write. A silence longer than ``MAX_INTEGRAL_GAP_S`` adds nothing; that is the reader's own
+horizon (xCUDA's meter starts again from the latest sample after a longer one), so within it the integral is always
+continuous — a stalled agent's next sample covers its stall, never reads as an idle GPU. A writer that opens a record
+another wrote (a restarted agent) continues its integral.
 
 Write protocol: seq += 1 (odd), payload, checksum, seq += 1 (even). Readers
 accept a copy only when seq is even and unchanged and the checksum matches, so
@@ -62,6 +65,8 @@ import time
 from dataclasses import dataclass, replace
 from pathlib import Path
 
+from scheduler_core.guard.xcuda_control import METER_MAX_GAP_NS
+
 log = logging.getLogger(__name__)
 
 MAGIC = int.from_bytes(b"MXFXCUDA", "little")
@@ -84,7 +89,7 @@ LAYOUT = {
     "u_sm_integral_s": (112, 8), "reserved": (120, 8),
 }
 FLAG_INTEGRAL = 1
-MAX_INTEGRAL_GAP_S = 1.0
+MAX_INTEGRAL_GAP_S = METER_MAX_GAP_NS / 1e9
 
 
 def default_path(gpu_index: int) -> Path:
@@ -285,6 +290,13 @@ class ShmWriter:
         self._seq = seq + (seq & 1)  # a writer that died mid-update left it odd
         self._integral_s = 0.0
         self._last_ns: int | None = None
+        try:  # a record another writer left (a restarted agent): its integral goes on from there
+            prev = decode(bytes(self._map[:RECORD_SIZE]))
+        except ValueError:
+            prev = None
+        if prev is not None and prev.sample.flags & FLAG_INTEGRAL and math.isfinite(prev.sample.u_sm_integral_s) \
+                and prev.sample.u_sm_integral_s >= 0:
+            self._integral_s, self._last_ns = prev.sample.u_sm_integral_s, prev.timestamp_ns
         _HEADER.pack_into(self._map, 0, MAGIC, VERSION, RECORD_SIZE)
 
     def write(self, sample: GpuSample, timestamp_ns: int | None = None) -> int:

@@ -69,14 +69,44 @@ def test_the_writer_publishes_the_integral_of_u_sm_over_time(xcuda, tmp_path) ->
         w.write(replace(SAMPLE, u_sm=0.5), t0 + 10_000_000)          # 10 ms at 0.5
         w.write(replace(SAMPLE, u_sm=0.2), t0 + 30_000_000)          # 20 ms at 0.2
         assert decode(path.read_bytes()).sample.u_sm_integral_s == pytest.approx(0.005 + 0.004)
-        w.write(replace(SAMPLE, u_sm=1.0), t0 + 2_030_000_000)       # after a 2 s silence: adds nothing
-        w.write(replace(SAMPLE, u_sm=float("nan")), t0 + 2_040_000_000)  # a NaN sample adds nothing
-        w.write(replace(SAMPLE, u_sm=0.4), t0 + 2_050_000_000)
+        w.write(replace(SAMPLE, u_sm=1.0), t0 + 6_030_000_000)       # after a 6 s silence: adds nothing
+        w.write(replace(SAMPLE, u_sm=float("nan")), t0 + 6_040_000_000)  # a NaN sample adds nothing
+        w.write(replace(SAMPLE, u_sm=0.4), t0 + 6_050_000_000)
     rec = decode(path.read_bytes())
     assert rec.sample.flags & FLAG_INTEGRAL
     assert rec.sample.u_sm_integral_s == pytest.approx(0.009 + 0.004)
     got = _dump(xcuda, path, stale_ms=10**7)   # what xCUDA's reader sees
     assert got["u_sm_integral_s"] == pytest.approx(0.013) and got["flags"] == FLAG_INTEGRAL
+
+
+def test_a_stalled_or_restarted_writer_never_makes_the_gpu_read_idle(tmp_path) -> None:
+    """The mean U_SM a reader takes between two records (xCUDA's meter, Python mirror) is the samples' U_SM even
+    when the agent stalled for seconds or a new writer took the record over: never 0 for a busy GPU (a 0 would open
+    xCUDA's gate to the job for as long as its demand peak holds)."""
+    from scheduler_core.guard.xcuda_control import Meter
+
+    path = tmp_path / "rec"
+    t0 = time.monotonic_ns()
+    meter = Meter()
+
+    def read() -> float:
+        rec = decode(path.read_bytes())
+        return meter.update(rec.sample.u_sm, bool(rec.sample.flags & FLAG_INTEGRAL), rec.sample.u_sm_integral_s,
+                            rec.timestamp_ns)
+
+    busy = replace(SAMPLE, u_sm=0.6)
+    with ShmWriter(path) as w:
+        w.write(busy, t0)
+        read()
+        w.write(busy, t0 + 10_000_000)
+        assert read() == pytest.approx(0.6)
+        w.write(busy, t0 + 3_010_000_000)  # the agent stalled 3 s (within the reader's horizon)
+        assert read() == pytest.approx(0.6)
+    with ShmWriter(path) as again:  # a new writer (a restarted agent, a second feeder) on the same record
+        again.write(busy, t0 + 3_020_000_000)
+        assert read() == pytest.approx(0.6)
+        again.write(busy, t0 + 3_030_000_000)
+        assert read() == pytest.approx(0.6)
 
 
 @pytest.mark.parametrize(
