@@ -38,7 +38,7 @@ class MeasuringBackend(SimulatedBackend):
     def collect_samples(self, store, per_type, seed):
         ex = LocalProfileExecutor()
         try:
-            st = SamplingSettings(budget_gpu_s=12, window_s=2, setup_s=2, sm_pcts=(50,), size="tiny", poll_s=0.2,
+            st = SamplingSettings(budget_gpu_s=20, window_s=2, setup_s=2, sm_pcts=(50,), size="tiny", poll_s=0.2,
                                   profile_dir=RUN_DIR[0])
             return sample_with(ex, ["t4"], store, per_type, seed, st)[0]
         finally:

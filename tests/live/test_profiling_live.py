@@ -63,7 +63,7 @@ def root_backend(dev_cluster, monkeypatch):
                  "MUXFLOW_PROFILING_ITERATIONS": "8", "MUXFLOW_PROFILING_POLL_S": "0.5",
                  "MUXFLOW_SAMPLING_PROFILE_DIR": str(prof_dir), "MUXFLOW_SAMPLING_SIZE": "tiny",
                  "MUXFLOW_SAMPLING_WINDOW_S": "2", "MUXFLOW_SAMPLING_SETUP_S": "2",
-                 "MUXFLOW_SAMPLING_SM_PCTS": "50", "MUXFLOW_SAMPLING_BUDGET_GPU_S": "12",
+                 "MUXFLOW_SAMPLING_SM_PCTS": "50", "MUXFLOW_SAMPLING_BUDGET_GPU_S": "20",
                  "MUXFLOW_SAMPLING_POLL_S": "0.5", "MUXFLOW_SAMPLING_NODE_PYTHON": sys.executable}.items():
         monkeypatch.setenv(k, v)
     reference = dev_cluster.cluster.rest_settings(lay, "jwt", user="mxref")

@@ -28,8 +28,8 @@ def test_harness_on_cpu_writes_cpu_samples_that_never_train(tmp_path) -> None:
                               mem_bytes=2 * 10**9))
         s.add(m.OnlineService(name="chat", model_family="lm", qps_min=5, qps_max=10, latency_slo_ms=100,
                               mem_bytes=2 * 10**9))
-    # point = 0.5 + 2 s, baseline = 5 s: the budget fits one run of two points
-    settings = SamplingSettings(budget_gpu_s=10, window_s=0.5, setup_s=2, sm_pcts=(10, 90), size="tiny",
+    # windows of 0.5 + 2 s; a run of k points takes 3 + 2k of them: the budget fits one run of two points (17.5 s)
+    settings = SamplingSettings(budget_gpu_s=18, window_s=0.5, setup_s=2, sm_pcts=(10, 90), size="tiny",
                                 profile_dir=str(tmp_path / "runs"), poll_s=0.2)
     ex = LocalProfileExecutor()
     try:
@@ -39,7 +39,7 @@ def test_harness_on_cpu_writes_cpu_samples_that_never_train(tmp_path) -> None:
         ex.close()
     assert summary.skipped_services == ["chat (lm)"]
     (planned,) = summary.plan.runs
-    assert planned.sm_pcts == (10, 90) and planned.opens_job_type and planned.cost_s == 10
+    assert planned.sm_pcts == (10, 90) and planned.opens_job_type and planned.cost_s == 17.5
     assert summary.failed == {} and summary.samples == {"cpu": 2}
     with store.session() as s:
         rows = list(s.scalars(select(m.ColocationSample)))
