@@ -58,7 +58,7 @@ test: install xcuda
 	bash .ci/ensure_postgres.sh
 	bash .ci/ensure_browser.sh
 	bash .ci/ensure_prometheus.sh
-	$(TEST_ENV) bash .ci/with_slurm.sh $(PY) -m pytest -q -n $(TEST_WORKERS) --dist loadgroup $(PYTEST_ARGS)
+	$(TEST_ENV) bash .ci/with_slurm.sh $(PY) -m pytest -q -n $(TEST_WORKERS) $(PYTEST_ARGS)
 
 # The live Slurm tests of sites' concerns (users, versions, node faults) on Slurm 24.11 from Debian 13, in a
 # debootstrap tree cached under /var/cache/muxflow (built once, ~1 min; docs/SLURM.md "Slurm 24.11").

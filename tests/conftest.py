@@ -34,20 +34,25 @@ DEFAULT_PG_URL = "postgresql+psycopg2://postgres@127.0.0.1:5432/postgres"
 
 
 # Tests that drive live daemons (the dev Slurm cluster, Dagster's webserver and a browser) wait on them more than they
-# compute, and share their state (one cluster): under `make test`'s workers (pytest-xdist, --dist loadgroup) they run
-# in order in one worker while the others take the rest of the suite.
-DAEMON_TEST_DIRS = ("live", "ui")
+# compute, and share their state (one cluster): under `make test`'s pytest-xdist workers they run in order in one
+# worker while the others take the rest of the suite, test by test. (pytest-xdist's own `--dist loadgroup` cannot
+# group them on pytest 9: it renames test ids through an attribute pytest no longer reads.)
+DAEMON_TESTS = ("tests/live/", "tests/ui/")
 
+try:
+    from xdist.scheduler import LoadScopeScheduling
+except ImportError:  # pragma: no cover - pytest-xdist is a dev dependency; without it the suite runs in one process
+    LoadScopeScheduling = None
 
-def pytest_collection_modifyitems(config: pytest.Config, items: list[pytest.Item]) -> None:
-    tests_dir = Path(__file__).resolve().parent
-    for item in items:
-        try:
-            top = Path(str(item.path)).resolve().relative_to(tests_dir).parts[0]
-        except (ValueError, IndexError):
-            continue
-        if top in DAEMON_TEST_DIRS:
-            item.add_marker(pytest.mark.xdist_group("daemons"))
+if LoadScopeScheduling is not None:
+    class _DaemonTestsInOneWorker(LoadScopeScheduling):
+        """Every daemon test in one unit of work (one worker, in collection order); every other test its own."""
+
+        def _split_scope(self, nodeid: str) -> str:
+            return "daemons" if nodeid.startswith(DAEMON_TESTS) else nodeid
+
+    def pytest_xdist_make_scheduler(config: pytest.Config, log) -> LoadScopeScheduling:
+        return _DaemonTestsInOneWorker(config, log)
 
 
 def pytest_configure(config: pytest.Config) -> None:
