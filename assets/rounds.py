@@ -192,5 +192,7 @@ def _round_metadata(rnd: m.SchedulingRound, result) -> dict:
         "optimality_gap_bound": rnd.optimality_gap_bound if rnd.optimality_gap_bound is not None else -1.0,
         "round_ms": round(1000 * result.timings_s.get("total", 0.0), 2),
         "predictor_versions": MetadataValue.json(rnd.snapshot.get("predictor_versions", {})),
+        # per service: the factor its allowance was divided by, and its last shared p99 against the allowance (tail)
+        "allowance_correction": MetadataValue.json(rnd.snapshot.get("allowance_correction", {})),
         "cluster": "SIMULATED" if rnd.simulated else "real",
     }

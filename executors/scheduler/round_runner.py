@@ -8,6 +8,7 @@ stored → each action logged as intent, sent, then logged with its result
 
 from __future__ import annotations
 
+import bisect
 import datetime as dt
 import logging
 from collections.abc import Callable
@@ -19,6 +20,7 @@ from executors.cluster import Cluster, IntervalReport
 from executors.store import dispatch as dispatch_log
 from executors.store import inventory, repo
 from executors.store import models as m
+from executors.store.summary import recent_shared_minutes
 from executors.store.db import Session, Store
 from executors.store.jobs import transition
 from executors.store.rounds import (
@@ -26,6 +28,7 @@ from executors.store.rounds import (
     latest_round,
     latest_round_window,
     round_for_window,
+    round_snapshot_values,
     stored_result,
 )
 from scheduler_core.domain import (
@@ -41,6 +44,8 @@ from scheduler_core.domain import (
 )
 from scheduler_core.jobs.admission import remaining_solo_s
 from scheduler_core.online.dynamic_sm import SmPolicy
+from scheduler_core.online import correction as allowance_correction
+from scheduler_core.online.correction import NO_CORRECTION, Correction, CorrectionParams, corrected_allowance
 from scheduler_core.online.forecast import ForecastPolicy, forecast_next
 from scheduler_core.online.latency_budget import budget_allowances
 from scheduler_core.online.latency_model import LatencyCurve
@@ -54,6 +59,8 @@ log = logging.getLogger(__name__)
 
 HISTORY = dt.timedelta(hours=25)
 FEATURE_WINDOW_MIN = 15
+# How rounds correct each service's allowance on its measured tail against it (scheduler_core.online.correction).
+CORRECTION = CorrectionParams()
 
 
 class RoundOrderError(ValueError):
@@ -106,7 +113,72 @@ def _split_filled(rows, series, pooled) -> dict[int, dict[str, np.ndarray]]:
     return out
 
 
-def _gpu_candidates(s, now: dt.datetime, running: dict, policy: ForecastPolicy) -> list[GpuCandidate]:
+def stored_corrections(rnd: m.SchedulingRound | None) -> dict[str, Correction]:
+    """The factors a round stored in its snapshot (``allowance_correction``): the controller's state between rounds,
+    and what a fill of the round's window uses as it is. None, or a snapshot without them: no service corrected."""
+    out = {}
+    for name, c in ((rnd.snapshot or {}).get("allowance_correction", {}) if rnd is not None else {}).items():
+        try:
+            factor = float(c["factor"])
+        except (TypeError, KeyError, ValueError):
+            continue
+        if factor > 1.0 and factor < float("inf"):
+            out[name] = Correction(factor, int(c.get("minutes") or 0), c.get("tail"))
+    return out
+
+
+def allowance_corrections(s, now: dt.datetime, previous: dict[str, Correction] | None = None,
+                          params: CorrectionParams = CORRECTION) -> dict[str, Correction]:
+    """A full round's step of each service's factor (:func:`scheduler_core.online.correction.update`): from its
+    ``previous`` one (None: the latest round's, :func:`stored_corrections`) and its shared minutes' p99 slowdown in
+    the correction's window before ``now`` against its declared allowance. A round compares its predictions with
+    ``allowance / factor``. Services with neither a previous factor nor shared minutes are not in the map."""
+    if previous is None:
+        previous = stored_corrections(latest_round(s))
+    since = now - dt.timedelta(minutes=params.window_minutes)
+    by_service: dict[str, list] = {name: [] for name in previous}
+    for r in recent_shared_minutes(s, since):
+        by_service.setdefault(r.service, []).append(r)
+    in_force = _factors_in_force(s, since, now) if by_service else []
+    starts = [t for t, _ in in_force]
+    out = {}
+    for name, rs in sorted(by_service.items()):
+        factors = []
+        for r in rs:  # the factor of the latest round that started by the minute (None: none on record)
+            k = bisect.bisect_right(starts, r.minute_utc) - 1
+            factors.append(in_force[k][1].get(name, 1.0) if k >= 0 else None)
+        out[name] = allowance_correction.update(
+            previous.get(name, NO_CORRECTION).factor, [r.measured for r in rs], [r.allowance for r in rs],
+            [r.qps for r in rs], [(now - r.minute_utc).total_seconds() / 60.0 for r in rs], params, factors)
+    return out
+
+
+def _factors_in_force(s, since: dt.datetime, now: dt.datetime) -> list[tuple[dt.datetime, dict[str, float]]]:
+    """(window start, factor per service) of each round (not its fills) that can cover a minute in
+    [``since``, ``now``), oldest first: only the snapshots' ``allowance_correction`` is read."""
+    out = []
+    for start, stored in round_snapshot_values(s, "allowance_correction", since, now):
+        factors = {}
+        for name, c in (stored if isinstance(stored, dict) else {}).items():
+            try:
+                factors[name] = float(c["factor"])
+            except (TypeError, KeyError, ValueError):
+                continue
+        out.append((start, factors))
+    return out
+
+
+def corrections_metadata(corrections: dict[str, Correction]) -> dict:
+    """What a round stores of its corrections (its snapshot's ``allowance_correction``; the Dagster metadata)."""
+    return {name: c.as_json() for name, c in sorted(corrections.items())}
+
+
+def _gpu_candidates(s, now: dt.datetime, running: dict, policy: ForecastPolicy,
+                    corrections: dict[str, Correction] | None = None) -> list[GpuCandidate]:
+    """The round's GPUs; each service's allowance corrected by ``corrections`` (None: the latest round's factors as
+    they are, :func:`stored_corrections`)."""
+    if corrections is None:
+        corrections = stored_corrections(latest_round(s))
     rows = inventory.served_gpus(s)
     measured = repo.recent_online_series(s, [g.id for g, _, _, _ in rows], now - HISTORY)
     pooled = _by_service_type(rows, measured)
@@ -134,6 +206,8 @@ def _gpu_candidates(s, now: dt.datetime, running: dict, policy: ForecastPolicy) 
         p99 = float(curve.p99_at(fc_sm)) if curve is not None and np.isfinite(fc_sm) else None
         allowance = svc.slowdown_allowance if svc.slowdown_budget is None else float(
             budget_allowances(ser["sm"], [fc_sm], svc.slowdown_budget, svc.slowdown_allowance, curve)[0])
+        if svc.name in corrections:  # its shared minutes' p99 came out over its allowance lately
+            allowance = corrected_allowance(allowance, corrections[svc.name])
         out.append(
             GpuCandidate(
                 gpu_id=gpu.id, gpu_type=gtype.name, memory_bytes=gtype.memory_bytes,
@@ -204,9 +278,18 @@ def plan_and_record(
                 f"window {window_start.isoformat()} is not after the latest round ({latest.isoformat()}); "
                 "past rounds are replayed from their snapshot, not planned again"
             )
-        gpus = _gpu_candidates(s, window_start, running, policy)
+        corrections = allowance_corrections(s, window_start)
+        _log_corrections(corrections)
+        gpus = _gpu_candidates(s, window_start, running, policy, corrections)
         jobs = _job_candidates(s, running)
-        return _plan_and_store(s, gpus, jobs, cfg, window_start, cluster.simulated, period_s)
+        return _plan_and_store(s, gpus, jobs, cfg, window_start, cluster.simulated, period_s,
+                               extra={"allowance_correction": corrections_metadata(corrections)})
+
+
+def _log_corrections(corrections: dict[str, Correction]) -> None:
+    if corrections:
+        log.info("allowance correction per service (shared p99 against the allowance): %s",
+                 allowance_correction.summary(corrections))
 
 
 def _plan_and_store(s, gpus: list[GpuCandidate], jobs: list[JobCandidate], cfg: RoundConfig,
@@ -265,16 +348,19 @@ def plan_fill(store: Store, cluster: Cluster, now: dt.datetime, policy: Forecast
         period_s = rnd.period_s
         seq = 1 + len(fills_of_window(s, window_start))
         fill_of = rnd.id
+        corrections = stored_corrections(rnd)  # a fill follows its round: the factors are updated by rounds only
     running = cluster.running()
     with store.session() as s:
-        gpus = [g for g in _gpu_candidates(s, now, running, policy)
+        gpus = [g for g in _gpu_candidates(s, now, running, policy, corrections)
                 if g.current_job_id is None and g.health == GpuHealth.HEALTHY]
         # PENDING in the store and not running in the cluster (one Slurm shows started is the sync's to adopt)
         jobs = [j for j in _job_candidates(s, running, [JobState.PENDING]) if j.current_gpu_id is None]
         if not gpus or not jobs:
             return Fill(None, None, len(gpus), len(jobs))
         fill_id, result = _plan_and_store(s, gpus, jobs, cfg, window_start, cluster.simulated, period_s, seq,
-                                          {"fill_of_round": fill_of}, started_utc=now)
+                                          {"fill_of_round": fill_of,
+                                           "allowance_correction": corrections_metadata(corrections)},
+                                          started_utc=now)
     return Fill(fill_id, result, len(gpus), len(jobs), seq)
 
 

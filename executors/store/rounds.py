@@ -46,6 +46,18 @@ def latest_round(s: Session) -> m.SchedulingRound | None:
                      .order_by(m.SchedulingRound.window_start_utc.desc()).limit(1)).first()
 
 
+def round_snapshot_values(s: Session, key: str, since: dt.datetime,
+                          now: dt.datetime) -> list[tuple[dt.datetime, object]]:
+    """(window start, ``snapshot[key]``) of each round (not its fills) whose window can cover a minute in
+    [``since``, ``now``), oldest first; only that key of the snapshots is read."""
+    longest = s.scalar(select(func.max(m.SchedulingRound.period_s))) or 0
+    rows = s.execute(select(m.SchedulingRound.window_start_utc, m.SchedulingRound.snapshot[key])
+                     .where(m.SchedulingRound.seq == 0, m.SchedulingRound.window_start_utc < now,
+                            m.SchedulingRound.window_start_utc > since - dt.timedelta(seconds=int(longest)))
+                     .order_by(m.SchedulingRound.window_start_utc)).all()
+    return [(start if start.tzinfo else start.replace(tzinfo=dt.timezone.utc), value) for start, value in rows]
+
+
 def round_at(s: Session, at_utc: dt.datetime) -> int | None:
     """The id of the round whose window ``at_utc`` falls in (the latest that started by then; not a fill)."""
     return s.scalar(select(m.SchedulingRound.id).where(m.SchedulingRound.window_start_utc <= at_utc,

@@ -92,3 +92,32 @@ def shared_service_minutes(s: Session, since_utc: dt.datetime) -> pd.DataFrame:
         preds.append(max(hits)[1] if hits else None)
     df["predicted"] = preds
     return df
+
+
+@dataclass(frozen=True)
+class SharedMinute:
+    """One replica-minute with an offline job beside the replica, as the allowance correction reads it."""
+
+    service: str
+    minute_utc: dt.datetime
+    measured: float | None  # latency over latency alone (1.25 = +25 %); None: a gap in the latency
+    allowance: float  # the service's declared slowdown allowance (0.2 = +20 %)
+    qps: float | None
+
+
+def recent_shared_minutes(s: Session, since_utc: dt.datetime) -> list[SharedMinute]:
+    """Each replica-minute since ``since_utc`` on which an offline job shared the replica's GPU, with the slowdown
+    measured and the service's declared allowance (:mod:`scheduler_core.online.correction` turns a service's
+    minutes into its tail against the allowance). Leaner than :func:`shared_service_minutes`, for every round."""
+    rows = s.execute(select(
+        m.OnlineService.name, _MT.minute_utc, _MT.online_qps, m.OnlineService.slowdown_allowance,
+        _MT.online_latency_ms / _MT.online_solo_latency_ms,
+    ).join(m.ServiceInstance, m.ServiceInstance.gpu_id == _MT.gpu_id)
+     .join(m.OnlineService, m.OnlineService.id == m.ServiceInstance.service_id)
+     .where(_MT.minute_utc >= since_utc, _MT.offline_job_id.is_not(None))).all()
+    out = []
+    for name, minute, qps, allowance, ratio in rows:
+        t = minute if minute.tzinfo else minute.replace(tzinfo=dt.timezone.utc)
+        out.append(SharedMinute(name, t, None if ratio is None else float(ratio), float(allowance),
+                                None if qps is None else float(qps)))
+    return out

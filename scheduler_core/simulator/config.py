@@ -7,6 +7,7 @@ from dataclasses import dataclass, field
 from scheduler_core.interference.gpu_model import XCUDA_TARGET_UTIL
 from scheduler_core.gpu_specs import GPU_SPECS
 from scheduler_core.interference.pairs import InterferenceParams
+from scheduler_core.online.correction import CorrectionParams
 from scheduler_core.online.load import peak_slo_ms
 from scheduler_core.guard.sysmonitor import SysMonitorConfig
 from scheduler_core.workloads import ONLINE_FAMILIES
@@ -130,6 +131,10 @@ class SimConfig:
     # called with RoundView.between_rounds: MuxFlow's only starts waiting jobs on free GPUs), as the pipeline's
     # fills do on Slurm; False: rounds only (the paper).
     between_rounds: bool = True
+    # How MuxFlow rounds correct each service's allowance on the outcome: a factor per service that tightens it while
+    # its shared minutes' p99 slowdown is over the declared allowance and relaxes back to 1 (never looser) once within
+    # (scheduler_core.online.correction), as the pipeline's rounds do; None: the allowance as declared (the paper).
+    allowance_correction: CorrectionParams | None = field(default_factory=CorrectionParams)
 
     def __post_init__(self) -> None:
         if self.gpus < 1:

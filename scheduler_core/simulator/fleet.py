@@ -155,6 +155,12 @@ class Fleet:
         self._hist = np.full((self.history_minutes, n), np.nan)
         self._hist_len = 0
         self._hist_pos = 0
+        # Each minute's measured online slowdown, requests and latency alone per GPU (NaN slowdown: no offline job),
+        # the last ``shared_n`` minutes: what MuxFlow's allowance correction reads between two of its calls
+        # (scheduler_core.online.correction); ``minutes_stepped`` counts the minutes written.
+        self.shared_n = max(self.recent_n, cfg.round_minutes)
+        self._shared = np.full((3, self.shared_n, n), np.nan)
+        self.minutes_stepped = 0
 
     # -- per-job helpers ----------------------------------------------------------
     def solo_sps(self, jobs: np.ndarray, gpus: np.ndarray) -> np.ndarray:
@@ -188,6 +194,16 @@ class Fleet:
         if self._hist_len < self.history_minutes:
             return self._hist[: self._hist_len].T
         return np.vstack([self._hist[self._hist_pos:], self._hist[: self._hist_pos]]).T
+
+    def shared_minutes(self, since: int) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
+        """(minutes × GPUs) measured online slowdown (NaN where no offline job was placed), requests and mean
+        latency alone (ms) of the minutes stepped since the count ``since`` (a former ``minutes_stepped``), oldest
+        first; at most the last ``shared_n`` of them."""
+        k = min(self.minutes_stepped - since, self.shared_n)
+        if k <= 0:
+            return np.zeros((0, self.n)), np.zeros((0, self.n)), np.zeros((0, self.n))
+        rows = np.arange(self.minutes_stepped - k, self.minutes_stepped) % self.shared_n
+        return self._shared[0, rows], self._shared[1, rows], self._shared[2, rows]
 
     def apply(self, actions: list[PlanAction], now_s: float) -> dict[str, int]:
         """Carry out a plan: evictions and the checkpoint half of migrations first, then restarts and starts."""
@@ -281,6 +297,8 @@ class Fleet:
         mem = on_mem.copy()
         slow = np.ones(self.n)
         run = self.running()
+        placed = np.zeros(self.n, dtype=bool)  # GPUs with an offline job this minute (before any finishes)
+        placed[self.gpu[run]] = True
         if run.size:
             np.add.at(mem, self.gpu[run], self.jobs.mem_bytes[run].astype(float))
             self.real_s[run] += 60.0
@@ -355,6 +373,11 @@ class Fleet:
         self._hist[self._hist_pos] = on_sm
         self._hist_pos = (self._hist_pos + 1) % self.history_minutes
         self._hist_len = min(self._hist_len + 1, self.history_minutes)
+        pos = self.minutes_stepped % self.shared_n
+        self._shared[0, pos] = np.where(placed, slow, np.nan)
+        self._shared[1, pos] = qps
+        self._shared[2, pos] = lat_solo
+        self.minutes_stepped += 1
         return Minute(
             qps=qps, latency_ms=lat_solo * slow, solo_latency_ms=lat_solo, util_pct=util, sm_pct=sm,
             mem_frac=mem_frac, solo_util_pct=on_util, solo_sm_pct=on_sm, solo_mem_frac=on_mem / self.mem_total,

@@ -34,6 +34,7 @@ from scheduler_core.domain import (
     OfflineFeatures,
     PlanAction,
 )
+from scheduler_core.online.correction import Correction, corrected_allowance, rebase, step
 from scheduler_core.online.dynamic_sm import SmPolicy
 from scheduler_core.prediction.features import round_online_features
 from scheduler_core.online.forecast import ForecastPolicy, forecast_many
@@ -41,6 +42,7 @@ from scheduler_core.online.latency_budget import budget_allowances
 from scheduler_core.online.latency_model import ServiceLatencyModels
 from scheduler_core.round.plan import RoundConfig, plan_round
 from scheduler_core.simulator.config import SimConfig
+from scheduler_core.simulator.metrics import mixture_p99
 from scheduler_core.simulator.users import user_name
 
 
@@ -95,6 +97,7 @@ class _MuxFlowPlanner:
         self._profiles: dict[int, dict[str, OfflineFeatures]] = {}
         # The last round's forecast SM, p99 alone and allowance per GPU (placements between rounds reuse them).
         self._last: tuple[np.ndarray, np.ndarray, np.ndarray] | None = None
+        self.correction = _SharedMinutes(cfg) if cfg.allowance_correction is not None else None
 
     def profiles(self, fleet, type_index: int) -> dict[str, OfflineFeatures]:
         got = self._profiles.get(type_index)
@@ -129,6 +132,8 @@ class _MuxFlowPlanner:
 
     def __call__(self, view: RoundView) -> tuple[list[PlanAction], dict]:
         f = view.fleet
+        if self.correction is not None:  # the shared minutes since the last call
+            self.correction.take(f)
         recent = f.recent_online()
         run = f.running()
         if view.between_rounds and self._last is not None:
@@ -142,6 +147,8 @@ class _MuxFlowPlanner:
             fc = forecast_many(hist, self.forecast)
             fc = np.where(np.isfinite(fc), fc, recent["sm"])
             p99, allow = self._latency_limits(f, recent, hist, fc)
+            if self.correction is not None:
+                allow = self.correction.corrected(f, allow)
             self._last = (fc, p99, allow)
             gpu_ids, job_ids = range(f.n), np.concatenate([run, f.queued()])
         on_gpu = {int(f.gpu[j]): int(j) for j in run}
@@ -185,6 +192,76 @@ class _MuxFlowPlanner:
             "sm_pcts": [p.sm_pct for p in result.placements],
             "sm_bounds": (sm.fixed_pct, sm.fixed_pct) if sm.fixed_pct is not None else (sm.min_pct, sm.max_pct),
         }
+
+
+class _SharedMinutes:
+    """MuxFlow's allowance correction in the fleet simulator (:mod:`scheduler_core.online.correction`): the fleet's
+    recent shared minutes as the pipeline's store keeps them — per GPU-minute the measured online slowdown (NaN:
+    no offline job there), the requests, and the allowance the GPU's service declared (the flat one) — in a ring
+    of the correction's window, and each service's factor, which every full round updates from them.
+    """
+
+    def __init__(self, cfg: SimConfig):
+        self.params = cfg.allowance_correction
+        self.window = self.params.window_minutes
+        self.n = cfg.gpus
+        self.names = [sv.name for sv in cfg.services]
+        self.measured = np.full((self.window, self.n), np.nan)
+        self.weight = np.zeros((self.window, self.n))
+        self.solo = np.full((self.window, self.n), np.nan)  # mean latency alone (ms)
+        self.in_force = np.ones((self.window, self.n))  # the factor each GPU-minute's placements were made under
+        self.minute = np.full(self.window, -np.inf)  # the fleet's minute count of each row
+        self.written = 0  # rows written (the fleet's minutes taken)
+        self.seen = 0  # the fleet's minutes_stepped at the last call
+        self.factors: dict[str, Correction] = {}  # per service: its factor after the last full round
+        self.current = np.ones(self.n)  # per GPU: its service's factor in force
+
+    def take(self, fleet) -> None:
+        slow, qps, solo = fleet.shared_minutes(self.seen)
+        first = fleet.minutes_stepped - slow.shape[0]
+        for k in range(slow.shape[0]):
+            row = self.written % self.window
+            self.measured[row], self.weight[row], self.solo[row] = slow[k], qps[k], solo[k]
+            self.in_force[row] = self.current
+            self.minute[row] = first + k
+            self.written += 1
+        self.seen = fleet.minutes_stepped
+
+    def corrected(self, fleet, allow: np.ndarray) -> np.ndarray:
+        """A full round's step: each service's factor updated from its shared minutes' tail against its declared
+        allowance, and each replica's allowance over its service's factor.
+
+        The tail is the yardstick the simulator's metrics report (``shared_p99_norm``): the p99 of the requests of
+        the window's shared minutes (a mixture of each minute's latency distribution, weighed by its requests)
+        over the same requests' p99 alone — not the p99 of per-minute ratios, which sits above it (a minute's
+        ratio is largest where the latency alone is small, and those requests are not the tail). Each minute's
+        slowdown increase is rebased to the factor now in force (:func:`scheduler_core.online.correction.rebase`).
+        """
+        p = self.params
+        age = (self.seen - self.minute)[:, None]  # minutes before this call
+        inside = (age >= 0) & (age < p.window_minutes)
+        out = np.asarray(allow, dtype=float).copy()
+        for s, name in enumerate(self.names):
+            cols = fleet.service_index == s
+            if not cols.any():
+                continue
+            prev = self.factors.get(name)
+            prev_c = None if prev is None else prev.factor
+            slow, w, solo = self.measured[:, cols], self.weight[:, cols], self.solo[:, cols]
+            ok = inside & np.isfinite(slow) & np.isfinite(w) & (w > 0) & np.isfinite(solo) & (solo > 0)
+            n = int(ok.sum())
+            e = None
+            if n >= p.min_minutes:
+                k = rebase(self.in_force[:, cols][ok], prev_c if prev_c is not None else 1.0, n, p)
+                lat = solo[ok] * (1.0 + (slow[ok] - 1.0) * k)
+                alone = mixture_p99(solo[ok], w[ok], p.quantile)
+                e = (mixture_p99(lat, w[ok], p.quantile) / alone - 1.0) / float(fleet.allowance[cols][0])
+            c = step(prev_c, e, n, p)
+            self.factors[name] = c
+            self.current[cols] = c.factor
+            if c.factor != 1.0:
+                out[cols] = np.array([corrected_allowance(float(a), c) for a in out[cols]])
+        return out
 
 
 def _first_come_first_fit(cfg: SimConfig, inputs) -> Planner:

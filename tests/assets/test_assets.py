@@ -173,6 +173,8 @@ def test_round_partition_plans_dispatches_and_observes(cluster_store: Store, tmp
     assert "matching_ms" in plan and plan["predictor_versions"] == {"a10": 1, "t4": 1}
     assert plan["certified_optimal"] is True and plan["optimality_gap_bound"] == pytest.approx(0.0, abs=1e-6)
     assert rnd.certified_optimal is True
+    # the first round: no shared minute yet, so no service's allowance is corrected (what the UI shows)
+    assert plan["allowance_correction"] == rnd.snapshot["allowance_correction"] == {}
     feasible = dagster_instance.event_log_storage.get_latest_asset_check_execution_by_key(
         [_check_key("placement_plan", "plan_feasible")])
     assert list(feasible.values())[0].status.value == "SUCCEEDED"

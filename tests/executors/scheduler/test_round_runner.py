@@ -18,6 +18,7 @@ from executors.store import repo
 from executors.store.db import Store
 from executors.store.jobs import transition
 from executors.store.migrate import upgrade
+from executors.store.rounds import latest_round
 from scheduler_core.domain import Action, JobState, PlanAction, RoundResult
 from scheduler_core.gpu_specs import get_spec
 from scheduler_core.online.forecast import ForecastPolicy
@@ -271,3 +272,63 @@ def test_the_round_period_is_checked_against_the_cluster_by_one_rule(tmp_path: P
     with pytest.raises(SettingsError, match="round_period_s: the simulated cluster steps whole minutes"):
         MuxflowSettings(db_url=store.url, round_period_s=30)
     assert round_period_error(30, simulated=False) is None and round_period_error(30, simulated=True)
+
+
+def _shared_row(gpu_id: int, minutes_ago: int, job_id: int | None, slowdown: float) -> MetricRow:
+    """A replica-minute at 40 QPS (SM 20 %), an offline job beside it (``job_id``) slowing it ``slowdown`` ×."""
+    return dataclasses.replace(_row_qps(gpu_id, minutes_ago, 40.0, 20.0), online_solo_latency_ms=8.0,
+                               online_latency_ms=8.0 * slowdown, offline_job_id=job_id)
+
+
+def test_a_service_whose_shared_minutes_went_over_its_allowance_gets_a_tighter_one_round_after_round(
+        tmp_path: Path) -> None:
+    store, (g1, g2, g3) = _store(tmp_path, gpus=3)
+    with store.session() as s:
+        other = m.OnlineService(name="other", model_family="cnn", qps_min=10, qps_max=50, latency_slo_ms=100,
+                                mem_bytes=2 * 1024**3)
+        s.add(other)
+        s.flush()
+        s.execute(m.ServiceInstance.__table__.update().where(m.ServiceInstance.gpu_id == g3)
+                  .values(service_id=other.id))
+        jobs = [m.OfflineJob(name=f"j{k}", job_type="x", command="c", mem_bytes=1, allowed_gpu_types=["t4"],
+                             checkpoint_dir="/c", total_steps=10) for k in range(3)]
+        s.add_all(jobs)
+        s.flush()
+        j1, j2, j3 = (j.id for j in jobs)
+        # An hour alone, then an hour shared: "svc" measured +30 % against its +20 %, "other" +10 %.
+        rows = [_shared_row(g, k, None, 1.0) for g in (g1, g2, g3) for k in range(61, 121)]
+        rows += [_shared_row(g1, k, j1, 1.30) for k in range(1, 61)]
+        rows += [_shared_row(g2, k, j2, 1.30) for k in range(1, 61)]
+        rows += [_shared_row(g3, k, j3, 1.10) for k in range(1, 61)]
+        repo.write_metrics(s, rows, "measured")
+    with store.session() as s:
+        # no round before: every factor starts at 1; "svc"'s p99 is 1.5× its allowance, "other"'s half of it
+        first = round_runner.allowance_corrections(s, NOW)
+        assert first["svc"].minutes == 120 and first["other"].minutes == 60
+        assert min(c.minutes for c in first.values()) >= round_runner.CORRECTION.min_minutes  # enough to act
+        assert first["svc"].tail == pytest.approx(1.5) and first["other"].tail == pytest.approx(0.5)
+        gain = round_runner.CORRECTION.gain
+        assert first["svc"].factor == pytest.approx(1.5 ** gain)
+        assert first["other"].factor == 1.0  # within its allowance: as declared
+        by_id = {g.gpu_id: g for g in round_runner._gpu_candidates(s, NOW, {}, ForecastPolicy(), first)}
+        assert by_id[g1].slowdown_allowance == pytest.approx(0.2 / 1.5 ** gain)
+        assert by_id[g2].slowdown_allowance == pytest.approx(0.2 / 1.5 ** gain)
+        assert by_id[g3].slowdown_allowance == pytest.approx(0.2)  # the other service: untouched
+        # The previous round stored its factors in its snapshot: the next step starts from them.
+        meta = round_runner.corrections_metadata({**first, "svc": dataclasses.replace(first["svc"], factor=2.0)})
+        assert meta["svc"]["factor"] == 2.0 and meta["svc"]["minutes"] == 120
+        s.add(m.SchedulingRound(window_start_utc=NOW - dt.timedelta(minutes=15), period_s=900, status="dispatched",
+                                snapshot={"allowance_correction": meta}))
+    with store.session() as s:
+        assert {k: c.factor for k, c in round_runner.stored_corrections(latest_round(s)).items()} == {"svc": 2.0}
+        # a fill (or anything but a full round) uses the stored factors as they are
+        by_id = {g.gpu_id: g for g in round_runner._gpu_candidates(s, NOW, {}, ForecastPolicy())}
+        assert by_id[g1].slowdown_allowance == pytest.approx(0.1) and by_id[g3].slowdown_allowance == 0.2
+        again = round_runner.allowance_corrections(s, NOW)
+        assert again["svc"].factor == pytest.approx(2.0 * 1.5 ** gain)  # still over: tighter again
+        assert again["other"].factor == 1.0
+        # Minutes older than the correction's window are no evidence: the factor stays where the last round left it.
+        later = NOW + dt.timedelta(minutes=round_runner.CORRECTION.window_minutes + 1)
+        stale = round_runner.allowance_corrections(s, later)
+        assert stale["svc"].factor == 2.0 and stale["svc"].minutes == 0 and stale["svc"].tail is None
+        assert "other" not in stale
