@@ -116,14 +116,20 @@ def _split_filled(rows, series, pooled) -> dict[int, dict[str, np.ndarray]]:
 def stored_corrections(rnd: m.SchedulingRound | None) -> dict[str, Correction]:
     """The factors a round stored in its snapshot (``allowance_correction``): the controller's state between rounds,
     and what a fill of the round's window uses as it is. None, or a snapshot without them: no service corrected."""
+    stored = (rnd.snapshot or {}).get("allowance_correction") if rnd is not None else None
+    return {name: Correction(factor, int(c.get("minutes") or 0), c.get("tail"))
+            for name, (factor, c) in _stored_factors(stored).items() if 1.0 < factor < float("inf")}
+
+
+def _stored_factors(stored: object) -> dict[str, tuple[float, dict]]:
+    """A snapshot's ``allowance_correction`` read back: per service, its factor and its entry (entries without a
+    numeric factor are skipped)."""
     out = {}
-    for name, c in ((rnd.snapshot or {}).get("allowance_correction", {}) if rnd is not None else {}).items():
+    for name, c in (stored if isinstance(stored, dict) else {}).items():
         try:
-            factor = float(c["factor"])
+            out[name] = (float(c["factor"]), c)
         except (TypeError, KeyError, ValueError):
             continue
-        if factor > 1.0 and factor < float("inf"):
-            out[name] = Correction(factor, int(c.get("minutes") or 0), c.get("tail"))
     return out
 
 
@@ -156,16 +162,8 @@ def allowance_corrections(s, now: dt.datetime, previous: dict[str, Correction] |
 def _factors_in_force(s, since: dt.datetime, now: dt.datetime) -> list[tuple[dt.datetime, dict[str, float]]]:
     """(window start, factor per service) of each round (not its fills) that can cover a minute in
     [``since``, ``now``), oldest first: only the snapshots' ``allowance_correction`` is read."""
-    out = []
-    for start, stored in round_snapshot_values(s, "allowance_correction", since, now):
-        factors = {}
-        for name, c in (stored if isinstance(stored, dict) else {}).items():
-            try:
-                factors[name] = float(c["factor"])
-            except (TypeError, KeyError, ValueError):
-                continue
-        out.append((start, factors))
-    return out
+    return [(start, {name: factor for name, (factor, _c) in _stored_factors(stored).items()})
+            for start, stored in round_snapshot_values(s, "allowance_correction", since, now)]
 
 
 def corrections_metadata(corrections: dict[str, Correction]) -> dict:

@@ -62,18 +62,24 @@ def utilization_per_minute(s: Session) -> pd.DataFrame:
     return df.groupby("minute_utc").mean(numeric_only=True) if len(df) else df
 
 
+def _shared_minutes(since_utc: dt.datetime, *columns):
+    """``columns`` of each replica-minute since ``since_utc`` on which an offline job shared the replica's GPU (the
+    metrics joined to the replica's service)."""
+    return (select(*columns)
+            .join(m.ServiceInstance, m.ServiceInstance.gpu_id == _MT.gpu_id)
+            .join(m.OnlineService, m.OnlineService.id == m.ServiceInstance.service_id)
+            .where(_MT.minute_utc >= since_utc, _MT.offline_job_id.is_not(None)))
+
+
 def shared_service_minutes(s: Session, since_utc: dt.datetime) -> pd.DataFrame:
     """Each replica-minute since a time on which an offline job ran beside the replica: its service (name,
     allowance, budget), the measured slowdown (latency over latency alone), the requests, and the online slowdown
     the round that placed the job there predicted (None: no round's placement of that job on that GPU covers
     the minute)."""
-    rows = s.execute(select(
-        m.OnlineService.name, m.OnlineService.slowdown_allowance, m.OnlineService.slowdown_budget,
+    rows = s.execute(_shared_minutes(
+        since_utc, m.OnlineService.name, m.OnlineService.slowdown_allowance, m.OnlineService.slowdown_budget,
         _MT.gpu_id, _MT.minute_utc, _MT.offline_job_id, _MT.online_qps,
-        _MT.online_latency_ms / _MT.online_solo_latency_ms,
-    ).join(m.ServiceInstance, m.ServiceInstance.gpu_id == _MT.gpu_id)
-     .join(m.OnlineService, m.OnlineService.id == m.ServiceInstance.service_id)
-     .where(_MT.minute_utc >= since_utc, _MT.offline_job_id.is_not(None))).all()
+        _MT.online_latency_ms / _MT.online_solo_latency_ms)).all()
     cols = ["service", "allowance", "budget", "gpu_id", "minute_utc", "job_id", "qps", "slowdown"]
     df = pd.DataFrame(rows, columns=cols)
     planned = s.execute(select(
@@ -109,12 +115,9 @@ def recent_shared_minutes(s: Session, since_utc: dt.datetime) -> list[SharedMinu
     """Each replica-minute since ``since_utc`` on which an offline job shared the replica's GPU, with the slowdown
     measured and the service's declared allowance (:mod:`scheduler_core.online.correction` turns a service's
     minutes into its tail against the allowance). Leaner than :func:`shared_service_minutes`, for every round."""
-    rows = s.execute(select(
-        m.OnlineService.name, _MT.minute_utc, _MT.online_qps, m.OnlineService.slowdown_allowance,
-        _MT.online_latency_ms / _MT.online_solo_latency_ms,
-    ).join(m.ServiceInstance, m.ServiceInstance.gpu_id == _MT.gpu_id)
-     .join(m.OnlineService, m.OnlineService.id == m.ServiceInstance.service_id)
-     .where(_MT.minute_utc >= since_utc, _MT.offline_job_id.is_not(None))).all()
+    rows = s.execute(_shared_minutes(
+        since_utc, m.OnlineService.name, _MT.minute_utc, _MT.online_qps, m.OnlineService.slowdown_allowance,
+        _MT.online_latency_ms / _MT.online_solo_latency_ms)).all()
     out = []
     for name, minute, qps, allowance, ratio in rows:
         t = minute if minute.tzinfo else minute.replace(tzinfo=dt.timezone.utc)
