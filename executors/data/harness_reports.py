@@ -38,7 +38,8 @@ from datetime import datetime, timezone
 from pathlib import Path
 from typing import Any
 
-from executors.data.measurements import FORMAT, METHODS, MeasurementError, parse_document
+from executors.data.measurements import (FORMAT, MAX_NORM_TPUT, MAX_SLOWDOWN, METHODS, MeasurementError,
+                                         parse_document)
 from scheduler_core.gpu_specs import UnknownGpuDevice, type_for_device_name
 from scheduler_core.interference.transfer import COUNTERS
 
@@ -173,6 +174,13 @@ def point_row(report: Mapping, point: Mapping, source: str, *, gpu_type: str, no
     if values["norm_tput"] is not None and values["norm_tput"] > 1.0 + used_noise:
         reasons.append(f"the job ran x{values['norm_tput']:.2f} faster beside the service than alone, more than "
                        f"the noise ({100 * used_noise:.0f} %)")
+    elif values["norm_tput"] is not None and values["norm_tput"] > MAX_NORM_TPUT:
+        reasons.append(f"the job ran x{values['norm_tput']:.2f} faster beside the service than alone, beyond "
+                       f"what sharing can give (x{MAX_NORM_TPUT:g}): a broken measurement, whatever the noise "
+                       f"({100 * used_noise:.0f} %)")
+    if values["slowdown_avg"] is not None and values["slowdown_avg"] > MAX_SLOWDOWN:
+        reasons.append(f"online slowdown x{values['slowdown_avg']:.0f} (average) is beyond x{MAX_SLOWDOWN:g}: a "
+                       "broken measurement")
     if util is None:
         seen = "; ".join(f"{u:.1f} % in {s}" for s, u in other_utils)
         notes.append("the service's solo GPU utilization was not recorded in this run"

@@ -55,6 +55,7 @@ METHODS = ("mps", "no-mps", "simulated", "unknown")
 # compute-bound training benchmark; batch 16 is its smallest configuration here).
 DEFAULT_STRESSOR = "ResNet-50 (batch size 16)"
 MAX_NORM_TPUT = 1.5  # sharing cannot make a job much faster than alone; more is a broken measurement
+MAX_SLOWDOWN = 1e3  # a usable point's online slowdown; more is a broken measurement
 _DATE = re.compile(r"^\d{4}(-\d{2}(-\d{2})?)?$")
 GAVEL_FILE = Path(__file__).resolve().parent / "gavel" / "colocation_throughputs_k80_p100.json"
 GAVEL_META = {
@@ -286,9 +287,10 @@ def _service_point(row: object, where: str, metas: dict) -> ServicePoint:
             if usable:
                 raise MeasurementError(f"{where}.{key}: required in a usable point")
             return None
-        return _number(row[key], f"{where}.{key}", 0.0, hi, lo_open=True)
+        # A kept-out point records what was measured, even a value no GPU produces (that is why it is out).
+        return _number(row[key], f"{where}.{key}", 0.0, hi if usable else math.inf, lo_open=True)
 
-    norm_tput, slowdown_avg = value("norm_tput", MAX_NORM_TPUT), value("slowdown_avg", 1e3)
+    norm_tput, slowdown_avg = value("norm_tput", MAX_NORM_TPUT), value("slowdown_avg", MAX_SLOWDOWN)
     for key, (lo, hi, lo_open) in SERVICE_POINT_LIMITS.items():
         if row.get(key) is not None:
             _number(row[key], f"{where}.{key}", lo, hi, lo_open)

@@ -98,6 +98,26 @@ def test_faster_than_alone_beyond_the_noise_is_kept_out_and_the_noise_can_be_giv
     assert loose[80]["usable"] is True and loose[80]["noise"] == 0.25 and loose[50]["usable"] is True
 
 
+def test_a_value_no_gpu_produces_is_kept_out_for_the_record_however_noisy_the_run() -> None:
+    """A loaded machine's run: repetitions so far apart that the measured noise covers x1.52 — the point is still
+    kept out (beyond what sharing can give), its numbers stay, and the document validates."""
+    reps = [point(20, 2.8, 10.7, 12.0), point(20, 0.25, 1.2, 1.5)]
+    rep = report([{"sm_pct": 20, "repetitions": reps}], format="muxflow-colocation-report/2")
+    doc = convert([("r2.json", rep)], gpu_type="h200")
+    p = doc["service_points"][0]
+    assert p["noise"] > 0.52 and p["norm_tput"] == 1.525
+    assert p["usable"] is False and p["reasons"] == [
+        "the job ran x1.52 faster beside the service than alone, beyond what sharing can give (x1.5): a broken "
+        f"measurement, whatever the noise ({100 * p['noise']:.0f} %)"]
+    kept = parse_document(doc, "converted").service_points[0]
+    assert (kept.usable, kept.norm_tput) == (False, 1.525)
+    # A usable point is still held to the bound: a file that calls the same numbers usable is refused.
+    doc["service_points"][0].update(usable=True)
+    del doc["service_points"][0]["reasons"]
+    with pytest.raises(MeasurementError, match=r"service_points\[0\]\.norm_tput: 1.525 is outside \(0.0, 1.5\]"):
+        parse_document(doc, "edited")
+
+
 def test_a_report_2_uses_the_repetitions_means_and_measures_its_noise() -> None:
     reps = [point(20, 0.24, 1.2, 1.8), point(20, 0.26, 1.4, 2.2), {"sm_pct": 20, "error": "timed out"}]
     rep = report([{"sm_pct": 20, "repetitions": reps, "clocks": {"sm_mhz": 1980}}],
