@@ -52,13 +52,13 @@ TEST_ENV = rm -rf "$(TEST_DAGSTER_HOME)" && mkdir -p "$(TEST_DAGSTER_HOME)" \
 # PYTEST_ARGS=… narrows the run (e.g. PYTEST_ARGS=tests/live).
 # The suite runs in TEST_WORKERS pytest-xdist workers (2 to 4, by the CPUs): the tests of tests/live and tests/ui, which
 # mostly wait on the daemons they drive, run in order in one of them while the others take the rest
-# (tests/conftest.py). TEST_WORKERS=0 runs everything in one process.
+# (tests/conftest.py). TEST_WORKERS=0 runs everything in one process. The run ends with its 25 slowest tests.
 TEST_WORKERS ?= $(shell n=$$(nproc 2>/dev/null || echo 2); [ $$n -lt 2 ] && n=2; [ $$n -gt 4 ] && n=4; echo $$n)
 test: install xcuda
 	bash .ci/ensure_postgres.sh
 	bash .ci/ensure_browser.sh
 	bash .ci/ensure_prometheus.sh
-	$(TEST_ENV) bash .ci/with_slurm.sh $(PY) -m pytest -q -n $(TEST_WORKERS) $(PYTEST_ARGS)
+	$(TEST_ENV) bash .ci/with_slurm.sh $(PY) -m pytest -q -n $(TEST_WORKERS) --durations=25 $(PYTEST_ARGS)
 
 # The live Slurm tests of sites' concerns (users, versions, node faults) on Slurm 24.11 from Debian 13, in a
 # debootstrap tree cached under /var/cache/muxflow (built once, ~1 min; docs/SLURM.md "Slurm 24.11").

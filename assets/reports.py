@@ -11,7 +11,8 @@ from executors.store.db import Store
 from executors.store.reports import run_report, write_csv
 from executors.store.summary import utilization_per_minute
 
-REPORTS = ("utilization_per_hour", "oversold_per_round", "evictions_per_day", "online_latency_per_day")
+REPORTS = ("utilization_per_hour", "oversold_per_round", "evictions_per_day", "online_latency_per_day",
+           "restarts_per_day")
 
 
 def write_utilization_report(store: Store, out_dir: Path, simulated: bool) -> dict:
@@ -42,6 +43,9 @@ def write_utilization_report(store: Store, out_dir: Path, simulated: bool) -> di
         meta["online_latency_per_day"] = MetadataValue.md(lat.tail(12)[[
             "day_utc", "service", "source", "requests", "slowdown_all_requests", "slowdown_shared_requests",
             "slowdown_allowance", "slowdown_budget"]].to_markdown(index=False, floatfmt=".3f"))
+    restarts = frames["restarts_per_day"]
+    if len(restarts):  # what the rounds' moves cost the jobs: each move or new share restarts one
+        meta["restarts_per_day"] = MetadataValue.md(restarts.tail(12).to_markdown(index=False, floatfmt=".2f"))
     return meta
 
 

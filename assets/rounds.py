@@ -194,5 +194,6 @@ def _round_metadata(rnd: m.SchedulingRound, result) -> dict:
         "predictor_versions": MetadataValue.json(rnd.snapshot.get("predictor_versions", {})),
         # per service: the factor its allowance was divided by, and its last shared p99 against the allowance (tail)
         "allowance_correction": MetadataValue.json(rnd.snapshot.get("allowance_correction", {})),
+        "budget_pacing": MetadataValue.json(rnd.snapshot.get("budget_pacing", {})),
         "cluster": "SIMULATED" if rnd.simulated else "real",
     }

@@ -39,6 +39,7 @@ from executors.store.migrate import upgrade
 from executors.store.rounds import round_for_window, window_figures
 from pipelines.definitions import build_definitions
 from pipelines.settings import MuxflowSettings, write_settings
+from scheduler_core.online import budget_pacing
 from scheduler_core.prediction.predictor import PredictorConfig
 
 log = logging.getLogger(__name__)
@@ -292,6 +293,15 @@ def summarize(store: Store, rounds: list[dict], cfg: MainJobConfig, elapsed_s: f
     with store.session() as s:
         f = summary_db.run_figures(s, since)
         services = service_tails(summary_db.shared_service_minutes(s, since))
+        # The budget's horizon: the last day of requests (here the whole run, its warm-up alone included), as the
+        # rounds' pacing reads it (scheduler_core.online.budget_pacing).
+        until = since + dt.timedelta(hours=cfg.hours)
+        every = summary_db.service_minutes(s, max(SIM_START, until - dt.timedelta(days=1)), until)
+    for entry in services:  # what all its requests saw (a minute alone spends nothing), against its budget
+        spend, _n = budget_pacing.spent(*every.get(entry["service"], (np.zeros(0), np.zeros(0), []))[:2])
+        entry["all_requests_avg"] = None if spend is None else round(spend, 3)
+        if entry["budget"] is not None and spend is not None:
+            entry["all_requests_within_budget"] = bool(spend <= entry["budget"] + 1e-9)
     arr, shared, states, evictions = f.metrics, f.shared, f.jobs_by_state, f.evictions
     ex = (f.solo_equiv_s, f.wall_s, f.executions)
     slow = arr[shared, 6] if shared.any() else np.array([1.0])
@@ -315,8 +325,21 @@ def summarize(store: Store, rounds: list[dict], cfg: MainJobConfig, elapsed_s: f
         "evictions": int(evictions),
         "eviction_rate": round(evictions / ex[2], 4) if ex[2] else 0.0,
         "jobs_by_state": states,
+        "restarts": restarts(store),
         "config": {k: (str(v) if isinstance(v, Path) else v) for k, v in asdict(cfg).items() if k != "predictor"},
     }
+
+
+def restarts(store: Store) -> dict:
+    """The restarts the rounds caused the jobs (SQL report ``restarts_per_day``, summed over the run's days):
+    moves to another GPU and new shares on the job's GPU, per job placed, and the most of one job."""
+    from executors.store.reports import run_report
+
+    df = run_report(store.engine, "restarts_per_day")  # no rows: every sum 0
+    placed, moves, shares = (int(df[c].sum()) for c in ("jobs_placed", "moves", "new_shares"))
+    return {"moves": moves, "new_shares": shares, "per_job_placed": round((moves + shares) / placed, 2) if placed
+            else 0.0, "most_of_one_job": int(df["most_restarts_of_a_job"].max()) if len(df) else 0,
+            "see": "muxflow report restarts_per_day; muxflow jobs show JOB"}
 
 
 def _weighted_quantile(x: np.ndarray, w: np.ndarray, q: float) -> float:

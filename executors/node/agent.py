@@ -37,6 +37,7 @@ from executors.node.ring import SampleRing
 from executors.node.sampler import GpuSampler, RawSample
 from executors.node.xcuda import shm
 from scheduler_core.domain import GpuHealth
+from scheduler_core.guard.burst import BURST_TARGET_UTIL, BurstGuard, BurstParams
 from scheduler_core.guard.sysmonitor import GpuSample, SysMonitor, SysMonitorConfig
 
 log = logging.getLogger(__name__)
@@ -89,6 +90,10 @@ class AgentConfig:
     sysmonitor: SysMonitorConfig = field(default_factory=SysMonitorConfig)
     idle_util_pct: float = 5.0         # below this, a low clock is idling, not throttling
     partial_every_s: float | None = None  # also write the minute in progress this often (agent seconds)
+    # The burst guard (scheduler_core.guard.burst): a replica's request rate over its recent level paces its GPU's
+    # offline work to xCUDA's floor until the burst is over; None: off. Checked every burst_check_s (agent s).
+    burst: BurstParams | None = field(default_factory=BurstParams)
+    burst_check_s: float = 1.0
 
 
 # -- events to the store ------------------------------------------------------------------------
@@ -194,6 +199,7 @@ class GpuSnapshot:
     samples: int
     gaps: int
     row: object | None                # the last whole minute recorded (AgentMetricRow)
+    burst: bool | None = None         # the replica is in a burst, its GPU's offline work paced (None: no guard)
 
 
 class GpuLoop:
@@ -202,8 +208,20 @@ class GpuLoop:
     def __init__(self, binding: GpuBinding, cfg: AgentConfig, evictor: Evictor, sink: Sink,
                  detector: ErrorDetector | None, source: str, monitor: SysMonitor | None = None,
                  placements: Placements | None = None, accounting: OnlineAccounting | None = None,
-                 split_gap: Callable[[], str | None] = lambda: None):
+                 split_gap: Callable[[], str | None] = lambda: None,
+                 rate: Callable[[float], tuple[float | None, float | None]] | None = None,
+                 slo_ms: float | None = None):
         self.b = binding
+        # The burst guard: its replica's request rate and p99 now (its endpoint's latest scrape interval; without
+        # one, the simulated replica's modelled rate in the sample, no p99) against its service's p99 SLO,
+        # checked every cfg.burst_check_s.
+        self.rate = rate
+        self.slo_ms = slo_ms
+        self.burst = BurstGuard(1, cfg.burst) if cfg.burst is not None else None
+        self.bursting = False
+        self.bursts = 0  # bursts begun
+        self.burst_listeners: list[Callable[[bool], None]] = []  # called with each change of ``bursting``
+        self._burst_checked_s: float | None = None
         self.placements = placements or StaticPlacements()
         self.accounting = accounting
         self.split_gap = split_gap
@@ -257,9 +275,43 @@ class GpuLoop:
             self.ring.append(now_epoch, sample)
             self.last_sample = (now_epoch, sample)  # one assignment: a scrape reads a whole pair
             self.samples += 1
+        self._check_burst(now_epoch)
+        if sample is not None:
             if self.writer is not None:
                 self._publish(sample, mono_ns)
         self._health(now_epoch, sample, xids)
+
+    def _current_load(self, now_epoch: float) -> tuple[float | None, float | None]:
+        q, p99 = self.rate(now_epoch) if self.rate is not None else (None, None)
+        if q is None and self.last_sample is not None and math.isfinite(self.last_sample[1].online_qps):
+            q = self.last_sample[1].online_qps
+        return q, p99
+
+    def _check_burst(self, now_epoch: float) -> None:
+        if self.burst is None or (self._burst_checked_s is not None
+                                  and 0.0 <= now_epoch - self._burst_checked_s < self.cfg.burst_check_s):
+            return
+        self._burst_checked_s = now_epoch
+        q, p99 = self._current_load(now_epoch)
+        over = None if p99 is None or self.slo_ms is None else p99 > self.slo_ms
+        on = bool(self.burst.update(q, over)[0])
+        if on == self.bursting:
+            return
+        self.bursting = on
+        ref = float(self.burst.reference[0])
+        if on:
+            self.bursts += 1
+            why = "" if over is None else f", p99 {p99:.1f} ms over the SLO {self.slo_ms:g} ms"
+            log.info("GPU %d: online burst: %.1f req/s against %.1f recently (+%.0f %%)%s: its offline work is paced "
+                     "to xCUDA's floor until the rate falls back", self.b.gpu_id, q, ref, 100.0 * (q / ref - 1.0), why)
+        else:
+            log.info("GPU %d: burst over (%s req/s against %.1f): xCUDA's target is back to %s", self.b.gpu_id,
+                     "no rate" if q is None else f"{q:.1f}", ref, self.b.target_util or "its default")
+        for listen in self.burst_listeners:
+            try:
+                listen(on)
+            except Exception:
+                log.exception("burst listener failed")
 
     def _publish(self, s: RawSample, mono_ns: int) -> None:
         def fin(v: float, default: float = 0.0) -> float:
@@ -268,7 +320,8 @@ class GpuLoop:
         self.writer.write(shm.GpuSample(
             u_sm=min(1.0, max(0.0, fin(s.sm_activity_pct) / 100.0)), sm_clock_mhz=fin(s.sm_clock_mhz),
             clock_threshold_mhz=self.b.clock_threshold_mhz if not math.isnan(s.sm_clock_mhz) else 0.0,
-            clock_max_mhz=fin(s.sm_clock_max_mhz), target_util=self.b.target_util,
+            clock_max_mhz=fin(s.sm_clock_max_mhz),
+            target_util=BURST_TARGET_UTIL if self.bursting else self.b.target_util,
             sm_occupancy=min(1.0, max(0.0, fin(s.sm_occupancy_pct) / 100.0)),
             gpu_util=min(1.0, max(0.0, fin(s.gpu_util_pct) / 100.0)),
             mem_used_bytes=int(fin(s.mem_used_bytes)),
@@ -367,6 +420,8 @@ class GpuLoop:
             self.coverage_log.append((self.minute, agg.coverage))
         if agg.row is None:
             if not partial:
+                if self.burst is not None:
+                    self.burst.record_minute(math.nan)
                 log.warning("GPU %d minute %s skipped: %s", self.b.gpu_id, self.minute.isoformat(),
                             agg.skipped_reason)
             return
@@ -380,6 +435,9 @@ class GpuLoop:
             row = replace(row, offline_job_id=self.minute_job)
         self.sink.metrics([row], self.source)
         if not partial:
+            if self.burst is not None:
+                q = row.online_qps
+                self.burst.record_minute(math.nan if q is None else q)
             self.last_row = row
             for listen in self.minute_listeners:
                 try:
@@ -391,7 +449,7 @@ class GpuLoop:
         last = self.last_sample
         return GpuSnapshot(None if last is None else last[1], None if last is None else last[0],
                            self.monitor.state.value, self.xids, self.evictions, self.samples, self.gaps,
-                           self.last_row)
+                           self.last_row, self.bursting if self.burst is not None else None)
 
     def close(self) -> None:
         if self.writer is not None:
@@ -405,7 +463,9 @@ class NodeAgent:
                  cfg: AgentConfig = AgentConfig(), clock: Clock | None = None,
                  detectors: dict[int, ErrorDetector] | None = None,
                  monitors: dict[int, SysMonitor] | None = None, placements: Placements | None = None,
-                 accounting: OnlineAccounting | None = None, closers: list[Callable[[], None]] | None = None):
+                 accounting: OnlineAccounting | None = None, closers: list[Callable[[], None]] | None = None,
+                 rates: dict[int, Callable[[float], tuple[float | None, float | None]]] | None = None,
+                 slos: dict[int, float | None] | None = None):
         self.sampler = sampler
         self.cfg = cfg
         self.clock = clock or (ScaledClock(cfg.time_scale) if cfg.time_scale != 1.0 else RealClock())
@@ -417,7 +477,8 @@ class NodeAgent:
         monitors = monitors or {}
         self.loops = {b.gpu_index: GpuLoop(b, cfg, evictor, sink, detectors.get(b.gpu_index), sampler.source,
                                            monitors.get(b.gpu_index), self.placements, accounting,
-                                           lambda i=b.gpu_index: _split_gap(sampler, i))
+                                           lambda i=b.gpu_index: _split_gap(sampler, i), (rates or {}).get(b.gpu_index),
+                                           (slos or {}).get(b.gpu_index))
                       for b in bindings}
         self._stop = threading.Event()
         self.ticks = 0

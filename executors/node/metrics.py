@@ -120,6 +120,9 @@ class NodeAgentCollector:
         m_labels = ["node", "gpu", "gpu_uuid", "gpu_type", "source"]
         health = GaugeMetricFamily("muxflow_gpu_health", "SysMonitor state of the GPU: 1 for the state it is in.",
                                    labels=m_labels + ["state"])
+        burst = GaugeMetricFamily("muxflow_gpu_burst_guard",
+                                  "1 while the GPU's online replica is in a burst and the agent holds its offline work "
+                                  "at xCUDA's floor, else 0 (absent where the guard is off).", labels=m_labels)
         last = GaugeMetricFamily("muxflow_gpu_last_sample_timestamp_seconds",
                                  "When the agent last read the GPU (Unix time, agent clock).", labels=m_labels)
         gpu_counters = {name: CounterMetricFamily(name, doc, labels=m_labels) for name, doc in (
@@ -199,6 +202,8 @@ class NodeAgentCollector:
                 last.add_metric(ml, snap.sample_epoch_s)
             for st in GpuHealth:
                 health.add_metric(ml + [st.value], 1.0 if snap.health == st.value else 0.0)
+            if snap.burst is not None:
+                burst.add_metric(ml, 1.0 if snap.burst else 0.0)
             gpu_counters["muxflow_gpu_xid_errors"].add_metric(ml, snap.xids)
             gpu_counters["muxflow_gpu_evictions"].add_metric(ml, snap.evictions)
             gpu_counters["muxflow_gpu_samples"].add_metric(ml, snap.samples)
@@ -249,8 +254,8 @@ class NodeAgentCollector:
                                    labels=agent_labels)
         late.add_metric([self.node], self.agent.overruns)
         yield from g.values()
-        yield from (health, last, *gpu_counters.values(), share, quota, *xc.values(), job_evictions, *svc.values(),
-                    over, slo, ticks, late)
+        yield from (health, burst, last, *gpu_counters.values(), share, quota, *xc.values(), job_evictions,
+                    *svc.values(), over, slo, ticks, late)
 
 
 def slowdown(latency_ms: float | None, solo_ms: float | None) -> float | None:

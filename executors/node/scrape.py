@@ -388,6 +388,16 @@ class ReplicaScraper:
             return None
         return _delta(snaps[-1].requests, snaps[0].requests) / (snaps[-1].t_s - snaps[0].t_s)
 
+    def current(self, now_s: float, stale_s: float | None = None) -> tuple[float | None, float | None]:
+        """(requests/s, p99 latency in ms) over the latest scrape interval; None for what it cannot tell (a stale
+        scrape: both; no request served in it: the p99)."""
+        snaps = self.snapshots()[-2:]
+        stale = 3.0 * self.interval_s if stale_s is None else stale_s
+        if len(snaps) < 2 or now_s - snaps[-1].t_s > stale or snaps[-1].t_s <= snaps[0].t_s:
+            return None, None
+        st = window_stats(snaps, snaps[0].t_s, snaps[-1].t_s)
+        return (None, None) if st is None else (st.qps, st.latency_p99_ms)
+
     def solo_latency_ms(self, now_s: float, window_s: float) -> float | None:
         snaps = [s for s in self.snapshots() if s.t_s >= now_s - window_s - self.interval_s]
         lsum = lcount = 0.0

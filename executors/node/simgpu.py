@@ -32,6 +32,7 @@ import numpy as np
 from executors.node.placements import Placements
 from executors.node.sampler import NAN, RawSample
 from scheduler_core.domain import GpuTypeSpec
+from scheduler_core.guard.burst import BURST_TARGET_UTIL
 from scheduler_core.interference.gpu_model import (
     XCUDA_TARGET_UTIL,
     OnlineModel,
@@ -58,6 +59,7 @@ class Replica:
     qps_max: float
     peak_hour_utc: float
     metrics_url: str | None = None
+    latency_slo_ms: float | None = None  # the service's p99 SLO (the burst guard's condition)
 
 
 class SimulatedGpu:
@@ -74,6 +76,9 @@ class SimulatedGpu:
         self.mps_split_gaps = mps_split_gaps
         # The job's xCUDA paces it to this GPU load (gpu_model.xcuda_pace); None: unpaced.
         self.xcuda_target_util = xcuda_target_util
+        # The node agent's burst guard lowered xCUDA's target on this GPU (scheduler_core.guard.burst): the jobs'
+        # xCUDA, reading the agent's record, paces them to its floor.
+        self.burst = False
         self.spec = spec
         self.online = online
         self.replica = replica
@@ -116,7 +121,7 @@ class SimulatedGpu:
              1.0 if j.started_epoch_s is None or now_s - j.started_epoch_s >= self.warmup_s else 0.0)
             for j in sorted(jobs, key=lambda j: j.job_id) if j.traits is not None)
         # The model's inputs change once a second or a scrape at most; samples come every few ms.
-        key = (qps, running)
+        key = (qps, running, self.burst)
         if key != self._key:
             self._key, self._state = key, self._evaluate(qps, running)
         util, sm, mem, bw, online = self._state
@@ -127,6 +132,10 @@ class SimulatedGpu:
         return RawSample(util, sm, sm * OCCUPANCY_PER_SM, mem, float(self.spec.memory_bytes), bw, clock,
                          float(self.spec.max_sm_clock_mhz), NAN, NAN, False, *online)
 
+    def set_burst(self, on: bool) -> None:
+        """The agent's burst guard began (True) or ended (False) on this GPU."""
+        self.burst = bool(on)
+
     def _evaluate(self, qps: float, running: tuple) -> tuple:
         """(util, SM, memory, bandwidth, the 7 online fields) of the model, without measurement noise.
 
@@ -134,7 +143,10 @@ class SimulatedGpu:
         model = self.online if self.online is not None else _NO_ONLINE
         on = online_alone(model, qps)
         traits, pct, mem, duty = zip(*running) if running else ((), (), (), ())
-        shared, _ = on_one_gpu(on, model, traits, pct, duty, mem, self.interference, self.xcuda_target_util)
+        target = self.xcuda_target_util
+        if self.burst and target is not None:
+            target = BURST_TARGET_UTIL
+        shared, _ = on_one_gpu(on, model, traits, pct, duty, mem, self.interference, target)
         if self.replica is None or self.online is None:
             online = (NAN,) * 7
         else:

@@ -99,7 +99,8 @@ def node_replicas(store, gpu_ids: list[int]) -> dict[int, Replica]:
     """The online replica on each of these GPUs (by GPU id), as registered."""
     with store.session() as s:
         return {gid: Replica(svc.name, svc.model_family, float(svc.mem_bytes), svc.qps_min, svc.qps_max,
-                             svc.peak_hour_utc, url) for gid, url, svc in inventory.replicas_on(s, gpu_ids)}
+                             svc.peak_hour_utc, url, float(svc.latency_slo_ms))
+                for gid, url, svc in inventory.replicas_on(s, gpu_ids)}
 
 
 def type_spec(t: m.GpuType) -> GpuTypeSpec:
@@ -200,9 +201,10 @@ def _assemble(store, pairs, replicas: dict[int, Replica], placements: Placements
                             solo=lambda i=idx: not placements.on_gpu(i))
         for idx, r in replicas.items() if r.metrics_url
     })
+    sim_gpus: dict[int, SimulatedGpu] = {}
     if sampler is None:
         if simulated:
-            models = {}
+            models = sim_gpus
             for g, t in pairs:
                 spec, rep = type_spec(t), replicas.get(g.gpu_index)
                 online = None
@@ -253,8 +255,14 @@ def _assemble(store, pairs, replicas: dict[int, Replica], placements: Placements
     accounting = OnlineAccounting(replicas, scrapers, src.solo_window_s)
     scrapers.start()
     closers.insert(0, scrapers.close)
+    rates = {g.gpu_index: sc.current for g, _ in pairs if (sc := scrapers.get(g.gpu_index)) is not None}
+    slos = {idx: r.latency_slo_ms for idx, r in replicas.items()}
     agent = NodeAgent(sampler, bindings, evictor, sink, cfg, clock=agent_clock, detectors=detectors,
-                      monitors=monitors, placements=placements, accounting=accounting, closers=closers)
+                      monitors=monitors, placements=placements, accounting=accounting, closers=closers, rates=rates,
+                      slos=slos)
+    for idx, model in sim_gpus.items():  # the simulated jobs' xCUDA paces to the target the GPU's loop publishes
+        if idx in agent.loops:
+            agent.loops[idx].burst_listeners.append(model.set_burst)
     if isinstance(evictor, SlurmEvictor) and src.xcuda_check_s > 0:
         agent.stoppers.append(_xcuda_watch(agent, evictor, sink, placements, pairs, src).close)
     return agent

@@ -20,7 +20,7 @@ from executors.cluster import Cluster, IntervalReport
 from executors.store import dispatch as dispatch_log
 from executors.store import inventory, repo
 from executors.store import models as m
-from executors.store.summary import recent_shared_minutes
+from executors.store.summary import recent_shared_minutes, service_minutes
 from executors.store.db import Session, Store
 from executors.store.jobs import transition
 from executors.store.rounds import (
@@ -43,6 +43,8 @@ from scheduler_core.domain import (
     RoundResult,
 )
 from scheduler_core.jobs.admission import remaining_solo_s
+from scheduler_core.online import budget_pacing
+from scheduler_core.online.budget_pacing import PacingParams
 from scheduler_core.online.dynamic_sm import SmPolicy
 from scheduler_core.online import correction as allowance_correction
 from scheduler_core.online.correction import NO_CORRECTION, Correction, CorrectionParams, corrected_allowance
@@ -61,6 +63,8 @@ HISTORY = dt.timedelta(hours=25)
 FEATURE_WINDOW_MIN = 15
 # How rounds correct each service's allowance on its measured tail against it (scheduler_core.online.correction).
 CORRECTION = CorrectionParams()
+# How rounds pace a budgeted service's budget to what its requests spent (scheduler_core.online.budget_pacing).
+PACING = PacingParams()
 
 
 class RoundOrderError(ValueError):
@@ -118,19 +122,47 @@ def stored_corrections(rnd: m.SchedulingRound | None) -> dict[str, Correction]:
     and what a fill of the round's window uses as it is. None, or a snapshot without them: no service corrected."""
     stored = (rnd.snapshot or {}).get("allowance_correction") if rnd is not None else None
     return {name: Correction(factor, int(c.get("minutes") or 0), c.get("tail"))
-            for name, (factor, c) in _stored_factors(stored).items() if 1.0 < factor < float("inf")}
+            for name, (factor, c) in _snapshot_entries(stored, "factor").items() if 1.0 < factor < float("inf")}
 
 
-def _stored_factors(stored: object) -> dict[str, tuple[float, dict]]:
-    """A snapshot's ``allowance_correction`` read back: per service, its factor and its entry (entries without a
-    numeric factor are skipped)."""
+def _snapshot_entries(stored: object, field: str) -> dict[str, tuple[float, dict]]:
+    """A snapshot's per-service entries (``allowance_correction``, ``budget_pacing``) read back: per service, its
+    numeric ``field`` and its entry (entries without one are skipped)."""
     out = {}
     for name, c in (stored if isinstance(stored, dict) else {}).items():
         try:
-            out[name] = (float(c["factor"]), c)
+            out[name] = (float(c[field]), c)
         except (TypeError, KeyError, ValueError):
             continue
     return out
+
+
+def _factors_of(stored: object) -> dict[str, float]:
+    """A snapshot's ``allowance_correction`` read back: per service, its factor."""
+    return {name: factor for name, (factor, _c) in _snapshot_entries(stored, "factor").items()}
+
+
+@dataclass(frozen=True)
+class _InForce:
+    """A per-service value the rounds store in their snapshots (a correction factor, a pace), as it was in force at
+    a minute: the value of the latest round (not a fill) that started by the minute."""
+
+    starts: list[dt.datetime]
+    values: list[dict[str, float]]
+
+    @classmethod
+    def read(cls, s, key: str, of: Callable[[object], dict[str, float]], since: dt.datetime,
+             now: dt.datetime) -> _InForce:
+        """The snapshots' ``key`` (read back by ``of``) of each round that can cover a minute in [since, now): only
+        that key of the snapshots is read."""
+        rounds = round_snapshot_values(s, key, since, now)
+        return cls([start for start, _ in rounds], [of(stored) for _, stored in rounds])
+
+    def at(self, minute: dt.datetime, name: str, absent: float, before: float | None) -> float | None:
+        """``name``'s value in force at ``minute``: ``absent`` where that round stored none for it, ``before`` where
+        no round on record started by then."""
+        i = bisect.bisect_right(self.starts, minute) - 1
+        return before if i < 0 else self.values[i].get(name, absent)
 
 
 def allowance_corrections(s, now: dt.datetime, previous: dict[str, Correction] | None = None,
@@ -145,25 +177,70 @@ def allowance_corrections(s, now: dt.datetime, previous: dict[str, Correction] |
     by_service: dict[str, list] = {name: [] for name in previous}
     for r in recent_shared_minutes(s, since):
         by_service.setdefault(r.service, []).append(r)
-    in_force = _factors_in_force(s, since, now) if by_service else []
-    starts = [t for t, _ in in_force]
+    in_force = (_InForce.read(s, "allowance_correction", _factors_of, since, now) if by_service
+                else _InForce([], []))
     out = {}
     for name, rs in sorted(by_service.items()):
-        factors = []
-        for r in rs:  # the factor of the latest round that started by the minute (None: none on record)
-            k = bisect.bisect_right(starts, r.minute_utc) - 1
-            factors.append(in_force[k][1].get(name, 1.0) if k >= 0 else None)
+        factors = [in_force.at(r.minute_utc, name, 1.0, None) for r in rs]  # None: no round on record by then
         out[name] = allowance_correction.update(
             previous.get(name, NO_CORRECTION).factor, [r.measured for r in rs], [r.allowance for r in rs],
             [r.qps for r in rs], [(now - r.minute_utc).total_seconds() / 60.0 for r in rs], params, factors)
     return out
 
 
-def _factors_in_force(s, since: dt.datetime, now: dt.datetime) -> list[tuple[dt.datetime, dict[str, float]]]:
-    """(window start, factor per service) of each round (not its fills) that can cover a minute in
-    [``since``, ``now``), oldest first: only the snapshots' ``allowance_correction`` is read."""
-    return [(start, {name: factor for name, (factor, _c) in _stored_factors(stored).items()})
-            for start, stored in round_snapshot_values(s, "allowance_correction", since, now)]
+@dataclass(frozen=True)
+class Pace:
+    """A budgeted service's pace after a round: k, the budget the round planned with (``min(cap, k · budget)``),
+    and what its requests spent in the pacing window before it (None: no minute to tell), over how many minutes."""
+
+    k: float
+    budget: float
+    spent: float | None = None
+    minutes: int = 0
+
+    def as_json(self) -> dict:
+        return {"k": round(self.k, 6), "budget": round(self.budget, 6),
+                "spent": None if self.spent is None else round(self.spent, 6), "minutes": self.minutes}
+
+
+def stored_paces(rnd: m.SchedulingRound | None) -> dict[str, float]:
+    """The paces k a round stored in its snapshot (``budget_pacing``): the pacing's state between rounds, and what a
+    fill of the round's window plans with. None, or a snapshot without them: every budget as declared (k = 1)."""
+    return _paces_of((rnd.snapshot or {}).get("budget_pacing") if rnd is not None else None)
+
+
+def _paces_of(stored: object) -> dict[str, float]:
+    """A snapshot's ``budget_pacing`` read back: per service, its k (entries without a positive finite k skipped)."""
+    return {name: k for name, (k, _e) in _snapshot_entries(stored, "k").items() if np.isfinite(k) and k > 0}
+
+
+def budget_paces(s, now: dt.datetime, params: PacingParams = PACING) -> dict[str, Pace]:
+    """A full round's step of each budgeted service's pace (:func:`scheduler_core.online.budget_pacing.step`): from
+    the latest round's k (:func:`stored_paces`) and what every minute of its replicas spent in the pacing window
+    before ``now``, a minute planned under a lower k than that counted at it. Services without a budget are not in
+    the map."""
+    budgeted = s.query(m.OnlineService).filter(m.OnlineService.slowdown_budget.is_not(None)).all()
+    if not budgeted:
+        return {}
+    previous = stored_paces(latest_round(s))
+    since = now - dt.timedelta(minutes=params.window_minutes)
+    minutes = service_minutes(s, since, now)
+    in_force = _InForce.read(s, "budget_pacing", _paces_of, since, now)
+    out = {}
+    for svc in budgeted:
+        slow, weight, stamps, counts = minutes.get(svc.name, (np.zeros(0), np.zeros(0), [], np.zeros(0, int)))
+        k_prev = previous.get(svc.name)  # None: no k on record (a new service starts at its cap)
+        then = [in_force.at(t, svc.name, 1.0, 1.0) for t in stamps]  # none on record: 1, the budget as declared
+        spend, _ = budget_pacing.spent(slow, weight, np.asarray(then, dtype=float), k_prev or 1.0)
+        n = int(counts.sum())  # replica-minutes with requests
+        k = budget_pacing.step(k_prev, spend, n, svc.slowdown_budget, svc.slowdown_allowance, params)
+        out[svc.name] = Pace(k, budget_pacing.paced_budget(svc.slowdown_budget, svc.slowdown_allowance, k), spend, n)
+    return out
+
+
+def paces_metadata(paces: dict[str, Pace]) -> dict:
+    """What a round stores of its paces (its snapshot's ``budget_pacing``; the Dagster metadata)."""
+    return {name: p.as_json() for name, p in sorted(paces.items())}
 
 
 def corrections_metadata(corrections: dict[str, Correction]) -> dict:
@@ -172,11 +249,15 @@ def corrections_metadata(corrections: dict[str, Correction]) -> dict:
 
 
 def _gpu_candidates(s, now: dt.datetime, running: dict, policy: ForecastPolicy,
-                    corrections: dict[str, Correction] | None = None) -> list[GpuCandidate]:
-    """The round's GPUs; each service's allowance corrected by ``corrections`` (None: the latest round's factors as
-    they are, :func:`stored_corrections`)."""
-    if corrections is None:
-        corrections = stored_corrections(latest_round(s))
+                    corrections: dict[str, Correction] | None = None,
+                    paces: dict[str, float] | None = None) -> list[GpuCandidate]:
+    """The round's GPUs; each budgeted service's budget paced by ``paces`` (k per service) and each service's
+    allowance corrected by ``corrections`` (None: the latest round's, :func:`stored_paces`,
+    :func:`stored_corrections`)."""
+    if corrections is None or paces is None:
+        latest = latest_round(s)
+        corrections = stored_corrections(latest) if corrections is None else corrections
+        paces = stored_paces(latest) if paces is None else paces
     rows = inventory.served_gpus(s)
     measured = repo.recent_online_series(s, [g.id for g, _, _, _ in rows], now - HISTORY)
     pooled = _by_service_type(rows, measured)
@@ -202,8 +283,9 @@ def _gpu_candidates(s, now: dt.datetime, running: dict, policy: ForecastPolicy,
         current = on_gpu.get(gpu.id)
         curve = curves.get((svc.name, gtype.name))  # None until the replicas have enough minutes
         p99 = float(curve.p99_at(fc_sm)) if curve is not None and np.isfinite(fc_sm) else None
-        allowance = svc.slowdown_allowance if svc.slowdown_budget is None else float(
-            budget_allowances(ser["sm"], [fc_sm], svc.slowdown_budget, svc.slowdown_allowance, curve)[0])
+        budget = budget_pacing.paced_budget(svc.slowdown_budget, svc.slowdown_allowance, paces.get(svc.name))
+        allowance = svc.slowdown_allowance if budget is None else float(
+            budget_allowances(ser["sm"], [fc_sm], budget, svc.slowdown_allowance, curve)[0])
         if svc.name in corrections:  # its shared minutes' p99 came out over its allowance lately
             allowance = corrected_allowance(allowance, corrections[svc.name])
         out.append(
@@ -277,17 +359,24 @@ def plan_and_record(
                 "past rounds are replayed from their snapshot, not planned again"
             )
         corrections = allowance_corrections(s, window_start)
-        _log_corrections(corrections)
-        gpus = _gpu_candidates(s, window_start, running, policy, corrections)
+        paces = budget_paces(s, window_start)
+        _log_corrections(corrections, paces)
+        gpus = _gpu_candidates(s, window_start, running, policy, corrections,
+                               {name: p.k for name, p in paces.items()})
         jobs = _job_candidates(s, running)
         return _plan_and_store(s, gpus, jobs, cfg, window_start, cluster.simulated, period_s,
-                               extra={"allowance_correction": corrections_metadata(corrections)})
+                               extra={"allowance_correction": corrections_metadata(corrections),
+                                      "budget_pacing": paces_metadata(paces)})
 
 
-def _log_corrections(corrections: dict[str, Correction]) -> None:
+def _log_corrections(corrections: dict[str, Correction], paces: dict[str, Pace]) -> None:
     if corrections:
         log.info("allowance correction per service (shared p99 against the allowance): %s",
                  allowance_correction.summary(corrections))
+    if paces:
+        log.info("budget paced per service (k, the budget planned with, spent over the pacing window): %s", ", ".join(
+            f"{name} k={p.k:.2f} budget={p.budget:.3f} spent={'n/a' if p.spent is None else f'{p.spent:.3f}'}"
+            for name, p in sorted(paces.items())))
 
 
 def _plan_and_store(s, gpus: list[GpuCandidate], jobs: list[JobCandidate], cfg: RoundConfig,
@@ -347,9 +436,11 @@ def plan_fill(store: Store, cluster: Cluster, now: dt.datetime, policy: Forecast
         seq = 1 + len(fills_of_window(s, window_start))
         fill_of = rnd.id
         corrections = stored_corrections(rnd)  # a fill follows its round: the factors are updated by rounds only
+        paces = stored_paces(rnd)
+        stored_pacing = (rnd.snapshot or {}).get("budget_pacing", {})
     running = cluster.running()
     with store.session() as s:
-        gpus = [g for g in _gpu_candidates(s, now, running, policy, corrections)
+        gpus = [g for g in _gpu_candidates(s, now, running, policy, corrections, paces)
                 if g.current_job_id is None and g.health == GpuHealth.HEALTHY]
         # PENDING in the store and not running in the cluster (one Slurm shows started is the sync's to adopt)
         jobs = [j for j in _job_candidates(s, running, [JobState.PENDING]) if j.current_gpu_id is None]
@@ -357,7 +448,8 @@ def plan_fill(store: Store, cluster: Cluster, now: dt.datetime, policy: Forecast
             return Fill(None, None, len(gpus), len(jobs))
         fill_id, result = _plan_and_store(s, gpus, jobs, cfg, window_start, cluster.simulated, period_s, seq,
                                           {"fill_of_round": fill_of,
-                                           "allowance_correction": corrections_metadata(corrections)},
+                                           "allowance_correction": corrections_metadata(corrections),
+                                           "budget_pacing": stored_pacing},
                                           started_utc=now)
     return Fill(fill_id, result, len(gpus), len(jobs), seq)
 

@@ -38,6 +38,7 @@ from scheduler_core.interference.gpu_model import (
     online_alone,
 )
 from scheduler_core.gpu_specs import get_spec
+from scheduler_core.guard.burst import BURST_TARGET_UTIL, BurstGuard, BurstParams, modelled_over_limit
 from scheduler_core.interference.pairs import InterferenceParams
 from scheduler_core.online.load import diurnal_qps
 from scheduler_core.rng import rng_stream  # noqa: F401  (re-exported: executors use it from here)
@@ -60,6 +61,7 @@ class SimServiceSpec:
     qps_max: float
     peak_hour_utc: float
     mem_bytes: int
+    latency_slo_ms: float | None = None  # the service's p99 SLO (the node's burst guard reads it)
 
 
 @dataclass(frozen=True)
@@ -91,6 +93,9 @@ class SimSettings:
     interference: InterferenceParams = field(default_factory=InterferenceParams)
     # xCUDA's target GPU load, as the offline job's preload paces it (None: unpaced; gpu_model.xcuda_pace).
     xcuda_target_util: float | None = XCUDA_TARGET_UTIL
+    # The node agent's burst guard: a replica's rate over its recent level paces the GPU's offline work to xCUDA's
+    # floor (scheduler_core.guard.burst; needs xCUDA); None: no guard.
+    burst_guard: BurstParams | None = field(default_factory=BurstParams)
     sysmonitor: SysMonitorConfig = field(default_factory=SysMonitorConfig)
     # As NVML under MPS on a real GPU: no online split (utilization, SM activity, memory bandwidth) in a minute
     # an offline job shared the GPU (docs/NODE_AGENT.md). False: the model's split in every minute.
@@ -105,6 +110,7 @@ class _Gpu:
     monitor: SysMonitor
     noise: float = 0.0
     burst_left: int = 0
+    guard: BurstGuard | None = None  # the node agent's burst guard on this GPU (None: off)
 
 
 @dataclass
@@ -134,7 +140,9 @@ class SimulatedCluster:
         for g in gpus:
             fam, spec = ONLINE_FAMILIES[g.service.family], get_spec(g.gpu_type)
             model = OnlineModel.of(fam, catalog.online[fam.name], spec, g.service.mem_bytes)
-            self._gpus[g.gpu_id] = _Gpu(g, spec, model, SysMonitor(settings.sysmonitor))
+            guard = (BurstGuard(1, settings.burst_guard)
+                     if settings.burst_guard is not None and settings.xcuda_target_util is not None else None)
+            self._gpus[g.gpu_id] = _Gpu(g, spec, model, SysMonitor(settings.sysmonitor), guard=guard)
         self._jobs: dict[int, _Job] = {}
         self._known_jobs: dict[int, SimJobSpec] = {}
         self._noise_rng = rng_stream(settings.seed, "online-load")
@@ -254,6 +262,7 @@ class SimulatedCluster:
             "gpus": {
                 str(gid): {
                     "noise": g.noise, "burst_left": g.burst_left, "health": g.monitor.state.value,
+                    "burst_guard": g.guard.to_state() if g.guard is not None else None,
                     "overlimit_entries_s": list(g.monitor.overlimit_entries_s), "calm_since_s": g.monitor.calm_since_s,
                 }
                 for gid, g in self._gpus.items()
@@ -284,6 +293,8 @@ class SimulatedCluster:
             if g is None:
                 continue  # GPU removed from the cluster since
             g.noise, g.burst_left = float(gs["noise"]), int(gs["burst_left"])
+            if g.guard is not None:  # a state written before the guard existed starts it afresh
+                g.guard = BurstGuard.from_state(1, g.guard.params, gs.get("burst_guard"))
             g.monitor.state = GpuHealth(gs["health"])
             g.monitor.overlimit_entries_s = [float(t) for t in gs["overlimit_entries_s"]]
             g.monitor.calm_since_s = gs["calm_since_s"]
@@ -344,13 +355,22 @@ class SimulatedCluster:
 
     def _step_gpu(self, gid: int, g: _Gpu, now: dt.datetime, hour: float, report: IntervalReport) -> MetricRow:
         gt = g.gtype
-        on = online_alone(g.model, self._online_qps(g, hour))
+        qps = self._online_qps(g, hour)
+        on = online_alone(g.model, qps)
         jobs = sorted((j for j in self._jobs.values() if j.gpu_id == gid), key=lambda j: (-j.sm_pct, j.spec.job_id))
         active = [max(0.0, 60.0 - j.warmup_left_s) for j in jobs]  # no kernels of its own during start-up or restart
-        shared, tput = on_one_gpu(on, g.model, [self.catalog.offline_workload(j.spec.job_type).traits for j in jobs],
-                                  [j.sm_pct for j in jobs], [a / 60.0 for a in active],
-                                  [j.spec.mem_bytes for j in jobs], self.settings.interference,
-                                  self.settings.xcuda_target_util)
+        args = (on, g.model, [self.catalog.offline_workload(j.spec.job_type).traits for j in jobs],
+                [j.sm_pct for j in jobs], [a / 60.0 for a in active], [j.spec.mem_bytes for j in jobs],
+                self.settings.interference)
+        shared, tput = on_one_gpu(*args, self.settings.xcuda_target_util)
+        if g.guard is not None:
+            # The node agent sees the replica's rate and p99 as they are (shared), then acts: in a burst the GPU's
+            # offline work waits at xCUDA's floor.
+            # every service in the store has an SLO; None: the rate alone decides
+            over = modelled_over_limit(on.latency_ms, shared.slowdown, g.spec.service.latency_slo_ms)
+            if g.guard.update(qps, over)[0] and jobs:
+                shared, tput = on_one_gpu(*args, BURST_TARGET_UTIL)
+            g.guard.record_minute(qps)
         for job, active_s, t in zip(jobs, active, tput.tolist()):
             job.warmup_left_s = max(0.0, job.warmup_left_s - 60.0)
             steps = t * self.solo_steps_per_s(job.spec.job_type, gt.name) * active_s

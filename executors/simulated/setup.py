@@ -11,6 +11,7 @@ from executors.store import repo
 from executors.store.db import Session
 from scheduler_core.domain import JobState
 from scheduler_core.gpu_specs import get_spec
+from scheduler_core.online.latency_budget import DEFAULT_SLOWDOWN_ALLOWANCE, DEFAULT_SLOWDOWN_BUDGET
 from scheduler_core.online.load import peak_slo_ms
 from scheduler_core.workloads import ONLINE_FAMILIES, WorkloadCatalog
 
@@ -42,7 +43,8 @@ def init_simulated_cluster(
             name=f"svc-{fam}-{k}", model_family=fam, qps_min=round(qmin, 1), qps_max=round(qmax, 1),
             peak_hour_utc=round(float((14 + 10 * k / services) % 24), 2),
             latency_slo_ms=peak_slo_ms(ONLINE_FAMILIES[fam], specs, round(qmax, 1)),
-            slowdown_allowance=0.2, mem_bytes=ONLINE_FAMILIES[fam].mem_bytes,
+            slowdown_allowance=DEFAULT_SLOWDOWN_ALLOWANCE, slowdown_budget=DEFAULT_SLOWDOWN_BUDGET,
+            mem_bytes=ONLINE_FAMILIES[fam].mem_bytes,
         )
         s.add(svc)
         svc_rows.append(svc)
@@ -72,7 +74,8 @@ def cluster_from_store(s: Session, catalog: WorkloadCatalog, settings: SimSettin
     specs = [
         SimGpuSpec(
             gpu.id, gpu.gpu_type,
-            SimServiceSpec(svc.name, svc.model_family, svc.qps_min, svc.qps_max, svc.peak_hour_utc, svc.mem_bytes),
+            SimServiceSpec(svc.name, svc.model_family, svc.qps_min, svc.qps_max, svc.peak_hour_utc, svc.mem_bytes,
+                           float(svc.latency_slo_ms)),
         )
         for gpu, _type, svc, _replica in inventory.served_gpus(s)
     ]

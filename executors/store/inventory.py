@@ -12,6 +12,7 @@ from sqlalchemy.orm import Session
 
 from executors.store import models as m
 from scheduler_core.domain import JobState
+from scheduler_core.online.latency_budget import DEFAULT_SLOWDOWN_BUDGET
 
 
 class InventoryError(ValueError):
@@ -115,7 +116,7 @@ class ServiceRegistration:
     latency_slo_ms: float
     slowdown_allowance: float
     mem_bytes: int
-    slowdown_budget: float | None = None  # scheduler_core.online.latency_budget; None: the flat allowance
+    slowdown_budget: float | None = DEFAULT_SLOWDOWN_BUDGET  # scheduler_core.online.latency_budget; None: flat
 
 
 def register_online_service(s: Session, spec: ServiceRegistration, gpu_ids: list[int], metrics_urls: dict[int, str],
@@ -205,3 +206,41 @@ def listed_jobs(s: Session, states: list[str] | None = None) -> list[m.OfflineJo
 def imported_slurm_ids(s: Session) -> set[int]:
     """The Slurm job ids the store has imported (to tell held submissions not picked up yet)."""
     return set(s.scalars(select(m.OfflineJob.slurm_job_id).where(m.OfflineJob.slurm_job_id.is_not(None))))
+
+
+@dataclass(frozen=True)
+class JobHistory:
+    """One offline job's life as the store has it (``muxflow jobs show``): its row, profiles, state changes,
+    placements with their round's window and GPU, evictions and executions, each in order."""
+
+    job: m.OfflineJob
+    profiles: list[m.JobProfile]
+    transitions: list[m.JobTransition]
+    placements: list[tuple[m.Placement, dt.datetime, str, int]]  # (placement, round window, node, GPU index)
+    evictions: list[tuple[m.Eviction, str, int]]  # (eviction, node, GPU index)
+    executions: list[m.JobExecution]
+
+
+def job_history(s: Session, job_id: int | None = None, slurm_job_id: int | None = None) -> JobHistory | None:
+    """The history of the job with this store id or Slurm job id (None: no such job)."""
+    q = select(m.OfflineJob)
+    job = s.scalars(q.where(m.OfflineJob.id == job_id) if job_id is not None
+                    else q.where(m.OfflineJob.slurm_job_id == slurm_job_id)).first()
+    if job is None:
+        return None
+    where = {g.id: (g.node.name, g.gpu_index) for g in s.scalars(select(m.Gpu))}
+    placed = s.execute(select(m.Placement, m.SchedulingRound.window_start_utc)
+                       .join(m.SchedulingRound, m.SchedulingRound.id == m.Placement.round_id)
+                       .where(m.Placement.job_id == job.id).order_by(m.Placement.round_id)).all()
+    evictions = s.scalars(select(m.Eviction).where(m.Eviction.job_id == job.id).order_by(m.Eviction.at_utc))
+    return JobHistory(
+        job=job,
+        profiles=list(s.scalars(select(m.JobProfile).where(m.JobProfile.job_id == job.id)
+                                .order_by(m.JobProfile.gpu_type))),
+        transitions=list(s.scalars(select(m.JobTransition).where(m.JobTransition.job_id == job.id)
+                                   .order_by(m.JobTransition.id))),
+        placements=[(p, at, *where.get(p.gpu_id, ("?", -1))) for p, at in placed],
+        evictions=[(e, *where.get(e.gpu_id, ("?", -1))) for e in evictions],
+        executions=list(s.scalars(select(m.JobExecution).where(m.JobExecution.job_id == job.id)
+                                  .order_by(m.JobExecution.start_utc))),
+    )

@@ -29,6 +29,7 @@ from sqlalchemy import (
 from sqlalchemy.orm import DeclarativeBase, Mapped, mapped_column, relationship
 
 from scheduler_core.domain import GpuHealth, JobState
+from scheduler_core.online.latency_budget import DEFAULT_SLOWDOWN_ALLOWANCE
 from scheduler_core.round.clock import DEFAULT_PERIOD_S
 
 NAMING = {
@@ -148,9 +149,10 @@ class OnlineService(Base):
     qps_max: Mapped[float] = mapped_column(Float)
     peak_hour_utc: Mapped[float] = mapped_column(Float, default=20.0)
     latency_slo_ms: Mapped[float] = mapped_column(Float)
-    slowdown_allowance: Mapped[float] = mapped_column(Float, default=0.2)
-    # The mean slowdown of its requests it accepts over the day (scheduler_core.online.latency_budget), the
-    # allowance then its per-minute cap; NULL: the flat allowance on every minute.
+    slowdown_allowance: Mapped[float] = mapped_column(Float, default=DEFAULT_SLOWDOWN_ALLOWANCE)
+    # The mean slowdown of its requests it accepts over the day (scheduler_core.online.latency_budget, paced by
+    # scheduler_core.online.budget_pacing), the allowance then its per-minute cap; NULL: the flat allowance on every
+    # minute. (Registration gives DEFAULT_SLOWDOWN_BUDGET unless told otherwise: executors.store.inventory.)
     slowdown_budget: Mapped[float | None] = mapped_column(Float, nullable=True, default=None)
     mem_bytes: Mapped[int] = mapped_column(BigInteger)
     created_utc: Mapped[dt.datetime] = mapped_column(UtcDateTime, default=utcnow)

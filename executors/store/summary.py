@@ -7,7 +7,7 @@ from dataclasses import dataclass
 
 import numpy as np
 import pandas as pd
-from sqlalchemy import func, select
+from sqlalchemy import and_, case, func, select
 from sqlalchemy.orm import Session
 
 from executors.store import models as m
@@ -98,6 +98,34 @@ def shared_service_minutes(s: Session, since_utc: dt.datetime) -> pd.DataFrame:
         preds.append(max(hits)[1] if hits else None)
     df["predicted"] = preds
     return df
+
+
+def service_minutes(s: Session, since_utc: dt.datetime,
+                    until_utc: dt.datetime) -> dict[str, tuple[np.ndarray, np.ndarray, list[dt.datetime], np.ndarray]]:
+    """Per service, each minute in [``since_utc``, ``until_utc``) its replicas have requests in: the slowdown of its
+    requests (latency over latency alone, request-weighted over its replicas; a replica without an offline job beside
+    it, or without a latency, counts 1, and one faster than alone counts 1), their weight (requests × latency alone,
+    summed over the replicas), the minute (UTC) and how many replica-minutes it holds — what a budget's pacing reads
+    (:mod:`scheduler_core.online.budget_pacing`). Summed in the database: one row per service-minute, not per
+    replica-minute."""
+    lat, solo, qps = _MT.online_latency_ms, _MT.online_solo_latency_ms, _MT.online_qps
+    spend = case((and_(_MT.offline_job_id.is_not(None), lat > solo), (lat - solo) * qps), else_=0.0)
+    rows = s.execute(
+        select(m.OnlineService.name, _MT.minute_utc, func.sum(spend), func.sum(qps * solo), func.count())
+        .join(m.ServiceInstance, m.ServiceInstance.gpu_id == _MT.gpu_id)
+        .join(m.OnlineService, m.OnlineService.id == m.ServiceInstance.service_id)
+        .where(_MT.minute_utc >= since_utc, _MT.minute_utc < until_utc, qps > 0, solo > 0)
+        .group_by(m.OnlineService.name, _MT.minute_utc)
+        .order_by(m.OnlineService.name, _MT.minute_utc)).all()
+    by: dict[str, tuple[list[float], list[float], list[dt.datetime], list[int]]] = {}
+    for name, minute, spent_w, weight, n in rows:
+        slow, wts, stamps, counts = by.setdefault(name, ([], [], [], []))
+        slow.append(1.0 + float(spent_w or 0.0) / float(weight))
+        wts.append(float(weight))
+        stamps.append(minute if minute.tzinfo else minute.replace(tzinfo=dt.timezone.utc))
+        counts.append(int(n))
+    return {name: (np.asarray(a, dtype=float), np.asarray(b, dtype=float), c, np.asarray(d, dtype=np.int64))
+            for name, (a, b, c, d) in by.items()}
 
 
 @dataclass(frozen=True)

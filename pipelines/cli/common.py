@@ -203,6 +203,16 @@ def int_list(text: str, what: str, minimum: int) -> list[int]:
     return values
 
 
+def printable(text: object) -> str:
+    """``text`` safe to print on an operator's terminal: what users control (a job's name, a reason quoting their
+    program's error) may hold control characters — escape sequences that retitle or rewrite a terminal, newlines
+    that forge a line, bidirectional overrides that reorder what is shown — each shown escaped (``\\x1b``) instead."""
+    s = str(text)
+    if s.isprintable():
+        return s
+    return "".join(c if c.isprintable() else c.encode("unicode_escape").decode("ascii") for c in s)
+
+
 def text_table(cells: list[list[str]]) -> list[str]:
     """Left-aligned columns, the first row a header underlined with dashes."""
     widths = [max(len(row[i]) for row in cells) for i in range(len(cells[0]))]
@@ -216,3 +226,38 @@ def columns_table(rows: list[dict], cols: list[tuple[str, str, str]]) -> list[st
     cells = [[h for _, h, _ in cols]]
     cells += [["-" if r.get(k) is None else f.format(r[k]) for k, _, f in cols] for r in rows]
     return text_table(cells)
+
+
+def parse_budget(value: object) -> float | str:
+    """A slowdown budget from the command line: a finite number > 0, or ``NO_BUDGET`` for 'none' (also 'off',
+    'flat': no budget, the flat allowance on every minute); ValueError otherwise."""
+    if isinstance(value, float) and value > 0 and math.isfinite(value):
+        return value
+    if str(value).strip().lower() in ("none", "off", "flat"):
+        return NO_BUDGET
+    try:
+        v = float(str(value))
+    except ValueError:
+        v = math.nan
+    if not (v > 0 and math.isfinite(v)):
+        raise ValueError(f"{value!r} is not a number > 0 or 'none'")
+    return v
+
+
+class _Budget(click.ParamType):
+    """A slowdown budget option (:func:`parse_budget`); a bad one is refused with a one-line error naming it."""
+
+    name = "budget"
+
+    def convert(self, value, param, ctx):
+        if value == NO_BUDGET:
+            return value
+        try:
+            return parse_budget(value)
+        except ValueError as exc:  # named by the option's flag, whatever the parameter is called
+            flag = param.opts[0].lstrip("-") if param is not None and param.opts else "slowdown-budget"
+            raise CliError(f"{flag}: {exc}") from None
+
+
+NO_BUDGET = "none"
+BUDGET = _Budget()

@@ -55,6 +55,10 @@ log = logging.getLogger(__name__)
 @click.option("--partial-every", "partial_every_s", type=click.FloatRange(min=0), default=0.0, show_default=True,
               help="Also write the minute in progress every this many seconds, replacing the agent's own earlier "
                    "version of it (0: only whole minutes).")
+@click.option("--burst-margin", "burst_margin", type=click.FloatRange(min=0), default=0.2, show_default=True,
+              help="Burst guard: a replica whose request rate is this much over its recent level (the 0.9-quantile "
+                   "of its last 30 minutes) has its GPU's offline work held at xCUDA's floor until the rate falls "
+                   "back under half the margin; 0: no guard.")
 @click.option("--sim-noise-pct", type=click.FloatRange(0, 20), default=1.0, show_default=True,
               help="Simulated GPUs: measurement noise on SM activity and utilization (percentage points).")
 @click.option("--sim-xcuda-target", "sim_xcuda_target", type=click.FloatRange(0, 2), default=0.9, show_default=True,
@@ -91,12 +95,14 @@ log = logging.getLogger(__name__)
 def node_agent(node: str | None, simulated: bool, db_url: str | None, interval_ms: float,
                duration: float | None, shm_dir: Path, no_shm: bool, evict_mode: str, mps_pipe_dir: str | None,
                ring_seconds: float, sm_config: Path | None, placements_from: str, poll_s: float, scrape_s: float,
-               scrape_timeout_s: float, solo_window_s: float, partial_every_s: float, sim_noise_pct: float,
+               scrape_timeout_s: float, solo_window_s: float, partial_every_s: float, burst_margin: float,
+               sim_noise_pct: float,
                sim_xcuda_target: float, sim_mps_split_gaps: bool, xcuda_check_s: float, prolog: str | None,
                plan_dir: str | None, task_prolog: str | None, job_dir: str | None, metrics_port: int | None,
                metrics_host: str | None, time_scale: float, seed: int) -> None:
     """Run the node agent for the GPUs of one node until SIGTERM/SIGINT."""
     from executors.node.agent import AgentConfig
+    from scheduler_core.guard.burst import BurstParams
     from executors.node.wiring import SourceConfig, build_agent
     node = node or socket.gethostname()
     from executors.node.config import ConfigError, load_sysmonitor_config
@@ -105,7 +111,8 @@ def node_agent(node: str | None, simulated: bool, db_url: str | None, interval_m
         raise click.UsageError("--prolog and --plan-dir go together")
 
     cfg = AgentConfig(interval_s=interval_ms / 1000.0, ring_window_s=ring_seconds, time_scale=time_scale,
-                      partial_every_s=partial_every_s or None)
+                      partial_every_s=partial_every_s or None,
+                      burst=BurstParams(margin=burst_margin) if burst_margin > 0 else None)
     if sm_config is not None:
         try:
             smc, idle = load_sysmonitor_config(sm_config)

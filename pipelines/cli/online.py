@@ -5,7 +5,8 @@ from __future__ import annotations
 import click
 
 from executors.store import inventory
-from pipelines.cli.common import CliError, FiniteFloat, guard, store_of
+from pipelines.cli.common import BUDGET, NO_BUDGET, CliError, FiniteFloat, guard, store_of
+from scheduler_core.online.latency_budget import DEFAULT_SLOWDOWN_ALLOWANCE, DEFAULT_SLOWDOWN_BUDGET
 
 
 @click.group()
@@ -20,11 +21,13 @@ def online() -> None:
 @click.option("--qps-max", type=FiniteFloat(), required=True)
 @click.option("--peak-hour", type=FiniteFloat(), default=20.0, show_default=True, help="Hour of day (UTC) of peak load.")
 @click.option("--slo-ms", type=FiniteFloat(), default=100.0, show_default=True)
-@click.option("--allowance", type=FiniteFloat(), default=0.2, show_default=True, help="Tolerated latency slowdown (0.2 = +20%).")
-@click.option("--slowdown-budget", "budget", type=FiniteFloat(), default=None,
+@click.option("--allowance", type=FiniteFloat(), default=DEFAULT_SLOWDOWN_ALLOWANCE, show_default=True,
+              help="The latency slowdown a minute may be predicted to take (0.25 = +25%): the cap under the budget.")
+@click.option("--slowdown-budget", "budget", type=BUDGET, default=DEFAULT_SLOWDOWN_BUDGET, show_default=True,
               help="The mean slowdown of the service's requests (weighted by their latency alone) to keep over the "
-                   "day: rounds share its GPUs more in quiet minutes and less at its peak, every minute within "
-                   "--allowance [default: none, --allowance on every minute].")
+                   "day: rounds pace it to what the requests spent, sharing its GPUs more in quiet minutes and less "
+                   "at its peak, every minute within --allowance; 'none': --allowance on every minute (the flat "
+                   "rule).")
 @click.option("--mem", "mem_text", required=True, help="GPU memory of one replica, e.g. 4GiB.")
 @click.option("--gpu-ids", required=True, help="Comma-separated GPU ids that host a replica.")
 @click.option("--endpoint", "endpoints", multiple=True, metavar="[GPU_ID=]URL",
@@ -51,8 +54,7 @@ def online_register(ctx, name, family, qps_min, qps_max, peak_hour, slo_ms, allo
         raise CliError("slo-ms: must be positive")
     if allowance < 0:
         raise CliError("allowance: must be >= 0")
-    if budget is not None and budget < 0:
-        raise CliError("slowdown-budget: must be >= 0")
+    budget = None if budget == NO_BUDGET else budget
     mem = parse_size_bytes(mem_text, "mem")
     try:
         ids = sorted({int(x) for x in gpu_ids.split(",") if x.strip()})

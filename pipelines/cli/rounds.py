@@ -230,8 +230,14 @@ def run_cmd(ctx, types_text, services, hours, jobs, samples, epochs, trace, repo
         raise CliFailure(str(exc).splitlines()[0]) from exc
     click.echo("\n=== summary (SIMULATED cluster) ===")
     click.echo(json.dumps({k: v for k, v in summary.items() if k != "config"}, indent=2, default=str))
-    click.echo("\nonline services on shared GPUs (SIMULATED): slowdown of their requests against alone")
+    click.echo("\nonline services (SIMULATED): slowdown of their requests against alone, over all of them (the run, its "
+               "warm-up included) against the budget, over those of shared minutes against the allowance")
     for sv in summary["services_on_shared_gpus"]:
         verdict = "within its allowance" if sv["p99_within_allowance"] else f"NOT within: {sv['why']}"
-        click.echo(f"  {sv['service']}: avg +{100 * sv['avg']:.1f} %, p99 +{100 * sv['p99']:.1f} % over "
-                   f"{sv['shared_minutes']} shared minutes, allowance +{100 * sv['allowance']:.0f} %: {verdict}")
+        every = sv.get("all_requests_avg")
+        budget = "" if every is None else f"all requests avg +{100 * every:.1f} %" + (
+            "" if sv.get("budget") is None else f" against its +{100 * sv['budget']:.0f} % budget: "
+            + ("within" if sv.get("all_requests_within_budget") else "NOT within")) + "; "
+        click.echo(f"  {sv['service']}: {budget}shared minutes avg +{100 * sv['avg']:.1f} %, p99 "
+                   f"+{100 * sv['p99']:.1f} % over {sv['shared_minutes']}, allowance +{100 * sv['allowance']:.0f} %: "
+                   f"{verdict}")

@@ -19,7 +19,18 @@ from pathlib import Path
 
 import click
 
-from pipelines.cli.common import HELP, SEED, CliError, FiniteFloat, columns_table, parse_types, text_table, writable_dir
+from pipelines.cli.common import (
+    BUDGET,
+    HELP,
+    NO_BUDGET,
+    SEED,
+    CliError,
+    FiniteFloat,
+    columns_table,
+    parse_types,
+    text_table,
+    writable_dir,
+)
 from scheduler_core.online.dynamic_sm import SmPolicy
 
 CACHE_DIR = Path(".muxflow") / "cache"
@@ -55,12 +66,14 @@ def _sim_options(fn):
                           "service-minute are reported) [default: no SLOs, the paper's flat allowance]."),
         click.option("--slowdown-allowance", type=click.FloatRange(min=0.0, min_open=True), default=None,
                      help="Every online service's slowdown allowance: the online latency slowdown a MuxFlow pair may "
-                          "be predicted to add (0.1 = +10 %) [default: 0.2, the paper's]."),
-        click.option("--slowdown-budget", type=click.FloatRange(min=0.0, min_open=True), default=None,
+                          "be predicted to add in a minute (0.25 = +25 %), the cap under its budget [default: the "
+                          "services' own, 0.25]."),
+        click.option("--slowdown-budget", type=BUDGET, default=None,
                      help="Every online service's slowdown budget: the mean slowdown of its requests (weighted by "
-                          "their latency alone) that MuxFlow rounds keep over the day, sharing more in quiet minutes "
-                          "and less at the peak, each minute within the slowdown allowance (its cap). Default: none "
-                          "(the flat allowance on every minute, the paper's)."),
+                          "their latency alone) that MuxFlow rounds keep over the day, paced to what its requests "
+                          "spent, sharing more in quiet minutes and less at the peak, each minute within the "
+                          "allowance; 'none': the flat allowance on every minute (the paper's) [default: the "
+                          "services' own, 0.1]."),
         click.option("--max-jobs-per-gpu", type=click.IntRange(min=1, max=8), default=1, show_default=True,
                      help="Offline jobs a MuxFlow round may put on one GPU, each with its own MPS share and memory "
                           "quota; 1 = the paper."),
@@ -70,6 +83,10 @@ def _sim_options(fn):
                      help="Every policy also places waiting jobs between rounds, in the minute a job arrives or a "
                           "GPU frees (MuxFlow: waiting jobs onto free GPUs only, nothing moves), as the pipeline's "
                           "fills do on Slurm (docs/SLURM.md); --rounds-only places at rounds only (the paper)."),
+        click.option("--burst-guard/--no-burst-guard", default=True, show_default=True,
+                     help="MuxFlow's node agents hold a GPU's offline work at xCUDA's floor while its replica is in a "
+                          "burst (its rate +20 % over its recent level) and over its SLO (without SLOs: its "
+                          "allowance); --no-burst-guard: xCUDA's pacing alone (the paper)."),
         click.option("--calibration", default="transfer", show_default=True,
                      help="Interference calibration: transfer, optimistic, pessimistic, or a measured GPU type's "
                           "own fit (k80, p100, ...; docs/CALIBRATION.md)."),
@@ -83,7 +100,8 @@ def _sim_options(fn):
 
 def _config(gpus, types_text, hours, jobs, arrival_hours, mean_job_hours, seed, sm_fallback_levels=None,
             migration_penalty=None, slo_scale=None, max_jobs_per_gpu=1, between_rounds=True, round_minutes=15,
-            slowdown_allowance=None, slowdown_budget=None):
+            slowdown_allowance=None, slowdown_budget=None, burst_guard=True):
+    from scheduler_core.guard.burst import BurstParams
     from scheduler_core.simulator import SimConfig
 
     types = tuple(parse_types(types_text).items()) if types_text else None
@@ -98,17 +116,21 @@ def _config(gpus, types_text, hours, jobs, arrival_hours, mean_job_hours, seed, 
                          sm_fallback_levels=sm_fallback_levels, migration_penalty=migration_penalty,
                          slo_scale=slo_scale, max_jobs_per_gpu=max_jobs_per_gpu, between_rounds=between_rounds,
                          round_minutes=round_minutes,
-                         services=_services(slowdown_allowance, slowdown_budget))
+                         services=_services(slowdown_allowance, slowdown_budget),
+                         burst_guard=BurstParams() if burst_guard else None)
     except ValueError as exc:
         raise CliError(str(exc)) from exc
 
 
 def _services(slowdown_allowance, slowdown_budget):
-    """The default services, with every one's allowance and budget where the command line sets them."""
+    """The default services, with every one's allowance and budget where the command line sets them ('none': no
+    budget)."""
     from scheduler_core.simulator.config import DEFAULT_SERVICES
 
     over = {k: v for k, v in (("slowdown_allowance", slowdown_allowance), ("slowdown_budget", slowdown_budget))
             if v is not None}
+    if over.get("slowdown_budget") == NO_BUDGET:
+        over["slowdown_budget"] = None
     return tuple(replace(sv, **over) for sv in DEFAULT_SERVICES)
 
 
@@ -229,7 +251,7 @@ def _config_json(cfg) -> dict:
             "sm_fallback_levels": cfg.sm_fallback_levels if cfg.sm_fallback_levels is not None
             else SmPolicy().fallback_levels,
             "fixed_sm_pct": cfg.fixed_sm_pct, "slo_scale": cfg.slo_scale, "max_jobs_per_gpu": cfg.max_jobs_per_gpu,
-            "between_rounds": cfg.between_rounds,
+            "between_rounds": cfg.between_rounds, "burst_guard": cfg.burst_guard is not None,
             "slowdown_allowances": {s.name: s.slowdown_allowance for s in cfg.services},
             "slowdown_budgets": {s.name: s.slowdown_budget for s in cfg.services},
             "service_slos_ms": dict(zip((s.name for s in cfg.services), cfg.service_slos_ms()))}
@@ -242,7 +264,7 @@ def _config_json(cfg) -> dict:
 @_guarded
 def simulate(ctx, trace_path, gpus, types_text, hours, jobs, arrival_hours, mean_job_hours, seed, sm_fallback_levels,
              migration_penalty, slo_scale, slowdown_allowance, slowdown_budget, max_jobs_per_gpu, round_minutes,
-             between_rounds, calibration, as_json, quiet, policy) -> None:
+             between_rounds, burst_guard, calibration, as_json, quiet, policy) -> None:
     """Simulate one policy on a trace and print the paper's metrics (SIMULATED)."""
     if ctx.invoked_subcommand is not None:
         return
@@ -251,7 +273,7 @@ def simulate(ctx, trace_path, gpus, types_text, hours, jobs, arrival_hours, mean
     get_policy(policy)
     cfg = _config(gpus, types_text, hours, jobs, arrival_hours, mean_job_hours, seed, sm_fallback_levels,
                   migration_penalty, slo_scale, max_jobs_per_gpu, between_rounds, round_minutes, slowdown_allowance,
-                  slowdown_budget)
+                  slowdown_budget, burst_guard)
     [calibration] = _check_calibrations([calibration])
     trace = _load(trace_path)
     inputs, info = _inputs(cfg, calibration, quiet)
@@ -418,8 +440,8 @@ def _bound_results(path: Path, cfg, calibration: str) -> dict[str, float]:
 @_guarded
 def compare(trace_path, gpus, types_text, hours, jobs, arrival_hours, mean_job_hours, seed, sm_fallback_levels,
             migration_penalty, slo_scale, slowdown_allowance, slowdown_budget, max_jobs_per_gpu, round_minutes,
-             between_rounds, calibration, as_json, quiet, policy_names, out_dir, sensitivity,
-             calibrations_text) -> None:
+            between_rounds, burst_guard, calibration, as_json, quiet, policy_names, out_dir, sensitivity,
+            calibrations_text) -> None:
     """Run every policy on the same trace; print the table normalized like the paper's Figures 11 and 13."""
     from executors.data.calibration import INTERVAL_CALIBRATIONS
     from executors.simulated.evaluation import plot_comparison, plot_utilization
@@ -433,7 +455,7 @@ def compare(trace_path, gpus, types_text, hours, jobs, arrival_hours, mean_job_h
         raise CliError("policies: the comparison is normalized to muxflow; include it")
     cfg = _config(gpus, types_text, hours, jobs, arrival_hours, mean_job_hours, seed, sm_fallback_levels,
                   migration_penalty, slo_scale, max_jobs_per_gpu, between_rounds, round_minutes, slowdown_allowance,
-                  slowdown_budget)
+                  slowdown_budget, burst_guard)
     [calibration] = _check_calibrations([calibration])
     others = []
     if sensitivity:

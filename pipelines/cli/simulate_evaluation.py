@@ -24,7 +24,7 @@ from pathlib import Path
 
 import click
 
-from pipelines.cli.common import HELP, CliError, int_list, writable_dir
+from pipelines.cli.common import BUDGET, HELP, CliError, int_list, writable_dir
 from pipelines.cli.simulate import _guarded, compare
 from scheduler_core.simulator.targets import judge, markdown, sensitivity_markdown
 
@@ -112,6 +112,15 @@ def _replace_between(page: Path, text: str, begin: str, end: str, body: str) -> 
 @click.option("--hours", type=click.FloatRange(min=0.25, max=24 * 7), default=24.0, show_default=True)
 @click.option("--slo-scale", type=click.FloatRange(min=0.0, min_open=True), default=1.5, show_default=True,
               help="Each service's p99 SLO, in times its p99 alone at its daily peak.")
+@click.option("--slowdown-allowance", type=click.FloatRange(min=0.0, min_open=True), default=None,
+              help="Every service's per-minute slowdown allowance [default: the services' own].")
+@click.option("--slowdown-budget", type=BUDGET, default=None,
+              help="Every service's slowdown budget over its requests; 'none': the flat allowance on every minute "
+                   "[default: the services' own].")
+@click.option("--max-jobs-per-gpu", type=click.IntRange(min=1, max=8), default=None,
+              help="Offline jobs a MuxFlow round may put on one GPU [default: the simulator's, 1].")
+@click.option("--burst-guard/--no-burst-guard", default=True, show_default=True,
+              help="MuxFlow's node agents pause a GPU's offline work while its replica is in a burst over its SLO.")
 @click.option("--policies", default=POLICIES, show_default=True, help="MuxFlow and the baselines it is judged against.")
 @click.option("--calibration", default="transfer", show_default=True)
 @click.option("--out", "out_dir", type=click.Path(file_okay=False, path_type=Path),
@@ -124,8 +133,8 @@ def _replace_between(page: Path, text: str, begin: str, end: str, body: str) -> 
 @click.option("--tables-only", is_flag=True, help="Rebuild the tables from the results under --out; run nothing.")
 @click.option("--quiet", is_flag=True, help="No progress lines on stderr.")
 @_guarded
-def evaluation(folder, names, sizes, jobs_text, hours, slo_scale, policies, calibration, out_dir, doc_page,
-               sensitivity, tables_only, quiet) -> None:
+def evaluation(folder, names, sizes, jobs_text, hours, slo_scale, slowdown_allowance, slowdown_budget,
+               max_jobs_per_gpu, burst_guard, policies, calibration, out_dir, doc_page, sensitivity, tables_only, quiet) -> None:
     """Run the evaluation (every trace × size) and judge its targets (SIMULATED)."""
     sizes_, jobs_at = int_list(sizes, "sizes", 1), _jobs_at(jobs_text)
     traces = [] if tables_only else _traces(folder, names)
@@ -142,6 +151,12 @@ def evaluation(folder, names, sizes, jobs_text, hours, slo_scale, policies, cali
                     "--out", str(out / f"{trace.stem}-{gpus}")]
             if gpus in jobs_at:
                 args += ["--jobs", str(jobs_at[gpus])]
+            for flag, value in (("--slowdown-allowance", slowdown_allowance), ("--slowdown-budget", slowdown_budget),
+                                ("--max-jobs-per-gpu", max_jobs_per_gpu)):
+                if value is not None:
+                    args += [flag, str(value)]
+            if not burst_guard:
+                args.append("--no-burst-guard")
             if quiet:
                 args.append("--quiet")
             if sensitivity:

@@ -43,12 +43,12 @@ def _counts(text: str) -> list[int]:
 @_guarded
 def users(trace_path, gpus, types_text, hours, jobs, arrival_hours, mean_job_hours, seed, sm_fallback_levels,
           migration_penalty, slo_scale, slowdown_allowance, slowdown_budget, max_jobs_per_gpu, round_minutes,
-          between_rounds, calibration, as_json, quiet, users_text, zipf_s) -> None:
+          between_rounds, burst_guard, calibration, as_json, quiet, users_text, zipf_s) -> None:
     """MuxFlow with one user per GPU against no user constraint (SIMULATED)."""
     counts = _counts(users_text)
     base = _config(gpus, types_text, hours, jobs, arrival_hours, mean_job_hours, seed, sm_fallback_levels,
                    migration_penalty, slo_scale, max_jobs_per_gpu, between_rounds, round_minutes, slowdown_allowance,
-                   slowdown_budget)
+                   slowdown_budget, burst_guard)
     [calibration] = _check_calibrations([calibration])
     trace = _load(trace_path)
     inputs, info = _inputs(base, calibration, quiet)

@@ -13,7 +13,7 @@ import click
 
 from executors.dev.slurm.cluster import DevCluster, DevClusterError, DevStatus
 from executors.dev.slurm.state import log_tail
-from pipelines.cli.common import HELP, CliError, CliFailure, db_option, open_store, slurm_config
+from pipelines.cli.common import HELP, CliError, CliFailure, db_option, open_store, printable, slurm_config
 
 log = logging.getLogger(__name__)
 _state_dir = click.option("--state-dir", envvar="MUXFLOW_SLURM_DIR", default=None, type=click.Path(),
@@ -221,7 +221,7 @@ def pickup(state_dir: str | None, db_url: str | None) -> None:
     rep = import_submissions(open_store(db_url), slurm_config(state_dir).client())
     click.echo(f"imported {len(rep.imported)} job(s), rejected {len(rep.rejected)}")
     for sid, reason in rep.rejected:
-        click.echo(f"  slurm job {sid}: {reason}")
+        click.echo(f"  slurm job {sid}: {printable(reason)}")  # it may quote the user's comment
 
 
 @slurm.command("dispatch", context_settings=HELP)

@@ -146,10 +146,11 @@ def _sm_footprint(off_sm_used_frac, duty, norm_tput):
 
 
 def _pace(online_sm_pct, full, target_util):
-    """:func:`xcuda_pace` from the offline work's whole SM footprint ``full`` (%) on the GPU."""
+    """:func:`xcuda_pace` from the offline work's whole SM footprint ``full`` (%) on the GPU; ``target_util`` a
+    number, or one per GPU (the node agent lowers a GPU's in an online burst, :mod:`scheduler_core.guard.burst`)."""
     if target_util is None:
         return np.ones(np.shape(np.asarray(online_sm_pct) + np.asarray(full)))
-    room = 100.0 * float(target_util) - np.asarray(online_sm_pct, dtype=float)
+    room = 100.0 * np.asarray(target_util, dtype=float) - np.asarray(online_sm_pct, dtype=float)
     with np.errstate(divide="ignore", invalid="ignore"):
         pace = np.where(full > 0, room / np.where(full > 0, full, 1.0), 1.0)
     return np.clip(pace, PACE_FLOOR, 1.0)

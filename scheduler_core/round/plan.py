@@ -94,8 +94,11 @@ def plan_round(
 
     A running job that cannot be moved (``movable=False``: it does not checkpoint) stays where it is: its GPU
     and it are left out of the matching and it is KEPT at its running share, whatever the matching would
-    prefer; only a GPU that is no longer healthy lets the matching move it (its progress is lost then, as it
-    would be anyway). One whose GPU the round does not see (no online metrics) gets no action at all.
+    prefer. An Unhealthy GPU keeps it too: Unhealthy takes no new work, but what runs there runs on (the node's
+    SysMonitor evicts it if the GPU goes Overlimit), and moving it would throw its progress away for a state
+    that often passes. Only a GPU that has failed (Overlimit, Disabled, Init) lets the matching move it (its
+    progress is lost then, as it would be anyway). One whose GPU the round does not see (no online metrics)
+    gets no action at all.
     """
     kept, gpus, jobs = _pinned(gpus, jobs, predictors)
     result = _plan_matching(gpus, jobs, predictors, cfg)
@@ -121,7 +124,7 @@ def _pinned(gpus: list[GpuCandidate], jobs: list[JobCandidate], predictors: dict
             rest.append(j)
         elif g is None:
             continue  # its GPU is not in this round: nothing is sent, it runs on
-        elif g.health == GpuHealth.HEALTHY and g.gpu_type in predictors:
+        elif g.health in (GpuHealth.HEALTHY, GpuHealth.UNHEALTHY) and g.gpu_type in predictors:
             kept.setdefault(g.gpu_id, (g, []))[1].append(j)
         else:
             rest.append(j)  # a failing GPU: the matching moves it

@@ -7,8 +7,11 @@ from dataclasses import dataclass, field
 from scheduler_core.interference.gpu_model import XCUDA_TARGET_UTIL
 from scheduler_core.gpu_specs import GPU_SPECS
 from scheduler_core.interference.pairs import InterferenceParams
+from scheduler_core.online.budget_pacing import PacingParams
 from scheduler_core.online.correction import CorrectionParams
+from scheduler_core.online.latency_budget import DEFAULT_SLOWDOWN_ALLOWANCE, DEFAULT_SLOWDOWN_BUDGET
 from scheduler_core.online.load import peak_slo_ms
+from scheduler_core.guard.burst import BurstParams
 from scheduler_core.guard.sysmonitor import SysMonitorConfig
 from scheduler_core.workloads import ONLINE_FAMILIES
 
@@ -22,14 +25,15 @@ class ServiceSpec:
     qps_min: float
     qps_max: float
     peak_hour_utc: float
-    slowdown_allowance: float = 0.2
+    slowdown_allowance: float = DEFAULT_SLOWDOWN_ALLOWANCE
     # p99 latency SLO (ms): a pair is feasible only if the replica's p99 alone at the forecast load
     # (scheduler_core.online.latency_model) times the predicted slowdown stays within it. None: no SLO.
     slo_p99_ms: float | None = None
-    # The mean slowdown of its requests the service accepts over the day (scheduler_core.online.latency_budget):
-    # MuxFlow rounds share its GPUs more in quiet minutes and less at the peak, each minute within
-    # ``slowdown_allowance``. None: the flat allowance on every minute (the paper's).
-    slowdown_budget: float | None = None
+    # The mean slowdown of its requests the service accepts over the day (scheduler_core.online.latency_budget),
+    # paced to what its requests spent (scheduler_core.online.budget_pacing): MuxFlow rounds share its GPUs more in
+    # quiet minutes and less at the peak, each minute within ``slowdown_allowance``. None: the flat allowance on
+    # every minute (the paper's, at 0.2).
+    slowdown_budget: float | None = DEFAULT_SLOWDOWN_BUDGET
 
     def __post_init__(self) -> None:
         if self.family not in ONLINE_FAMILIES:
@@ -107,6 +111,9 @@ class SimConfig:
     interference: InterferenceParams = field(default_factory=InterferenceParams)
     # xCUDA's target GPU load on GPUs an MPS policy shares (gpu_model.xcuda_pace); None: unpaced.
     xcuda_target_util: float | None = XCUDA_TARGET_UTIL
+    # The node agent's burst guard on GPUs an MPS policy shares: a replica's request rate over its recent level
+    # paces the GPU's offline work to xCUDA's floor (scheduler_core.guard.burst); None: no guard.
+    burst_guard: BurstParams | None = field(default_factory=BurstParams)
     sysmonitor: SysMonitorConfig = field(default_factory=SysMonitorConfig)
     sharing: SharingParams = field(default_factory=SharingParams)
     fixed_sm_pct: int = 50  # MuxFlow-S / -S-M: one SM percentage for every pair
@@ -135,6 +142,10 @@ class SimConfig:
     # its shared minutes' p99 slowdown is over the declared allowance and relaxes back to 1 (never looser) once within
     # (scheduler_core.online.correction), as the pipeline's rounds do; None: the allowance as declared (the paper).
     allowance_correction: CorrectionParams | None = field(default_factory=CorrectionParams)
+    # How MuxFlow rounds pace a budgeted service's budget to what its requests spent in the last interval (up to its
+    # allowance with headroom, down under overload: scheduler_core.online.budget_pacing), as the pipeline's rounds
+    # do; None: the budget as declared on every round.
+    budget_pacing: PacingParams | None = field(default_factory=PacingParams)
 
     def __post_init__(self) -> None:
         if self.gpus < 1:

@@ -139,7 +139,8 @@ class _Recorder:
         self.solo = np.zeros((minutes, n), dtype=np.float32)
         self.qps = np.zeros((minutes, n), dtype=np.float32)
         self.cols = {k: np.zeros(minutes) for k in (
-            "util", "sm", "mem", "solo_util", "solo_sm", "solo_mem", "offline_gpu_equiv", "running", "evicted")}
+            "util", "sm", "mem", "solo_util", "solo_sm", "solo_mem", "offline_gpu_equiv", "running", "evicted",
+            "burst_paced")}
 
     def add(self, minute: int, m) -> None:
         self.lat[minute], self.solo[minute], self.qps[minute] = m.latency_ms, m.solo_latency_ms, m.qps
@@ -149,6 +150,7 @@ class _Recorder:
         c["solo_mem"][minute] = m.solo_mem_frac.mean()
         c["offline_gpu_equiv"][minute], c["running"][minute], c["evicted"][minute] = (
             m.offline_gpu_equiv, m.running, m.evicted)
+        c["burst_paced"][minute] = m.burst_paced
 
     def series(self, bin_minutes: int) -> dict:
         """Means per ``bin_minutes`` (one point per round interval)."""

@@ -41,6 +41,7 @@ from scheduler_core.rng import rng_stream
 from scheduler_core.simulator.config import SimConfig
 from scheduler_core.simulator.users import assign_users
 from scheduler_core.simulator.workload import JobTable
+from scheduler_core.guard.burst import BURST_TARGET_UTIL, BurstGuard, modelled_over_limit
 from scheduler_core.guard.sysmonitor import GpuSample, SysMonitor, Thresholds
 from scheduler_core.workloads import ONLINE_FAMILIES, WorkloadCatalog
 
@@ -77,6 +78,7 @@ class Minute:
     active_per_gpu_max: int  # most offline jobs that progressed on one GPU in this minute
     evicted: int
     finished: int  # offline jobs that finished in this minute
+    burst_paced: int = 0  # GPUs whose offline work the burst guard paced to xCUDA's floor in this minute
 
 
 class Fleet:
@@ -161,6 +163,12 @@ class Fleet:
         self.shared_n = max(self.recent_n, cfg.round_minutes)
         self._shared = np.full((3, self.shared_n, n), np.nan)
         self.minutes_stepped = 0
+        # The node agent's burst guard (MPS sharing under xCUDA): a replica in a burst paces its GPU's offline work.
+        self.burst = (BurstGuard(n, cfg.burst_guard) if sharing == "mps" and cfg.burst_guard is not None
+                      and cfg.xcuda_target_util is not None else None)
+        slos = np.array([np.nan if x is None else x for x in cfg.service_slos_ms()], dtype=float)
+        self._slo_of_gpu = slos[self.service_index]
+        self._allowance_of_gpu = np.array([sv.slowdown_allowance for sv in cfg.services])[self.service_index]
 
     # -- per-job helpers ----------------------------------------------------------
     def solo_sps(self, jobs: np.ndarray, gpus: np.ndarray) -> np.ndarray:
@@ -262,6 +270,11 @@ class Fleet:
         self.gpu[j] = -1
 
     # -- one minute ---------------------------------------------------------------------
+    def _burst_update(self, qps: np.ndarray, lat_solo: np.ndarray, slowdown: np.ndarray) -> np.ndarray:
+        """The burst guard's step: each replica over its limit as it is — its p99 over its SLO, or, for a service
+        without one, its slowdown over its allowance."""
+        return self.burst.update(qps, modelled_over_limit(lat_solo, slowdown, self._slo_of_gpu, self._allowance_of_gpu))
+
     def _online_qps(self, hour: float) -> np.ndarray:
         c = self.cfg
         self.noise = 0.8 * self.noise + self._noise_rng.normal(0.0, c.qps_noise_frac, self.n)
@@ -290,6 +303,7 @@ class Fleet:
     def step(self, minute: int, hour: float, now_s: float) -> Minute:
         c, sh = self.cfg, self.cfg.sharing
         qps = self._online_qps(hour)
+        bursting = None
         on = online_alone(self.online, qps)
         on_util, on_sm, on_bw, on_mem, lat_solo = on.util_pct, on.sm_pct, on.bw_pct, on.mem_bytes, on.latency_ms
         solo_clock = clock_frac(on_sm, self.clock_drop)
@@ -316,6 +330,13 @@ class Fleet:
                 # memory is added above for every placed job (Salus keeps several resident)
                 shared = with_offline_jobs(on, self.online, g, off_tr, self.sm_pct[act], duty, 0.0,
                                            c.interference, c.xcuda_target_util)
+                if self.burst is not None:
+                    # The node agent sees the replica's rate and its p99 as it is (shared), then acts.
+                    bursting = self._burst_update(qps, lat_solo, shared.slowdown)
+                    if bursting[g].any():
+                        shared = with_offline_jobs(on, self.online, g, off_tr, self.sm_pct[act], duty, 0.0,
+                                                   c.interference,
+                                                   np.where(bursting, BURST_TARGET_UTIL, c.xcuda_target_util))
                 # Per GPU with jobs (several jobs on one GPU write the same totals).
                 u_g, sm_g, bw_g = shared.util_pct[g], shared.sm_pct[g], shared.bw_pct[g]
                 tput = shared.norm_tput
@@ -378,11 +399,15 @@ class Fleet:
         self._shared[1, pos] = qps
         self._shared[2, pos] = lat_solo
         self.minutes_stepped += 1
+        if self.burst is not None:
+            if bursting is None:  # no offline work anywhere this minute: the replicas as they are
+                bursting = self._burst_update(qps, lat_solo, np.ones(self.n))
+            self.burst.record_minute(qps)
         return Minute(
             qps=qps, latency_ms=lat_solo * slow, solo_latency_ms=lat_solo, util_pct=util, sm_pct=sm,
             mem_frac=mem_frac, solo_util_pct=on_util, solo_sm_pct=on_sm, solo_mem_frac=on_mem / self.mem_total,
             offline_gpu_equiv=gpu_equiv, running=int(run.size), active_per_gpu_max=per_gpu_max, evicted=evicted,
-            finished=finished,
+            finished=finished, burst_paced=int((bursting & placed).sum()) if bursting is not None else 0,
         )
 
     def _monitor(self, now_s: float, util, sm, clock, mem_frac) -> int:

@@ -224,6 +224,8 @@ def compute_metrics(cfg: SimConfig, fleet, rec, rounds: list[dict]) -> dict:
             "evictions": evictions,
             "eviction_rate": round(evictions / executions, 4) if executions else 0.0,
             "migrations": int(fleet.migrations.sum()),
+            # GPU-minutes whose offline work the node's burst guard paced to xCUDA's floor (an online burst).
+            "burst_paced_gpu_minutes": int(c["burst_paced"].sum()),
             "lost_steps_frac": round(float(fleet.lost_steps.sum() / jobs.total_steps.sum()), 6),
             "shortest_quarter": shortest_quarter(fleet, arrived, censored, end_s) if executions else None,
         },

@@ -34,6 +34,7 @@ from scheduler_core.domain import (
     OfflineFeatures,
     PlanAction,
 )
+from scheduler_core.online import budget_pacing
 from scheduler_core.online.correction import Correction, corrected_allowance, rebase, step
 from scheduler_core.online.dynamic_sm import SmPolicy
 from scheduler_core.prediction.features import round_online_features
@@ -97,7 +98,8 @@ class _MuxFlowPlanner:
         self._profiles: dict[int, dict[str, OfflineFeatures]] = {}
         # The last round's forecast SM, p99 alone and allowance per GPU (placements between rounds reuse them).
         self._last: tuple[np.ndarray, np.ndarray, np.ndarray] | None = None
-        self.correction = _SharedMinutes(cfg) if cfg.allowance_correction is not None else None
+        keep = cfg.allowance_correction is not None or cfg.budget_pacing is not None
+        self.correction = _SharedMinutes(cfg) if keep else None  # the correction's and the pacing's minutes
 
     def profiles(self, fleet, type_index: int) -> dict[str, OfflineFeatures]:
         got = self._profiles.get(type_index)
@@ -107,14 +109,15 @@ class _MuxFlowPlanner:
             self._profiles[type_index] = got
         return got
 
-    def _latency_limits(self, f, recent: dict, hist: np.ndarray, fc: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
+    def _latency_limits(self, f, recent: dict, hist: np.ndarray, fc: np.ndarray,
+                        budgets: dict[str, float | None]) -> tuple[np.ndarray, np.ndarray]:
         """Each replica's p99 alone at its forecast load, from its service's latency model (NaN: no SLO or no
-        model yet), and its allowance for the interval (its service's budget, where it declares one, shapes it
-        from its SM history ``hist``: :mod:`scheduler_core.online.latency_budget`)."""
+        model yet), and its allowance for the interval (its service's budget as paced, ``budgets``, where it
+        declares one, shapes it from its SM history ``hist``: :mod:`scheduler_core.online.latency_budget`)."""
         out = np.full(f.n, np.nan)
         allow = np.asarray(f.allowance, dtype=float).copy()
         for s, spec in enumerate(self.cfg.services):
-            budget = spec.slowdown_budget
+            budget = budgets.get(spec.name)
             if self.slos[s] is None and budget is None:
                 continue
             for t, name in enumerate(f.type_names):
@@ -132,7 +135,7 @@ class _MuxFlowPlanner:
 
     def __call__(self, view: RoundView) -> tuple[list[PlanAction], dict]:
         f = view.fleet
-        if self.correction is not None:  # the shared minutes since the last call
+        if self.correction is not None:  # the minutes since the last call
             self.correction.take(f)
         recent = f.recent_online()
         run = f.running()
@@ -146,8 +149,11 @@ class _MuxFlowPlanner:
             hist = f.sm_history()
             fc = forecast_many(hist, self.forecast)
             fc = np.where(np.isfinite(fc), fc, recent["sm"])
-            p99, allow = self._latency_limits(f, recent, hist, fc)
-            if self.correction is not None:
+            budgets = {sv.name: sv.slowdown_budget for sv in self.cfg.services}
+            if self.correction is not None and self.cfg.budget_pacing is not None:
+                budgets = self.correction.paced(f, budgets)
+            p99, allow = self._latency_limits(f, recent, hist, fc, budgets)
+            if self.correction is not None and self.cfg.allowance_correction is not None:
                 allow = self.correction.corrected(f, allow)
             self._last = (fc, p99, allow)
             gpu_ids, job_ids = range(f.n), np.concatenate([run, f.queued()])
@@ -195,25 +201,30 @@ class _MuxFlowPlanner:
 
 
 class _SharedMinutes:
-    """MuxFlow's allowance correction in the fleet simulator (:mod:`scheduler_core.online.correction`): the fleet's
-    recent shared minutes as the pipeline's store keeps them — per GPU-minute the measured online slowdown (NaN:
-    no offline job there), the requests, and the allowance the GPU's service declared (the flat one) — in a ring
-    of the correction's window, and each service's factor, which every full round updates from them.
+    """MuxFlow's allowance correction and budget pacing in the fleet simulator (:mod:`scheduler_core.online.correction`,
+    :mod:`scheduler_core.online.budget_pacing`): the fleet's recent minutes as the pipeline's store keeps them — per
+    GPU-minute the measured online slowdown (NaN: no offline job there), the requests, the latency alone, and the
+    correction factor and pace the minute was planned under — in a ring of the longer of the two windows, and each
+    service's factor and pace, which every full round updates from them.
     """
 
     def __init__(self, cfg: SimConfig):
         self.params = cfg.allowance_correction
-        self.window = self.params.window_minutes
+        self.pacing = cfg.budget_pacing
+        self.window = max(p.window_minutes for p in (self.params, self.pacing) if p is not None)
         self.n = cfg.gpus
         self.names = [sv.name for sv in cfg.services]
         self.measured = np.full((self.window, self.n), np.nan)
         self.weight = np.zeros((self.window, self.n))
         self.solo = np.full((self.window, self.n), np.nan)  # mean latency alone (ms)
         self.in_force = np.ones((self.window, self.n))  # the factor each GPU-minute's placements were made under
+        self.paced_k = np.ones((self.window, self.n))  # the budget's pace k each GPU-minute was planned under
         self.minute = np.full(self.window, -np.inf)  # the fleet's minute count of each row
         self.written = 0  # rows written (the fleet's minutes taken)
         self.seen = 0  # the fleet's minutes_stepped at the last call
         self.factors: dict[str, Correction] = {}  # per service: its factor after the last full round
+        self.paces: dict[str, float] = {}  # per service: its budget's pace k after the last full round
+        self.current_k = np.ones(self.n)  # per GPU: its service's pace in force
         self.current = np.ones(self.n)  # per GPU: its service's factor in force
 
     def take(self, fleet) -> None:
@@ -223,9 +234,34 @@ class _SharedMinutes:
             row = self.written % self.window
             self.measured[row], self.weight[row], self.solo[row] = slow[k], qps[k], solo[k]
             self.in_force[row] = self.current
+            self.paced_k[row] = self.current_k
             self.minute[row] = first + k
             self.written += 1
         self.seen = fleet.minutes_stepped
+
+    def paced(self, fleet, budgets: dict[str, float | None]) -> dict[str, float | None]:
+        """A full round's step of each budgeted service's pace (:mod:`scheduler_core.online.budget_pacing`) from
+        every minute of its replicas in the pacing window — a minute without an offline job spends nothing — and
+        the budgets the round plans with."""
+        p = self.pacing
+        age = self.seen - self.minute  # the latest minute taken is 1 minute old
+        inside = (age >= 1) & (age <= p.window_minutes)
+        out = dict(budgets)
+        for s, name in enumerate(self.names):
+            budget = budgets.get(name)
+            cols = fleet.service_index == s
+            if budget is None or not cols.any():
+                continue
+            cap = float(fleet.allowance[cols][0])
+            prev = self.paces.get(name)  # None: no k yet (the service starts at its cap)
+            spend, n = budget_pacing.spent(self.measured[inside][:, cols],
+                                           self.weight[inside][:, cols] * self.solo[inside][:, cols],
+                                           self.paced_k[inside][:, cols], prev or 1.0)
+            k = budget_pacing.step(prev, spend, n, budget, cap, p)
+            self.paces[name] = k
+            self.current_k[cols] = k
+            out[name] = budget_pacing.paced_budget(budget, cap, k)
+        return out
 
     def corrected(self, fleet, allow: np.ndarray) -> np.ndarray:
         """A full round's step: each service's factor updated from its shared minutes' tail against its declared

@@ -269,12 +269,14 @@ def test_utilization_report_writes_csvs(cluster_store: Store, tmp_path, dagster_
                       instance=dagster_instance)
     md = meta(res, "utilization_report")
     assert md["rounds"] == 1 and md["hours"] >= 1
-    for name in ("utilization_per_hour", "oversold_per_round", "evictions_per_day", "online_latency_per_day"):
+    for name in ("utilization_per_hour", "oversold_per_round", "evictions_per_day", "online_latency_per_day",
+                 "restarts_per_day"):
         path = Path(md[f"csv_{name}"])
         assert path.parent == tmp_path / "report" and path.stat().st_size > 0
     assert 0 < md["oversold_gpu_mean_simulated"] <= 1
     assert str(md["utilization_per_hour"]).startswith("![utilization per hour](data:image/png;base64,")
     assert "slowdown_all_requests" in str(md["online_latency_per_day"])  # the simulated replicas' requests
+    assert "restarts_per_job" in str(md["restarts_per_day"]) and "simulated" in str(md["restarts_per_day"])
 
 
 def test_feature_store_resource_refuses_an_unmigrated_store(empty_db_url: str, tmp_path, dagster_instance) -> None:

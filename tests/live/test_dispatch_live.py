@@ -264,7 +264,8 @@ def test_migrate_and_evict(dev_cluster, private_tmp) -> None:
             j = dev_cluster.wait_job(c, sa, lambda j: j.state == "RUNNING", "restart on the new node", timeout_s=60)
             assert j.nodes == ("mx-a10-1",) and j.mps_pct == 50 and j.restart_count >= 1
             assert plans.decode(j.comment, dev_cluster.plan_key, sa).gpu_index == 3
-            e = c.get_job(sb)
+            # an eviction requeues and holds: the job passes through COMPLETING (held, not yet pending) first
+            e = dev_cluster.wait_job(c, sb, lambda j: j.state != "COMPLETING", "eviction to finish", timeout_s=60)
             assert e.held and e.state == "PENDING"
         cl = be.cluster(store)
         running = cl.running()

@@ -20,11 +20,13 @@ import datetime as dt
 import os
 import re
 import subprocess
+import time
 
 import pytest
 from sqlalchemy import select
 
 from executors.dev.slurm.layout import DevNode
+from executors.scheduler.slurm.backend import requeue_second_wait_s
 from executors.scheduler.round_runner import stored_result
 from executors.slurm.spec import JobUpdate
 from executors.store import models as m
@@ -149,7 +151,10 @@ def test_slurm_2205_adds_a_pending_jobs_new_type_next_to_its_old_one(mixed_clust
         with live.client() as c:
             live.wait_job(c, sid, lambda j: j.state == "RUNNING", "start", timeout_s=60)
             subprocess.run(["scontrol", "requeuehold", str(sid)], env=env, check=True, timeout=30)
-            live.wait_job(c, sid, lambda j: j.state == "PENDING", "requeued", timeout_s=60)
+            pending = live.wait_job(c, sid, lambda j: j.state == "PENDING", "requeued", timeout_s=60)
+            # Slurm kills a job started within its requeue's second ("Job credential revoked"): released past
+            # it, as the dispatcher does (SlurmCluster._past_requeue_second)
+            time.sleep(requeue_second_wait_s(pending, time.time()))
             c.update_job(sid, JobUpdate(gres_per_node="mps:t4g0:30", hold=False, eligible_now=True))
             j = live.wait_job(c, sid, lambda j: j.state == "RUNNING", "restart", timeout_s=60)
         assert j.gres_per_node == "gres:mps:t4g0:30"  # what the job record says it asks for ...

@@ -291,8 +291,10 @@ def test_real_loop_end_to_end_from_sbatch_to_done(dev_cluster, make_postgres_dat
             replicas[gid] = info["metrics_url"].rsplit("/metrics", 1)[0]
         for svc, (family, node) in services.items():
             ids = [gpus[(node, index)][0] for index in range(4)]
-            # The vision service keeps a slowdown budget over its requests (each minute within a 0.3 cap).
-            budget = ["--allowance", "0.3", "--slowdown-budget", "0.25"] if svc == "svc-vision" else []
+            # The vision service keeps a slowdown budget over its requests (each minute within a 0.3 cap); the
+            # recommender the paper's flat rule, +20 % on every minute.
+            budget = (["--allowance", "0.3", "--slowdown-budget", "0.25"] if svc == "svc-vision"
+                      else ["--allowance", "0.2", "--slowdown-budget", "none"])
             _cli(env, "online", "register", "--name", svc, "--family", family, "--qps-min", "5", "--qps-max", "40",
                  "--mem", "2GiB", "--gpu-ids", ",".join(map(str, ids)), *budget,
                  *[a for gid in ids for a in ("--endpoint", f"{gid}={replicas[gid]}/metrics")])
@@ -537,6 +539,9 @@ def test_real_loop_end_to_end_from_sbatch_to_done(dev_cluster, make_postgres_dat
             per_round = [(r.id, r.window_start_utc.isoformat(), r.placements, dict(r.action_counts), r.seq)
                          for r in rounds]
             allowances = [(g["service_name"], g["slowdown_allowance"]) for r in rounds for g in r.snapshot["gpus"]]
+            paced = [((r.snapshot.get("budget_pacing") or {}).get("svc-vision"),
+                      [g["slowdown_allowance"] for g in r.snapshot["gpus"] if g["service_name"] == "svc-vision"])
+                     for r in rounds if r.seq == 0]
         states = [(a, b) for a, b, _, _ in life]
         times = [t for _, _, t, _ in life]
         assert times == sorted(times), f"the audit trail is in time order: {life}"
@@ -545,11 +550,17 @@ def test_real_loop_end_to_end_from_sbatch_to_done(dev_cluster, make_postgres_dat
         assert ("PENDING", "PLACED") in states[again:] and states[-1] == ("RUNNING", "DONE"), life
         assert len({p.round_id for p in placements}) >= 2, "the victim was placed again by a later round"
         assert len(_placed_starts(work, vsid)) >= 2, "the victim ran again"
-        # The budgeted service's replicas were planned within their cap, below it where their load weighs (its
-        # water level, from the replicas' own load; a quiet minute may take the whole cap), the other service's
-        # at its flat allowance.
+        # The budgeted service's replicas were planned within their cap, each round at its budget as paced (up to
+        # the cap while the cluster has headroom) and below the cap where the paced budget is under it and their
+        # load weighs (its water level, from the replicas' own load; a quiet minute may take the whole cap); the
+        # other service's at its flat allowance.
         shaped = [a for name, a in allowances if name == "svc-vision"]
-        assert shaped and all(0.0 <= a <= 0.3 for a in shaped) and any(a < 0.3 for a in shaped), allowances
+        assert shaped and all(0.0 <= a <= 0.3 for a in shaped), allowances
+        assert paced and all(p is not None for p, _ in paced), paced
+        for pace, got in paced:
+            assert 0.25 <= pace["k"] <= 1.2 and pace["budget"] == pytest.approx(min(0.3, 0.25 * pace["k"])), paced
+            if pace["budget"] < 0.3 - 1e-9 and got:
+                assert any(a < 0.3 for a in got), paced
         assert all(a == 0.2 for name, a in allowances if name == "svc-recsys"), allowances
 
         # -- the SQL reports on PostgreSQL cover the run --------------------------------------------------
@@ -677,9 +688,23 @@ def _plain_jobs_learnt_and_kept(store: Store, work: Path, plain: dict[str, int],
             assert {p.gpu_type for p in profiles} == types, ctx
             assert all(p.progress_signal == signal for p in profiles), ctx
             assert job.checkpointing == ("detected" if name == "torch-ckpt" else "undetected"), ctx
-            gpus = {p.gpu_id for p in s.scalars(select(m.Placement).where(m.Placement.job_id == job.id))}
-            if name != "torch-ckpt":  # it would lose its progress if moved: kept where it first ran
-                assert len(gpus) == 1 and len(_placed_starts(work, sid)) == 1, (ctx, gpus, _placed_starts(work, sid))
+            placed = s.scalars(select(m.Placement).where(m.Placement.job_id == job.id)
+                               .order_by(m.Placement.round_id)).all()
+            gpus = {p.gpu_id for p in placed}
+            if name != "torch-ckpt":
+                # It would lose its progress if moved: no round moves it. Only a node agent's eviction (the service
+                # comes first; a burst can reach any GPU) restarts it, where the next round puts it.
+                evictions = len(s.scalars(select(m.Eviction).where(m.Eviction.job_id == job.id)).all())
+                why = (evictions, ctx, [(p.round_id, p.gpu_id, p.action, p.sm_pct) for p in placed],
+                       _placed_starts(work, sid),
+                       [(tr.from_state, tr.to_state, tr.reason) for tr in s.scalars(
+                           select(m.JobTransition).where(m.JobTransition.job_id == job.id)
+                           .order_by(m.JobTransition.id))],
+                       [(r.id, [(g["gpu_id"], g["health"]) for g in r.snapshot["gpus"]
+                                if g["gpu_id"] in gpus]) for r in s.scalars(select(m.SchedulingRound)
+                                                                             .order_by(m.SchedulingRound.id))])
+                assert not [p for p in placed if p.action == "migrate"], why
+                assert len(gpus) <= 1 + evictions and len(_placed_starts(work, sid)) == 1 + evictions, why
             summary[name] = {
                 "slurm_job_id": sid, "mem_bytes": job.mem_bytes, "checkpointing": job.checkpointing,
                 "profiles": [{"gpu_type": p.gpu_type, "signal": p.progress_signal, "iterations": p.iterations,

@@ -14,6 +14,7 @@ from pathlib import Path
 
 import pytest
 
+from executors.scheduler.slurm.backend import requeue_second_wait_s
 from executors.slurm.client import SlurmNotFound
 from executors.slurm.errors import SlurmAuthError, SlurmRestError
 from executors.slurm.scontrol import ScontrolRequeue
@@ -127,6 +128,9 @@ def test_requeue_hold_through_scontrol_fallback(dev_cluster) -> None:
             c.requeue(job_id)
             job = dev_cluster.wait_job(c, job_id, lambda j: j.held, "held again after requeuehold")
             assert job.restart_count == 1 and job.nodes == ()
+            # released past its requeue's second, as the dispatcher does (SlurmCluster._past_requeue_second): Slurm
+            # kills a job started within it ("Job credential revoked")
+            time.sleep(requeue_second_wait_s(job, time.time()))
             c.place(job_id, "mx-t4-1", "mps:35")
             job = dev_cluster.wait_job(c, job_id, lambda j: j.state == "RUNNING", "running again")
             assert job.nodes == ("mx-t4-1",) and job.mps_pct == 35

@@ -3,17 +3,18 @@
 On a private dev cluster, on its ``mx-t4-1``, which has one gres Type per GPU (``mps:t4g<i>:100`` each,
 ``Flags=all_sharing``; docs/SLURM.md "One gres Type per GPU"):
 
-- three plain ``sbatch --gres=mps:10`` submissions, imported and PENDING, are placed by a stored round whose
-  placements put two of them on GPU 2 (slots 0 and 1: 40 % and 45 %, each with its own memory quota) and the
-  third on GPU 0 (30 %). ``muxflow slurm dispatch --name-gpus`` releases them and all three run at the same
-  time; Slurm accounts both co-placed jobs on GPU index 2, each with its own share
-  (``scontrol show job -d``: ``GRES=mps:t4g2:40(IDX:2)`` and ``GRES=mps:t4g2:45(IDX:2)``); the root Prolog
+- four plain ``sbatch --gres=mps:10`` submissions, imported and PENDING, are placed by a stored round whose
+  placements put three of them on GPU 2 (slots 0, 1 and 2: 30 %, 30 % and 35 %, each with its own memory quota,
+  as a round with ``max_jobs_per_gpu`` 3 splits a GPU) and the fourth on GPU 0 (30 %). ``muxflow slurm
+  dispatch --name-gpus`` releases them and all four run at the same time; Slurm accounts the three co-placed jobs
+  on GPU index 2, each with its own share (``scontrol show job -d``: ``GRES=mps:t4g2:30(IDX:2)`` twice and
+  ``GRES=mps:t4g2:35(IDX:2)``); the root Prolog
   wrote a root-owned plan file per job (``gpu=2`` with the job's own ``pct=`` and ``mem=``) and sent each
   job's share to GPU 2's MPS control (the dev cluster's stand-in records it); each job sees its own share in
   ``CUDA_MPS_ACTIVE_THREAD_PERCENTAGE`` and its own quota in ``XCUDA_MEM_QUOTA_BYTES``; ``running()`` maps
   both onto GPU 2 with their own shares. The same dispatch run again sends nothing (every action is ``done``
   in the dispatch log; Slurm's jobs are untouched) and the actions sent again straight to Slurm (a dispatcher
-  restarted before it logged its results) all find their job placed as planned. Let go, all three are
+  restarted before it logged its results) all find their job placed as planned. Let go, all four are
   COMPLETED, the Epilog removes their plan files and the job-state sync books them DONE.
 - Shares adding up to more than the GPU's MPS count (60 % + 60 % on GPU 2, which has 100): both are
   dispatched, Slurm runs one and keeps the other PENDING with reason ``Resources`` until the first has ended,
@@ -54,8 +55,8 @@ from tests.live.muxflow_helpers import (
 
 NODE = "mx-t4-1"
 GIB = 1024**3
-# (GPU index, slot, MPS %, memory quota) per job: two on GPU 2, together 85 % of it, and one on GPU 0
-CO_PLACED = [(2, 0, 40, 3 * GIB), (2, 1, 45, 4 * GIB), (0, 0, 30, 2 * GIB)]
+# (GPU index, slot, MPS %, memory quota) per job: three on GPU 2, together 95 % of it, and one on GPU 0
+CO_PLACED = [(2, 0, 30, 2 * GIB), (2, 1, 30, 3 * GIB), (2, 2, 35, 4 * GIB), (0, 0, 30, 2 * GIB)]
 OVER = [(2, 0, 60, 2 * GIB), (2, 1, 60, 2 * GIB)]  # 120 % of GPU 2's MPS count (100)
 WAIT_S = 120  # a job waits at most this long for its go file, then fails: nothing outlives a broken test
 
@@ -112,8 +113,8 @@ def _mps_commands(live, index: int) -> list[str]:
     return [line.split(" ", 2)[2] for line in log.read_text().splitlines()] if log.exists() else []
 
 
-def test_two_jobs_share_one_gpu_each_with_its_own_share_from_sbatch_to_completed(typed_cluster,
-                                                                               private_tmp) -> None:
+def test_three_jobs_share_one_gpu_each_with_its_own_share_from_sbatch_to_completed(typed_cluster,
+                                                                                 private_tmp) -> None:
     live = typed_cluster
     store, url = make_store(private_tmp)
     d = live.job_dir("several-per-gpu")
@@ -121,16 +122,16 @@ def test_two_jobs_share_one_gpu_each_with_its_own_share_from_sbatch_to_completed
     sids = sorted(placed)
     try:
         first = _dispatch(live, url, round_id)
-        assert f"round {round_id}: 3 action(s) done, 0 failed" in first, first
+        assert f"round {round_id}: {len(sids)} action(s) done, 0 failed" in first, first
 
         with live.client() as c:
             def all_running() -> bool:
                 return all(c.get_job(sid).state == "RUNNING" for sid in sids)
 
             try:
-                live.wait_for("all three jobs running at the same time", all_running, timeout_s=90)
+                live.wait_for("every job running at the same time", all_running, timeout_s=90)
             except pytest.fail.Exception:
-                pytest.fail("not all three jobs run: " + "; ".join(
+                pytest.fail("not every job runs: " + "; ".join(
                     f"{sid} {j.state} ({j.state_reason}) {j.gres_per_node}" for sid in sids for j in [c.get_job(sid)]))
             jobs = {sid: c.get_job(sid) for sid in sids}
         live.wait_for("every job to print its environment",
@@ -161,23 +162,23 @@ def test_two_jobs_share_one_gpu_each_with_its_own_share_from_sbatch_to_completed
             assert last["set_default_active_thread_percentage"].endswith(f" {max(p for p, _ in on_i)}"), (i, sent)
             assert last[f"set_default_device_pinned_mem_limit {i}"].endswith(f" {max(q for _, q in on_i) // 2**20}M"), (
                 i, sent)
-        # two jobs on GPU 2, each with its own share (85 % of it in all), while GPU 0 has the third
+        # three jobs on GPU 2, each with its own share (95 % of it in all), while GPU 0 has the fourth
         on_gpu2 = sorted(g for sid in sids for g in scontrol_gres(live, sid) if g.endswith("(IDX:2)"))
-        assert on_gpu2 == ["mps:t4g2:40(IDX:2)", "mps:t4g2:45(IDX:2)"], on_gpu2
+        assert on_gpu2 == ["mps:t4g2:30(IDX:2)", "mps:t4g2:30(IDX:2)", "mps:t4g2:35(IDX:2)"], on_gpu2
 
-        # MuxFlow's view: both jobs on the same GPU of the store, each with its own share
+        # MuxFlow's view: the three jobs on the same GPU of the store, each with its own share
         running = backend(live).cluster(store).running()
         assert {j: (r.gpu_id, r.sm_pct) for j, r in running.items()} == {
             job_id: (gpus[(NODE, i)], pct) for job_id, i, _slot, pct, _mem in placed.values()}
         sync = backend(live).sync_jobs(store, dt.datetime.now(dt.UTC))
-        assert sync.transitions == {"RUNNING": 3} and not sync.errors, sync
+        assert sync.transitions == {"RUNNING": len(sids)} and not sync.errors, sync
 
         # Idempotent: the same dispatch again sends nothing ...
         again = _dispatch(live, url, round_id)
         assert f"round {round_id}: 0 action(s) done, 0 failed" in again, again
-        assert dispatch_status(store, round_id) == {"done": 3}
+        assert dispatch_status(store, round_id) == {"done": len(sids)}
         # ... and the actions sent again to Slurm itself (a dispatcher that died before logging its results) find
-        # every job, the two co-placed ones included, placed as planned: nothing is requeued or changed
+        # every job, the three co-placed ones included, placed as planned: nothing is requeued or changed
         with store.session() as s:
             result = stored_result(s, s.get(m.SchedulingRound, round_id))
         assert sorted((p.gpu_id, p.slot) for p in result.placements) == sorted(
@@ -191,7 +192,7 @@ def test_two_jobs_share_one_gpu_each_with_its_own_share_from_sbatch_to_completed
         assert all(j.state == "RUNNING" and j.restart_count == 0 and j.gres_per_node == jobs[sid].gres_per_node
                    and j.start_time_utc == jobs[sid].start_time_utc for sid, j in after.items()), after
 
-        # Let go: all three finish, the Epilog removes each plan file, the store follows
+        # Let go: all four finish, the Epilog removes each plan file, the store follows
         (d / "go").touch()
         with live.client() as c:
             for sid in sids:
@@ -200,7 +201,7 @@ def test_two_jobs_share_one_gpu_each_with_its_own_share_from_sbatch_to_completed
         live.wait_for("the Epilog to remove the plan files",
                       lambda: not any((live.layout.plan_dir / f"{sid}.plan").exists() for sid in sids), timeout_s=60)
         sync = backend(live).sync_jobs(store, dt.datetime.now(dt.UTC))
-        assert sync.transitions == {"DONE": 3} and not sync.errors, sync
+        assert sync.transitions == {"DONE": len(sids)} and not sync.errors, sync
     finally:
         cancel_quietly(live, sids)
 

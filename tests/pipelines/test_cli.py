@@ -545,3 +545,22 @@ def test_a_bad_measurement_file_is_one_line_and_the_round_writes_nothing(store_u
     assert f"measurements (MUXFLOW_MEASUREMENTS): {bad}: solo[0].steps_per_s: expected a number, got nan" \
         in result.output
     assert row_counts(store_url) == before
+
+
+def test_simulate_says_whether_the_burst_guard_ran_and_what_it_paced() -> None:
+    """The same hours with the guard and without, every replica over its SLO (scale 0.5): the config says which ran;
+    with it the bursts on shared GPUs are paced, without it nothing is."""
+    import json
+
+    from executors.data.calibration import SAMPLE_TRACE
+
+    got = {}
+    for flag in ("--burst-guard", "--no-burst-guard"):
+        result = CliRunner().invoke(main, ["simulate", "--trace", str(SAMPLE_TRACE), "--gpus", "16", "--hours", "3",
+                                           "--jobs", "40", "--slo-scale", "0.5", "--quiet", "--json", flag])
+        assert result.exit_code == 0, result.output
+        got[flag] = json.loads(result.stdout)
+    assert got["--burst-guard"]["config"]["burst_guard"] is True
+    assert got["--no-burst-guard"]["config"]["burst_guard"] is False
+    assert got["--no-burst-guard"]["offline"]["burst_paced_gpu_minutes"] == 0
+    assert got["--burst-guard"]["offline"]["burst_paced_gpu_minutes"] > 0

@@ -1,4 +1,5 @@
-"""``muxflow online register --slowdown-budget``: stored with the service, refused when negative."""
+"""``muxflow online register --slowdown-budget``: stored with the service (0.1 unless told), 'none' for the flat
+rule, refused when not a number > 0."""
 
 from __future__ import annotations
 
@@ -20,15 +21,23 @@ def test_the_budget_is_stored_beside_the_allowance_it_is_capped_by(cluster_url: 
     assert _budgets(cluster_url)["search"] == (0.3, 0.1)
 
 
-def test_without_a_budget_the_flat_allowance_is_kept(cluster_url: str) -> None:  # noqa: F811
-    ok(cluster_url, *REGISTER, "--gpu-ids", str(_spare_gpu(cluster_url)))
-    assert _budgets(cluster_url)["search"][1] is None
+def test_by_default_a_service_has_a_budget_of_a_tenth_under_an_allowance_of_a_quarter(cluster_url: str) -> None:  # noqa: F811
+    out = ok(cluster_url, *REGISTER, "--gpu-ids", str(_spare_gpu(cluster_url))).output
+    assert "slowdown budget 0.1 (each minute within 0.25)" in out
+    assert _budgets(cluster_url)["search"] == (0.25, 0.1)
 
 
-def test_a_negative_budget_is_refused_and_nothing_is_written(cluster_url: str) -> None:  # noqa: F811
+def test_with_no_budget_the_flat_allowance_is_kept(cluster_url: str) -> None:  # noqa: F811
+    out = ok(cluster_url, *REGISTER, "--gpu-ids", str(_spare_gpu(cluster_url)), "--slowdown-budget", "none").output
+    assert "slowdown budget" not in out
+    assert _budgets(cluster_url)["search"] == (0.25, None)
+
+
+def test_a_budget_that_is_not_a_number_over_0_is_refused_and_nothing_is_written(cluster_url: str) -> None:  # noqa: F811
     gpu = _spare_gpu(cluster_url)
-    assert_usage_error(cluster_url, [*REGISTER, "--gpu-ids", str(gpu), "--slowdown-budget", "-0.1"],
-                       r"^error: slowdown-budget: ")
+    for bad in ("-0.1", "0", "nan", "inf", "lots"):
+        assert_usage_error(cluster_url, [*REGISTER, "--gpu-ids", str(gpu), "--slowdown-budget", bad],
+                           r"^error: slowdown-budget: .* is not a number > 0 or 'none'")
     assert "search" not in _budgets(cluster_url)
 
 

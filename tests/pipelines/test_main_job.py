@@ -5,7 +5,10 @@ from __future__ import annotations
 from pathlib import Path
 
 import pytest
+from sqlalchemy import func, select
 
+from executors.store import models as m
+from executors.store.db import Store
 from pipelines.main_job import MainJobConfig, run_main_job
 from scheduler_core.prediction.predictor import PredictorConfig
 
@@ -34,7 +37,7 @@ def sqlite_runs(tmp_path_factory: pytest.TempPathFactory) -> tuple[dict, dict, P
 
 
 def test_summary_figures(sqlite_runs) -> None:
-    summary, _, _ = sqlite_runs
+    summary, _, root = sqlite_runs
     assert "SIMULATED" in summary["label"]
     assert summary["rounds"] == 4
     assert summary["placements_per_round_avg"] > 0
@@ -46,6 +49,12 @@ def test_summary_figures(sqlite_runs) -> None:
     assert 0 <= summary["eviction_rate"] <= 1
     assert sum(summary["jobs_by_state"].values()) == 20
     assert summary["jobs_by_state"].get("SUBMITTED", 0) == 0  # every arrived job was profiled
+    # The restarts the rounds caused: every migration is a move or a new share, as the store's placements say.
+    with Store(f"sqlite:///{root / 'store.db'}").session() as s:
+        migrations = s.scalar(select(func.count()).select_from(m.Placement).where(m.Placement.action == "migrate"))
+    moved = summary["restarts"]
+    assert moved["moves"] + moved["new_shares"] == migrations and moved["most_of_one_job"] <= migrations
+    assert moved["per_job_placed"] >= 0 and moved["most_of_one_job"] >= (1 if migrations else 0), (moved, migrations)
     slowdown = summary["online_latency_slowdown_on_shared_gpus"]
     assert 0 < slowdown["avg"] < 1  # sharing slows the replicas a little (SysMonitor keeps it bounded)
     # Every service that shared a GPU, with its requests' tail against its allowance, and why where it is over.
@@ -55,6 +64,10 @@ def test_summary_figures(sqlite_runs) -> None:
         assert t["shared_minutes"] > 0 and 0 <= t["avg"] <= t["worst"] and t["p99"] <= t["worst"]
         assert t["p99_within_allowance"] == (t["p99"] <= t["allowance"] + 1e-9)
         assert t["p99_within_allowance"] or f"over its +{100 * t['allowance']:.0f} % allowance" in t["why"]
+        # Over all its requests (most minutes unshared) it spent less than over the shared ones, and is judged
+        # against the budget the simulated services declare.
+        assert 0 <= t["all_requests_avg"] < t["avg"] and t["budget"] == 0.1
+        assert t["all_requests_within_budget"] == (t["all_requests_avg"] <= 0.1)
 
 
 def test_a_services_tail_is_its_requests_and_says_why_it_is_over() -> None:

@@ -45,8 +45,8 @@ about 10 s, so ~180 s hold about 14 windows: the deadline, not ``--reps``, bound
 Measured, per window: the service's average and p99 latency slowdown (co-located ÷ solo), the job's normalized
 throughput (iterations completed in the window per second ÷ the same alone), the per-second p99 series of the
 window, whether the window's p99 stays within the service's allowance (``--allowance``: the product's
-``slowdown_allowance``, +20 %), and the recovery time: the seconds from the job's release until the p99 series is
-back within the allowance for the rest of the window (0: it never left; null: not by the window's end); the
+``slowdown_allowance``, +25 % by default), and the recovery time: the seconds from the job's release until the p99
+series is back within the allowance for the rest of the window (0: it never left; null: not by the window's end); the
 eviction (when, why; the service's latency from then to the window's end) and SysMonitor's states; the GPU's SM
 activity as the agent sampled it (GPM, or NVML utilization where the GPU has none); xCUDA's counters (launches,
 waits, paced rate, fallback) and the MPS control daemon's answers. Per set-up: mean, std, min and max of the
@@ -113,10 +113,11 @@ NO_GPU = "not available: no GPU"
 
 
 def default_allowance() -> float:
-    """The product's default online slowdown allowance (a service's ``slowdown_allowance``: 0.2 = +20 %)."""
-    from scheduler_core.simulator.config import ServiceSpec
+    """The product's default online slowdown allowance (a service's ``slowdown_allowance``, the per-minute cap under
+    its budget: 0.25 = +25 %)."""
+    from scheduler_core.online.latency_budget import DEFAULT_SLOWDOWN_ALLOWANCE
 
-    return float(next(f.default for f in dataclasses.fields(ServiceSpec) if f.name == "slowdown_allowance"))
+    return float(DEFAULT_SLOWDOWN_ALLOWANCE)
 
 
 @dataclass(frozen=True)
@@ -1317,7 +1318,7 @@ def parse(argv: list[str] | None) -> tuple[Params, Path, float]:
     ap.add_argument("--baseline", type=float, default=None, help="solo service seconds (2; 0.8 simulated)")
     ap.add_argument("--reps", type=int, default=3, help="repetitions of each set-up, where the deadline allows")
     ap.add_argument("--allowance", type=float, default=None,
-                    help="the service's p99 allowance (default: the product's slowdown_allowance, 0.2)")
+                    help="the service's p99 allowance (default: the product's slowdown_allowance, 0.25)")
     ap.add_argument("--gpu-type", default=None, help="simulated GPU type (--simulate; default h200)")
     ap.add_argument("--sim-load", type=float, default=0.8, help="simulated service load, share of capacity")
     ap.add_argument("--warmup", type=int, default=2, help="job iterations before its release")

@@ -59,6 +59,7 @@ from scheduler_core.gpu_specs import get_spec
 log = logging.getLogger(__name__)
 
 SOURCE = "measured"
+REQUEUE_MARGIN_S = 0.1  # the wall clock's skew against Slurm's allowed for when releasing a requeued job
 
 
 class ActionFailed(RuntimeError):
@@ -118,7 +119,7 @@ class SlurmCluster:
     # This host's wall clock, against Slurm's job times (a requeued job is released in a later second than
     # its requeue: :meth:`_past_requeue_second`), with a margin for the two clocks' skew.
     wall_clock: Callable[[], float] = time.time
-    requeue_margin_s: float = 0.1
+    requeue_margin_s: float = REQUEUE_MARGIN_S
     # The key that signs the plans this cluster writes and reads back (executors.slurm.plan), or what reads it
     # (the deployment's key file, read when a plan is first written or read).
     plan_key: bytes | Callable[[], bytes] = b""
@@ -304,10 +305,8 @@ class SlurmCluster:
         begin time in the next second would do the same but leaves the job to Slurm's next periodic
         scheduling pass (tens of seconds).
         """
-        if j.submit_time_utc is None or not j.restart_count:
-            return
-        wait = math.floor(j.submit_time_utc.timestamp()) + 1 + self.requeue_margin_s - self.wall_clock()
-        if 0 < wait <= 1 + self.requeue_margin_s:  # beyond that the clocks disagree: nothing to wait for
+        wait = requeue_second_wait_s(j, self.wall_clock(), self.requeue_margin_s)
+        if wait > 0:
             self.retry.sleep(wait)
 
     def _evict(self, sid: int) -> str:
@@ -429,3 +428,13 @@ def register_slurm_nodes(store, client) -> int:
                                 uuid=f"slurm-{n.name}-gpu{g.index}"))
                     added += 1
     return added
+
+
+def requeue_second_wait_s(j: Job, now: float, margin_s: float = REQUEUE_MARGIN_S) -> float:
+    """Seconds to wait before releasing ``j`` so that Slurm starts it in a wall-clock second after its last
+    requeue's (:meth:`SlurmCluster._past_requeue_second` says why); 0 for a job never requeued, or when the clocks
+    disagree by more than that second (``now``: the wall clock, in seconds since the epoch)."""
+    if j.submit_time_utc is None or not j.restart_count:
+        return 0.0
+    wait = math.floor(j.submit_time_utc.timestamp()) + 1 + margin_s - now
+    return wait if 0 < wait <= 1 + margin_s else 0.0

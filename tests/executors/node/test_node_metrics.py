@@ -79,6 +79,7 @@ def test_gpus_jobs_and_the_agent_are_published_with_their_labels(node) -> None:
     assert len(got["DCGM_FI_DEV_GPU_UTIL"]) == len(node["pairs"])
     assert one(got, "muxflow_gpu_health", node=NODE, gpu="0", state="Healthy") == 1.0
     assert one(got, "muxflow_gpu_health", node=NODE, gpu="0", state="Overlimit") == 0.0
+    assert one(got, "muxflow_gpu_burst_guard", node=NODE, gpu="0") == 0.0  # no burst (no reference yet)
     assert one(got, "muxflow_gpu_xid_errors_total", gpu="1") == 1.0 and one(got, "muxflow_gpu_xid_errors_total",
                                                                              gpu="0") == 0.0
     assert one(got, "muxflow_gpu_samples_total", gpu="0") == 5.0
@@ -101,6 +102,8 @@ def test_an_eviction_and_the_gpu_state_show(node) -> None:
     got = scrape(node["port"])
     assert one(got, "muxflow_gpu_health", gpu="0", state="Overlimit") == 1.0
     assert one(got, "muxflow_gpu_evictions_total", gpu="0") == 1.0
+    agent.loops[0].bursting = True  # what a burst sets (the guard's own tests drive it from a replica's rate)
+    assert one(scrape(node["port"]), "muxflow_gpu_burst_guard", gpu="0") == 1.0
     assert one(got, "muxflow_job_evictions_total", node=NODE, job_id=str(node["j1"])) == 1.0
 
 

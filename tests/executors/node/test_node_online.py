@@ -7,6 +7,8 @@ behind a fake fetch (``test_scrape.py`` covers real HTTP).
 
 from __future__ import annotations
 
+import re
+
 import pytest
 
 from executors.data.calibration import default_catalog
@@ -32,7 +34,8 @@ class Rig:
     """One simulated T4 with a cnn replica at ``qps`` (a real registry), a job placeable at 70 %."""
 
     def __init__(self, qps: float = 10.0, endpoint: bool = True, partial_every_s: float | None = None,
-                 service: bool = True, xcuda_target_util: float | None = 0.9, mps_split_gaps: bool = False):
+                 service: bool = True, xcuda_target_util: float | None = 0.9, mps_split_gaps: bool = False,
+                 shm_path=None, slo_ms: float | None = None):
         catalog = default_catalog()
         spec, fam = get_spec("t4"), ONLINE_FAMILIES["cnn"]
         self.clock = FakeClock()
@@ -51,10 +54,13 @@ class Rig:
         self.sink = MemorySink()
         self.evicted: list[tuple[int, float]] = []
         cfg = AgentConfig(interval_s=1.0, partial_every_s=partial_every_s)
-        self.agent = NodeAgent(SimulatedSampler(models={0: self.gpu}), [GpuBinding(11, 0)],
+        self.agent = NodeAgent(SimulatedSampler(models={0: self.gpu}), [GpuBinding(11, 0, shm_path)],
                                CallbackEvictor(self._evict), self.sink, cfg, clock=self.clock,
                                placements=self.placements,
-                               accounting=OnlineAccounting({0: rep} if rep else {}, scrapers, solo_window_s=3600.0))
+                               accounting=OnlineAccounting({0: rep} if rep else {}, scrapers, solo_window_s=3600.0),
+                               rates={0: self.scraper.current} if endpoint and service else None,
+                               slos={0: slo_ms})
+        self.agent.loops[0].burst_listeners.append(self.gpu.set_burst)  # as the node's wiring connects them
 
     def _evict(self, gpu_id: int, reason: str) -> list[int]:
         self.evicted.append((gpu_id, self.clock.t))
@@ -193,3 +199,57 @@ def test_two_jobs_on_a_gpu_are_modelled_together_and_the_minute_names_the_larger
     assert both.mem_used_bytes == pytest.approx(one.mem_used_bytes + (2 << 30))
     assert both.online_latency_ms > one.online_latency_ms
     assert rig.rows()[0].offline_job_id == 42  # 40 % against 30 %
+
+
+def test_a_burst_over_the_replicas_recent_rate_paces_its_job_to_xcudas_floor_until_it_ends(tmp_path, caplog) -> None:
+    """Six quiet minutes make the reference; a 2x burst, seen at the next scrape, lowers xCUDA's target in the GPU
+    record so the job stalls at the floor (SysMonitor stays Healthy, nothing is evicted); the burst's minutes stay
+    out of the reference, and the target comes back when the rate does."""
+    from executors.node.xcuda.shm import decode
+    from scheduler_core.guard.burst import BURST_TARGET_UTIL
+
+    rec = tmp_path / "muxflow-gpu-0"
+    rig = Rig(qps=12.0, shm_path=rec)
+    rig.placements.set(0, [rig.job])
+    loop = rig.agent.loops[0]
+    rig.run(6 * 60)
+    assert loop.burst.reference[0] == pytest.approx(12.0, rel=0.05) and not loop.bursting
+    assert decode(rec.read_bytes()).sample.target_util == 0.0  # xCUDA's own default
+    shared = rig.gpu(rig.clock.t).sm_activity_pct
+    with caplog.at_level("INFO", logger="executors.node.agent"):
+        rig.replica.target.set(24.0)
+        rig.qps = 24.0
+        rig.run(5)
+        assert not loop.bursting  # the last scrape still shows the quiet rate
+        rig.run(6)
+    assert loop.bursting and loop.bursts == 1 and loop.snapshot().burst is True
+    assert decode(rec.read_bytes()).sample.target_util == BURST_TARGET_UTIL
+    alone = rig.gpu.online.sm_need * 100.0  # no more than the replica's own SM need is left busy
+    paced = rig.gpu(rig.clock.t).sm_activity_pct
+    assert paced < shared and paced <= alone + 2.0
+    assert any(re.search(r"GPU 11: online burst: 24\.0 req/s against 12\.\d recently \(\+\d+ %\): its offline work is "
+                         r"paced to xCUDA's floor", r.getMessage()) for r in caplog.records)
+    rig.run(3 * 60)  # three minutes of burst: still guarded, the reference still the quiet one
+    assert loop.bursting and loop.burst.reference[0] == pytest.approx(12.0, rel=0.05)
+    assert loop.monitor.state.value == "Healthy" and not rig.evicted
+    rig.replica.target.set(12.0)
+    rig.qps = 12.0
+    rig.run(12)
+    assert not loop.bursting and loop.snapshot().burst is False
+    assert decode(rec.read_bytes()).sample.target_util == 0.0
+    assert rig.gpu(rig.clock.t).sm_activity_pct == pytest.approx(shared, abs=1.0)
+
+
+@pytest.mark.parametrize("slo_ms, guarded", [(5.0, True), (50.0, False)])
+def test_a_burst_pauses_the_job_only_on_a_replica_over_its_slo(slo_ms: float, guarded: bool) -> None:
+    """The replica serves 10 ms requests: over a 5 ms SLO a burst pauses its job; within a 50 ms SLO the job goes on
+    beside it (a service within its SLO loses nothing to its neighbour worth a pause)."""
+    rig = Rig(qps=12.0, slo_ms=slo_ms)
+    rig.placements.set(0, [rig.job])
+    loop = rig.agent.loops[0]
+    rig.run(6 * 60)
+    rig.replica.target.set(24.0)
+    rig.qps = 24.0
+    rig.run(60)
+    assert loop.bursting is guarded and loop.bursts == int(guarded)
+    assert rig.gpu.burst is guarded  # what the simulated job's xCUDA follows

@@ -36,7 +36,7 @@ def _store(tmp_path: Path, gpus: int = 2) -> tuple[Store, list[int]]:
         repo.upsert_gpu_type(s, get_spec("t4"))
         node = m.Node(name="n1")
         svc = m.OnlineService(name="svc", model_family="cnn", qps_min=10, qps_max=50, latency_slo_ms=100,
-                              mem_bytes=2 * 1024**3)
+                              mem_bytes=2 * 1024**3, slowdown_allowance=0.2)
         s.add_all([node, svc])
         s.flush()
         ids = []
@@ -285,7 +285,7 @@ def test_a_service_whose_shared_minutes_went_over_its_allowance_gets_a_tighter_o
     store, (g1, g2, g3) = _store(tmp_path, gpus=3)
     with store.session() as s:
         other = m.OnlineService(name="other", model_family="cnn", qps_min=10, qps_max=50, latency_slo_ms=100,
-                                mem_bytes=2 * 1024**3)
+                                mem_bytes=2 * 1024**3, slowdown_allowance=0.2)
         s.add(other)
         s.flush()
         s.execute(m.ServiceInstance.__table__.update().where(m.ServiceInstance.gpu_id == g3)
@@ -332,3 +332,57 @@ def test_a_service_whose_shared_minutes_went_over_its_allowance_gets_a_tighter_o
         stale = round_runner.allowance_corrections(s, later)
         assert stale["svc"].factor == 2.0 and stale["svc"].minutes == 0 and stale["svc"].tail is None
         assert "other" not in stale
+
+
+def test_a_budgeted_service_s_budget_is_paced_by_what_its_requests_spent_over_the_day(tmp_path: Path) -> None:
+    store, (g1, g2) = _store(tmp_path)
+    with store.session() as s:
+        s.execute(m.OnlineService.__table__.update().values(slowdown_allowance=0.3, slowdown_budget=0.1))
+        job = m.OfflineJob(name="j", job_type="x", command="c", mem_bytes=1, allowed_gpu_types=["t4"],
+                           checkpoint_dir="/c", total_steps=10)
+        s.add(job)
+        s.flush()
+        # The last day: g1 shared at +10 % for its last hour, and at +30 % in the hour 23 hours ago; the rest of g1's
+        # day and all of g2's alone (they spend nothing). Requests weigh alike: 2 × 60 of 2 × 1439 minutes.
+        rows = [_shared_row(g, k, None, 1.0) for g in (g1, g2) for k in range(61, 1440) if not (g == g1 and
+                                                                                                1320 < k <= 1380)]
+        rows += [_shared_row(g1, k, job.id, 1.3) for k in range(1321, 1381)]
+        rows += [_shared_row(g1, k, job.id, 1.1) for k in range(1, 61)] + [_shared_row(g2, k, None, 1.0)
+                                                                          for k in range(1, 61)]
+        repo.write_metrics(s, rows, "measured")
+    total = 2 * 1439
+    with store.session() as s:
+        # no round before: k starts at 1, every minute counts as spent
+        first = round_runner.budget_paces(s, NOW)["svc"]
+        assert first.minutes == total and first.spent == pytest.approx(60 * (0.3 + 0.1) / total)
+        gain = round_runner.PACING.gain
+        aim = round_runner.PACING.setpoint * 0.1
+        assert first.k == pytest.approx(min(3.0, (aim / first.spent) ** gain))  # at most cap / budget
+        assert first.budget == pytest.approx(0.1 * first.k)
+        # Two rounds stored their k: 0.25 from 1,400 minutes ago, 2.0 over the last hour.
+        for ago, k in ((1400, 0.25), (60, 2.0)):
+            meta = round_runner.paces_metadata({"svc": round_runner.Pace(k, min(0.3, 0.1 * k))})
+            s.add(m.SchedulingRound(window_start_utc=NOW - dt.timedelta(minutes=ago), period_s=900,
+                                    status="dispatched", snapshot={"budget_pacing": meta}))
+    with store.session() as s:
+        assert round_runner.stored_paces(latest_round(s)) == {"svc": 2.0}
+        paced = round_runner.budget_paces(s, NOW)["svc"]
+        # The +30 % hour was planned under 0.25: it counts at 2.0 (× 8); the last hour as it was, under 2.0.
+        want = 60 * (0.3 * 8 + 0.1) / total
+        assert paced.spent == pytest.approx(want)
+        assert paced.k == pytest.approx(2.0 * (aim / want) ** gain) and paced.k < 3.0
+        by_id = {g.gpu_id: g for g in round_runner._gpu_candidates(s, NOW, {}, ForecastPolicy(), {},
+                                                                      {"svc": paced.k})}
+        hist = np.full(1440, 20.0)
+        want_allowance = budget_allowances(hist, [by_id[g1].forecast_sm_pct], paced.budget, 0.3)[0]
+        assert by_id[g1].slowdown_allowance == pytest.approx(want_allowance)
+        # A fill (or anything but a full round) plans with the k the round stored.
+        by_id = {g.gpu_id: g for g in round_runner._gpu_candidates(s, NOW, {}, ForecastPolicy())}
+        assert by_id[g1].slowdown_allowance == pytest.approx(
+            budget_allowances(hist, [by_id[g1].forecast_sm_pct], 0.2, 0.3)[0])
+        # Minutes older than the window are no evidence; a service without a budget is not paced.
+        later = NOW + dt.timedelta(minutes=round_runner.PACING.window_minutes + 1)
+        stale = round_runner.budget_paces(s, later)["svc"]
+        assert stale.minutes == 0 and stale.spent is None and stale.k == 2.0
+        s.execute(m.OnlineService.__table__.update().values(slowdown_budget=None))
+        assert round_runner.budget_paces(s, NOW) == {}

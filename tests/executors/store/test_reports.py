@@ -30,7 +30,7 @@ from executors.store.models import (
 from executors.store.reports import list_reports, run_report, write_csv
 
 REPORTS = {"evictions_per_day", "online_latency_per_day", "oversold_per_round", "placements_per_round",
-           "utilization_per_hour"}
+           "restarts_per_day", "utilization_per_hour"}
 
 
 def _at(day: int, hour: int, minute: int = 0, second: int = 0, us: int = 0) -> dt.datetime:
@@ -128,7 +128,7 @@ def _seed(store: Store) -> dict[str, Any]:
             evict(j[1], g[0], _at(2, 0)),
             evict(j[2], g[2], _at(3, 5)),
         ])
-    return {"rounds": r}
+    return {"rounds": r, "jobs": j, "gpus": g}
 
 
 def _norm(value: Any) -> Any:
@@ -199,6 +199,32 @@ def test_evictions_per_day(store: Store) -> None:
     )
 
 
+def test_restarts_per_day(store: Store) -> None:
+    seeded = _seed(store)
+    j, g = seeded["jobs"], seeded["gpus"]
+    with store.session() as s:  # the next day: job 2 restarted at a new share on its GPU, then moved; job 0 moved
+        later = [SchedulingRound(window_start_utc=_at(2, 9, 0)), SchedulingRound(window_start_utc=_at(2, 9, 15))]
+        s.add_all(later)
+        s.flush()
+        for rnd, job, gpu, action in [(later[0], j[2], g[2], "migrate"), (later[0], j[0], g[1], "migrate"),
+                                      (later[1], j[2], g[0], "migrate"), (later[1], j[0], g[1], "keep")]:
+            s.add(Placement(round_id=rnd.id, job_id=job, gpu_id=gpu, sm_pct=40, mem_quota_bytes=1 << 30,
+                            predicted_norm_tput=0.5, predicted_online_slowdown=0.1, action=action))
+    _check(
+        run_report(store, "restarts_per_day"),
+        ["day_utc", "source", "jobs_placed", "restarts", "moves", "new_shares", "restarts_per_job",
+         "most_restarts_of_a_job"],
+        [
+            # job 2's first placement is a migration from where the store never saw it: a move; job 1 started in
+            # a fill on another GPU than its round kept it on (a start is never a restart); job 0's starts
+            ("2024-03-01", "measured", 3, 1, 1, 0, 1 / 3, 1),
+            ("2024-03-01", "simulated", 1, 0, 0, 0, 0.0, 0),
+            # job 0 moved (from its simulated round's GPU 0 to GPU 1), job 2 restarted on GPU 2, then moved
+            ("2024-03-02", "measured", 2, 3, 2, 1, 1.5, 2),
+        ],
+    )
+
+
 def test_placements_per_round(store: Store) -> None:
     r = _seed(store)["rounds"]
     _check(
@@ -220,7 +246,7 @@ def test_online_latency_per_day(store: Store) -> None:
         svcs = [OnlineService(name="rec", model_family="recommender", qps_min=1, qps_max=10, latency_slo_ms=100,
                               mem_bytes=1 << 30, slowdown_allowance=0.3, slowdown_budget=0.1),
                 OnlineService(name="vision", model_family="cnn", qps_min=1, qps_max=10, latency_slo_ms=100,
-                              mem_bytes=1 << 30)]
+                              mem_bytes=1 << 30, slowdown_allowance=0.2)]
         job = OfflineJob(name="j", job_type="resnet50", command="train", mem_bytes=1 << 30,
                          allowed_gpu_types=["T4"], checkpoint_dir="/ckpt", total_steps=100)
         s.add_all(gpus + svcs + [job])

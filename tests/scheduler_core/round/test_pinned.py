@@ -7,7 +7,8 @@ from dataclasses import replace
 import pytest
 
 from scheduler_core.domain import Action, GpuHealth
-from scheduler_core.round.plan import RoundConfig, from_snapshot, plan_round, snapshot
+from scheduler_core.round.check import plan_violations
+from scheduler_core.round.plan import RoundConfig, SmPolicy, from_snapshot, plan_round, snapshot
 from tests.scheduler_core.round.test_plan import PREDICTORS, actions, gpu, job, placed
 
 
@@ -65,7 +66,19 @@ def test_a_pinned_job_on_a_gpu_over_its_allowance_is_kept_and_reported() -> None
     assert result.stats["pinned"]["over_allowance"] == [10]
 
 
-@pytest.mark.parametrize("health", [GpuHealth.OVERLIMIT, GpuHealth.DISABLED])
+def test_an_unhealthy_gpu_keeps_a_pinned_job_where_a_movable_one_would_be_moved() -> None:
+    # Unhealthy takes no new work: a movable job running above the planned share moves to a Healthy GPU; a pinned
+    # one runs on where it is (the node's SysMonitor evicts it if the GPU goes Overlimit).
+    sick = gpu(1, forecast_sm_pct=20.0, health=GpuHealth.UNHEALTHY, current_job_id=10, current_sm_pct=90)
+    gpus = [sick, gpu(2, forecast_sm_pct=40.0)]
+    assert actions(plan_round(gpus, [job(10, current_gpu_id=1, current_sm_pct=90)], PREDICTORS)) == {
+        10: (Action.MIGRATE, 2, 1, 50)}
+    result = plan_round(gpus, [pinned(10, 1, 90), job(11)], PREDICTORS)
+    assert actions(result) == {10: (Action.KEEP, 1, 1, 90), 11: (Action.START, 2, None, 50)}
+    assert plan_violations(gpus, [pinned(10, 1, 90), job(11)], result.placements, result.actions, SmPolicy()) == []
+
+
+@pytest.mark.parametrize("health", [GpuHealth.OVERLIMIT, GpuHealth.DISABLED, GpuHealth.INIT])
 def test_a_failing_gpu_lets_the_matching_move_it(health: GpuHealth) -> None:
     gpus = [gpu(1, health=health, current_job_id=10, current_sm_pct=50), gpu(2, forecast_sm_pct=20.0)]
     assert actions(plan_round(gpus, [pinned(10, 1, 50)], PREDICTORS)) == {10: (Action.MIGRATE, 2, 1, 70)}

@@ -179,7 +179,8 @@ def test_a_smaller_slowdown_allowance_plans_less_online_slowdown(in_tmp) -> None
     res = run(*args, "--slowdown-allowance", "0.05")
     assert res.exit_code == 0, res.stderr
     tight = json.loads(res.stdout)
-    assert set(plain["config"]["slowdown_allowances"].values()) == {0.2}
+    assert set(plain["config"]["slowdown_allowances"].values()) == {0.25}  # the default, under a 0.1 budget
+    assert set(plain["config"]["slowdown_budgets"].values()) == {0.1}
     assert set(tight["config"]["slowdown_allowances"].values()) == {0.05}
     assert tight["online"]["shared_avg_latency_norm"] < plain["online"]["shared_avg_latency_norm"]
     bad = run(*args, "--slowdown-allowance", "0")
@@ -189,7 +190,7 @@ def test_a_smaller_slowdown_allowance_plans_less_online_slowdown(in_tmp) -> None
 def test_a_slowdown_budget_spends_the_allowance_in_quiet_minutes(in_tmp) -> None:
     args = ["simulate", "--trace", str(SAMPLE_TRACE), *TINY, "--policy", "muxflow", "--json", "--quiet",
             "--slowdown-allowance", "0.3"]
-    flat = json.loads(run(*args).stdout)
+    flat = json.loads(run(*args, "--slowdown-budget", "none").stdout)
     res = run(*args, "--slowdown-budget", "0.05")
     assert res.exit_code == 0, res.stderr
     budgeted = json.loads(res.stdout)
@@ -198,8 +199,9 @@ def test_a_slowdown_budget_spends_the_allowance_in_quiet_minutes(in_tmp) -> None
     assert set(budgeted["config"]["slowdown_allowances"].values()) == {0.3}
     # Busy minutes get less than the cap: the requests see less slowdown than under the flat cap.
     assert budgeted["online"]["shared_avg_latency_norm"] < flat["online"]["shared_avg_latency_norm"]
-    bad = run(*args, "--slowdown-budget", "0")
-    assert bad.exit_code == 2 and "slowdown-budget" in bad.stderr
+    for bad in ("0", "-1", "many"):
+        res = run(*args, "--slowdown-budget", bad)
+        assert res.exit_code == 2 and "slowdown-budget" in res.stderr and "'none'" in res.stderr
 
 
 def _results_json(path: Path, **config) -> Path:

@@ -113,6 +113,23 @@ def test_simulate_evaluation_runs_each_trace_and_size_and_writes_the_tables(tmp_
     assert (out / "TARGETS.md").is_file()
 
 
+def test_simulate_evaluation_passes_the_services_budget_and_the_jobs_per_gpu_to_every_comparison(
+        tmp_path: Path, monkeypatch) -> None:
+    monkeypatch.chdir(tmp_path)
+    traces = tmp_path / "traces"
+    traces.mkdir()
+    shutil.copy(SAMPLE_TRACE, traces / "philly_vc_one.trace")
+    out = tmp_path / "out"
+    res = run("simulate", "evaluation", "--traces", str(traces), "--sizes", "6", "--hours", "1", "--out", str(out),
+              "--quiet", "--slowdown-budget", "none", "--slowdown-allowance", "0.2", "--max-jobs-per-gpu", "2")
+    assert res.exit_code == 0, res.stderr
+    cfg = json.loads((out / "philly_vc_one-6" / "results.json").read_text())["config"]
+    assert set(cfg["slowdown_budgets"].values()) == {None} and set(cfg["slowdown_allowances"].values()) == {0.2}
+    assert cfg["max_jobs_per_gpu"] == 2
+    bad = run("simulate", "evaluation", "--traces", str(traces), "--slowdown-budget", "-1", "--out", str(out))
+    assert bad.exit_code == 2 and "slowdown-budget" in bad.stderr
+
+
 @pytest.mark.parametrize("args, message", [
     (["--traces", "nowhere"], "is not a folder"),
     (["--traces", "."], "no *.trace file"),

@@ -15,6 +15,7 @@ import pytest
 
 from executors.node.gpu_check_part import PART_FORMAT
 from executors.node.profiling import protection as pr
+from scheduler_core.online.latency_budget import DEFAULT_SLOWDOWN_ALLOWANCE
 
 ROOT = Path(__file__).resolve().parents[4]
 SCRIPTS = ROOT / "executors" / "node" / "slurm"
@@ -286,7 +287,7 @@ def test_simulated_run_end_to_end(tmp_path) -> None:
     assert (doc["format"], doc["part"], doc["method"], doc["gpu"]) == (PART_FORMAT, "protection", "simulated", None)
     assert doc["complete"] is True and doc["why_incomplete"] is None and doc["ended"] and doc["errors"] == []
     res = doc["results"]
-    assert res["simulated"] is True and res["parameters"]["allowance"] == pytest.approx(0.2)
+    assert res["simulated"] is True and res["parameters"]["allowance"] == pytest.approx(DEFAULT_SLOWDOWN_ALLOWANCE)
     assert set(res["availability"].values()) == {pr.NO_GPU}
     assert res["solo_job"]["iterations"] > 0 and res["plan"] == ["plain-1: a0 d0"]
     setups = res["setups"]
@@ -296,7 +297,8 @@ def test_simulated_run_end_to_end(tmp_path) -> None:
         (w,) = setups[key]["windows"]
         assert w["error"] is None and w["solo"]["from"] == "before and after"
         assert w["before"]["requests"] > 0 and w["after"]["requests"] > 0 and w["colocated"]["requests"] > 0
-        assert w["slowdown_p99"] > 0 and w["threshold_p99_ms"] == pytest.approx(w["solo"]["p99_ms"] * 1.2)
+        threshold = w["solo"]["p99_ms"] * (1 + DEFAULT_SLOWDOWN_ALLOWANCE)
+        assert w["slowdown_p99"] > 0 and w["threshold_p99_ms"] == pytest.approx(threshold)
         assert len(w["p99_series_ms"]) == len(w["gpu"]["sm_activity_series_pct"]) == 1
         assert w["gpu"]["sm_activity_source"] == "simulated" and w["gpu"]["samples"] > 0
         assert w["health"][0][1] == "Healthy"
