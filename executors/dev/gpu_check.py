@@ -70,9 +70,9 @@ class Part:
 
 PARTS: tuple[Part, ...] = (
     Part("xcuda", "executors.node.xcuda.realcheck", 120.0, 40.0),
-    Part("protection", "executors.node.profiling.protection", 140.0, 55.0),
-    Part("calibration", "executors.node.profiling.calibration_sweep", 110.0, 60.0),
-    Part("gpu_suite", None, 90.0, 60.0),
+    Part("protection", "executors.node.profiling.protection", 135.0, 55.0),
+    Part("calibration", "executors.node.profiling.calibration_sweep", 100.0, 60.0),
+    Part("gpu_suite", None, 110.0, 60.0),
 )
 PART_NAMES = tuple(p.name for p in PARTS)
 
@@ -112,18 +112,24 @@ class Log:
             f.write(line + "\n")
 
 
-def _run_child(argv: list[str], env: dict[str, str], timeout_s: float, log: Log, cwd: Path) -> tuple[int | None, str]:
-    """Runs a part in its own process group; kills the group past ``timeout_s``. (exit code or None, output tail)."""
+def _run_child(argv: list[str], env: dict[str, str], timeout_s: float, log: Log, cwd: Path,
+               dump_first: bool = False) -> tuple[int | None, str]:
+    """Runs a part in its own process group; kills the group past ``timeout_s``. (exit code or None, output tail).
+    ``dump_first``: a Python child started with ``PYTHONFAULTHANDLER=1`` gets SIGABRT first, so that the output
+    ends with where each of its threads was (the part cannot keep anything of its own: a test run)."""
     proc = subprocess.Popen(argv, env=env, cwd=cwd, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True,
                             start_new_session=True)
     try:
         out, _ = proc.communicate(timeout=timeout_s)
         rc: int | None = proc.returncode
     except subprocess.TimeoutExpired:
-        log(f"  past its deadline by {GRACE_S:.0f} s: killed")
-        for sig in (signal.SIGTERM, signal.SIGKILL):
+        log(f"  past its deadline: killed{' (its threads dumped first)' if dump_first else ''}")
+        for sig in ((signal.SIGABRT,) if dump_first else ()) + (signal.SIGTERM, signal.SIGKILL):
             try:
-                os.killpg(proc.pid, sig)
+                if sig == signal.SIGABRT:
+                    os.kill(proc.pid, sig)  # the child itself: its fault handler writes, then it ends
+                else:
+                    os.killpg(proc.pid, sig)
             except ProcessLookupError:
                 break
             try:
@@ -134,29 +140,46 @@ def _run_child(argv: list[str], env: dict[str, str], timeout_s: float, log: Log,
         else:
             out = ""
         rc = None
-    tail = (out or "")[-4000:]
+    out = out or ""
+    tail = out[-4000:]
+    dump = thread_dump(out) if dump_first and rc is None else ""
     with log.path.open("a", encoding="utf-8") as f:
-        f.write(tail + ("\n" if tail and not tail.endswith("\n") else ""))
-    return rc, tail
+        for text in (tail, f"where it was when killed:\n{dump}" if dump and dump not in tail else ""):
+            if text:
+                f.write(text + ("\n" if not text.endswith("\n") else ""))
+    return rc, out
+
+
+def thread_dump(output: str, limit: int = 6000) -> str:
+    """The fault handler's dump of a Python child's threads (innermost frame first), from the child's output."""
+    at = output.rfind("Fatal Python error")
+    return output[at:at + limit] if at >= 0 else ""
 
 
 # -- the GPU suite ------------------------------------------------------------------------------------
 
 _SUMMARY_RE = re.compile(r"(\d+) (passed|failed|skipped|error|errors|xfailed|xpassed|deselected)")
+_VERBOSE_RE = re.compile(r"::\S+ (PASSED|FAILED|SKIPPED|ERROR|XFAIL|XPASS)\b")
+_VERBOSE_KEYS = {"PASSED": "passed", "FAILED": "failed", "SKIPPED": "skipped", "ERROR": "errors", "XFAIL": "xfailed",
+                 "XPASS": "xpassed"}
 
 
 def pytest_counts(output: str) -> dict[str, int]:
-    """The counts of pytest's last summary line (``3 passed, 1 skipped in 2.0s``)."""
+    """The counts of pytest's last summary line (``3 passed, 1 skipped in 2.0s``); without one (the run was killed
+    before it ended), the outcomes ``-v`` printed per test so far, with ``"unfinished": 1``."""
     lines = [ln for ln in output.splitlines() if _SUMMARY_RE.search(ln) and (" in " in ln or ln.startswith("="))]
-    if not lines:
-        return {}
     counts: dict[str, int] = {}
-    for n, what in _SUMMARY_RE.findall(lines[-1]):
-        counts["errors" if what in ("error", "errors") else what] = int(n)
-    return counts
+    if lines:
+        for n, what in _SUMMARY_RE.findall(lines[-1]):
+            counts["errors" if what in ("error", "errors") else what] = int(n)
+        return counts
+    for what in _VERBOSE_RE.findall(output):
+        key = _VERBOSE_KEYS[what]
+        counts[key] = counts.get(key, 0) + 1
+    return {**counts, "unfinished": 1} if counts else {}
 
 
-def run_gpu_suite(out: Path, deadline_s: float, simulate: bool, log: Log) -> None:
+def run_gpu_suite(out: Path, deadline_s: float, simulate: bool, log: Log) -> int | None:
     """``tests/gpu`` with pytest, without the project's conftest and settings (they need the database libraries)."""
     doc = part_document("gpu_suite", "cpu" if simulate else "real-driver")
     path = out / "gpu_suite.json"
@@ -164,22 +187,26 @@ def run_gpu_suite(out: Path, deadline_s: float, simulate: bool, log: Log) -> Non
     with tempfile.TemporaryDirectory(prefix="gpu-suite-") as tmp:
         ini = Path(tmp) / "pytest.ini"
         ini.write_text("[pytest]\naddopts = -ra --import-mode=importlib\n")
-        env = {**os.environ, "PYTHONPATH": _pythonpath()}
+        # unbuffered: what pytest printed reaches the log even if it is killed; the fault handler: where it hung
+        env = {**os.environ, "PYTHONPATH": _pythonpath(), "PYTHONUNBUFFERED": "1", "PYTHONFAULTHANDLER": "1"}
         if not simulate:
             env["MUXFLOW_REQUIRE_GPU"] = "1"   # no GPU is a failure here, not a skip
-        argv = [sys.executable, "-m", "pytest", "-q", "-rs", "-c", str(ini), "--rootdir", str(REPO), "--noconftest",
-                "-p", "no:cacheprovider", str(REPO / "tests" / "gpu")]
+        argv = [sys.executable, "-m", "pytest", "-v", "-rs", "-c", str(ini), "--rootdir", str(REPO), "--noconftest",
+                "-p", "no:cacheprovider", "--durations=0", str(REPO / "tests" / "gpu")]
         t0 = time.monotonic()
-        rc, tail = _run_child(argv, env, deadline_s, log, REPO)
-    counts = pytest_counts(tail)
+        rc, output = _run_child(argv, env, deadline_s, log, REPO, dump_first=True)
+    counts = pytest_counts(output)
     doc["results"] = {"exit_code": rc, "counts": counts, "elapsed_s": round(time.monotonic() - t0, 1),
-                      "output_tail": tail[-2000:]}
+                      "output_tail": output[-2000:]}
+    if rc is None:
+        doc["results"]["where_it_hung"] = thread_dump(output)
     doc["complete"] = rc is not None
     doc["why_incomplete"] = None if rc is not None else f"killed at its deadline ({deadline_s:.0f} s)"
     if rc not in (0, None):
         doc["errors"].append(f"pytest exit code {rc}")
     doc["ended"] = _now_iso()
     write_json_atomic(path, doc)
+    return rc
 
 
 def _pythonpath() -> str:
@@ -232,7 +259,7 @@ def headline(name: str, doc: dict[str, Any] | None) -> dict[str, Any]:
     if name == "gpu_suite":
         return {"counts": r.get("counts")}
     if name == "xcuda":
-        keys = ("fallback", "overhead", "tracking", "quota", "graphs")
+        keys = ("fallback", "exit", "overhead", "tracking", "quota", "graphs")
         return {k: _brief(r.get(k)) for k in keys if k in r}
     if name == "protection":
         return {k: r.get(k) for k in ("recommended", "setups_summary", "tally_bar") if k in r}
@@ -360,8 +387,7 @@ def run(out: Path, *, budget_s: float, parts: list[str], simulate: bool, command
         log(f"{p.name}: starting, deadline {deadline:.0f} s")
         started = time.monotonic()
         if p.module is None:
-            run_gpu_suite(out, deadline, simulate, log)
-            rc: int | None = 0
+            rc: int | None = run_gpu_suite(out, deadline, simulate, log)
         else:
             argv = [sys.executable, "-m", p.module, "--out", str(out), "--deadline", f"{deadline:.0f}"]
             if simulate:

@@ -4,6 +4,7 @@
     python -m executors.node.xcuda.realcheck_work train --seconds 15 --batch 64
     python -m executors.node.xcuda.realcheck_work quota --quota-bytes 2147483648 [--driver-pool]
     python -m executors.node.xcuda.realcheck_work graphs --replays 200
+    python -m executors.node.xcuda.realcheck_work checkpoint --ckpt DIR --batch 64
 
 :mod:`executors.node.xcuda.realcheck` starts them, under ``LD_PRELOAD=libxcuda.so`` or not. Each prints JSON
 lines on stdout: ``{"ev": "ready", ...}`` once CUDA is up, ``{"ev": "start", "t": ...}`` and ``{"ev": "step",
@@ -148,6 +149,34 @@ def train(seconds: float, batch: int) -> dict:
             "stats": fresh_stats()}
 
 
+def checkpoint(ckpt: str, batch: int) -> dict:
+    """The training loop on muxflow's job runtime, until a signal: SIGTERM/SIGUSR1 let the step in progress
+    finish, save a checkpoint of the model and optimizer (their GPU tensors copied to the host) and exit 0, as a
+    job does when Slurm requeues it. Never returns otherwise."""
+    import torch
+
+    from executors.job.runtime import Runtime
+
+    rt = Runtime(ckpt, every_steps=10**9, profiling=None)
+    model, name, pool, loss = _model(torch, batch)
+    opt = torch.optim.SGD(model.parameters(), lr=0.01, momentum=0.9)
+    model.train()
+    torch.cuda.synchronize()
+    _ready(torch, model=name, batch=batch)
+    n = 0
+    while True:
+        with rt.iteration():
+            xs, y = pool[n % len(pool)]
+            lv = loss(model(*xs), y)
+            opt.zero_grad(set_to_none=True)
+            lv.backward()
+            opt.step()
+            torch.cuda.synchronize()
+        n += 1
+        emit(ev="step", n=n, t=time.monotonic())
+        rt.step_done(n, lambda: {"model": model.state_dict(), "opt": opt.state_dict(), "loss": float(lv.detach())})
+
+
 # -- 4: the memory quota --------------------------------------------------------------------------
 
 def _attempt(torch: Any, what: str, nbytes: int) -> tuple[Any, dict]:
@@ -289,6 +318,9 @@ def main(argv: list[str] | None = None) -> int:
     p.add_argument("--driver-pool", action="store_true")
     p = sub.add_parser("graphs")
     p.add_argument("--replays", type=int, default=200)
+    p = sub.add_parser("checkpoint")
+    p.add_argument("--ckpt", required=True)
+    p.add_argument("--batch", type=int, default=64)
     a = ap.parse_args(argv)
     try:
         if a.kind == "launches":
@@ -297,6 +329,8 @@ def main(argv: list[str] | None = None) -> int:
             out = train(a.seconds, a.batch)
         elif a.kind == "quota":
             out = quota(a.quota_bytes, a.driver_pool)
+        elif a.kind == "checkpoint":
+            out = checkpoint(a.ckpt, a.batch)
         else:
             out = graphs(a.replays)
     except Exception as exc:

@@ -86,6 +86,34 @@ def test_the_gpu_suite_part_runs_without_the_database_libraries(tmp_path, monkey
     assert "ImportError" not in doc["results"]["output_tail"]
 
 
+def test_pytest_counts_from_the_summary_line_or_from_the_tests_it_reported() -> None:
+    assert gpu_check.pytest_counts("x\n=== 9 passed, 2 skipped in 118.20s ===\n") == {"passed": 9, "skipped": 2}
+    killed = ("tests/gpu/test_a.py::test_one PASSED   [ 33%]\ntests/gpu/test_a.py::test_two[x] FAILED [ 66%]\n"
+              "tests/gpu/test_b.py::test_three SKIPPED (no GPU) [100%]\n")
+    assert gpu_check.pytest_counts(killed) == {"passed": 1, "failed": 1, "skipped": 1, "unfinished": 1}
+    assert gpu_check.pytest_counts("nothing ran\n") == {}
+
+
+def test_a_gpu_suite_that_hangs_is_killed_with_its_threads_dumped_and_its_finished_tests_counted(
+        tmp_path, monkeypatch) -> None:
+    repo = tmp_path / "repo"
+    (repo / "tests" / "gpu").mkdir(parents=True)
+    (repo / "tests" / "gpu" / "test_suite.py").write_text(
+        "import threading\n\n\ndef test_passes():\n    assert True\n\n\n"
+        "def test_never_returns():\n    threading.Event().wait()\n")
+    monkeypatch.setattr(gpu_check, "REPO", repo)
+    out = tmp_path / "out"
+    out.mkdir()
+    rc = gpu_check.run_gpu_suite(out, 20, True, gpu_check.Log(out / "gpu-check.log"))
+    doc = json.loads((out / "gpu_suite.json").read_text())
+    assert rc is None and doc["complete"] is False and "killed at its deadline" in doc["why_incomplete"]
+    assert doc["results"]["counts"] == {"passed": 1, "unfinished": 1}
+    # where it hung, from the fault handler, in the log and the part's file
+    hung = doc["results"]["where_it_hung"]
+    assert hung.startswith("Fatal Python error: Aborted") and "in test_never_returns" in hung
+    assert "test_never_returns" in (out / "gpu-check.log").read_text()
+
+
 def test_a_simulated_run_end_to_end_without_the_database_libraries(tmp_path) -> None:
     """The real parts (two of them, to keep it short: each part's own tests run it whole), their files, the summary
     and colocation.json, in a process where importing SQLAlchemy, Alembic, Dagster, OR-Tools or psycopg2 fails."""

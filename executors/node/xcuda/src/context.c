@@ -1,8 +1,9 @@
 /*
  * cuInit and contexts: the first marks the process as a CUDA user (signals
  * armed, threads started); contexts the program creates are remembered so
- * that a graceful exit (paper §4.2) can synchronise and destroy them.
- * Primary contexts, which the runtime uses, are found from the driver then.
+ * that a graceful exit (paper §4.2) can synchronise them, and destroy them
+ * when the signal is to end the process. Primary contexts, which the runtime
+ * uses, are found from the driver then.
  */
 #include <pthread.h>
 
@@ -123,3 +124,45 @@ CUresult xc_w_cuCtxDestroy_v2(CUcontext ctx)
     return xc_real_cuCtxDestroy_v2(ctx);
 }
 XC_EXPORT(cuCtxDestroy_v2)
+
+/* Waits for the work of every context the process has, and leaves them as
+ * they are: a program that handles SIGINT/SIGTERM itself (a checkpoint) goes
+ * on using them. The primary contexts are retained for the call and released
+ * after, so their reference counts end as they were. The number synchronized. */
+int xc_ctx_synchronize_all(void)
+{
+    CUcontext mine[MAX_CONTEXTS];
+    int n, synced = 0;
+    pthread_mutex_lock(&ctx_lock);
+    n = n_created;
+    for (int i = 0; i < n; i++)
+        mine[i] = created[i];
+    pthread_mutex_unlock(&ctx_lock);
+
+    for (int i = 0; i < n; i++) {
+        CUresult rs = xc_real_cuCtxSetCurrent(mine[i]);
+        if (rs == CUDA_SUCCESS)
+            rs = xc_real_cuCtxSynchronize();
+        xc_log(XC_LOG_DEBUG, "context %p: synchronize %d", (void *)mine[i], (int)rs);
+        synced += rs == CUDA_SUCCESS;
+    }
+    int devices = 0;
+    if (xc_real_cuDeviceGetCount(&devices) != CUDA_SUCCESS)
+        devices = 0;
+    for (CUdevice d = 0; d < devices; d++) {
+        unsigned int flags = 0;
+        int active = 0;
+        CUcontext primary = NULL;
+        if (xc_real_cuDevicePrimaryCtxGetState(d, &flags, &active) != CUDA_SUCCESS || !active)
+            continue;
+        if (xc_real_cuDevicePrimaryCtxRetain(&primary, d) != CUDA_SUCCESS)
+            continue;
+        CUresult rs = xc_real_cuCtxSetCurrent(primary);
+        if (rs == CUDA_SUCCESS)
+            rs = xc_real_cuCtxSynchronize();
+        CUresult rr = xc_real_cuDevicePrimaryCtxRelease_v2(d);
+        xc_log(XC_LOG_DEBUG, "device %d primary context: synchronize %d, release %d", d, (int)rs, (int)rr);
+        synced += rs == CUDA_SUCCESS;
+    }
+    return synced;
+}

@@ -12,8 +12,11 @@
         CUresult gate_ = xc_gate((uint64_t)(cost));                   \
         if (XC_UNLIKELY(gate_ != CUDA_SUCCESS))                       \
             return gate_;                                             \
-        if (XC_UNLIKELY(!xc_launch_enter()))                          \
-            return xc_gate_frozen();                                  \
+        while (XC_UNLIKELY(!xc_launch_enter())) {                     \
+            CUresult held_ = xc_gate_frozen();                        \
+            if (held_ != CUDA_SUCCESS)                                \
+                return held_;                                         \
+        }                                                             \
         CUresult rc_ = xc_real_##name args;                           \
         xc_launch_leave();                                            \
         return rc_;                                                   \

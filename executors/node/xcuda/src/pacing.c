@@ -201,8 +201,14 @@ CUresult xc_gate_wait(uint64_t ticket)
     uint64_t t0 = xc_now_ns();
     atomic_fetch_add_explicit(&xc_pace.waits, 1, memory_order_relaxed);
     for (;;) {
-        if (atomic_load_explicit(&xc_pace.frozen, memory_order_relaxed))
-            return xc_gate_frozen();
+        if (atomic_load_explicit(&xc_pace.frozen, memory_order_relaxed)) {
+            CUresult r = xc_gate_frozen();
+            if (r != CUDA_SUCCESS)
+                return r;
+            if (atomic_load_explicit(&xc_pace.frozen, memory_order_relaxed))
+                sleep_ns(1000000);
+            continue;  /* the contexts were kept: wait for the ticket as before */
+        }
         uint64_t g = atomic_load_explicit(&xc_pace.granted, memory_order_relaxed);
         if (ticket <= g)
             break;
@@ -218,8 +224,10 @@ CUresult xc_gate_wait(uint64_t ticket)
 
 CUresult xc_gate_frozen(void)
 {
-    /* A graceful exit is synchronising the context: hold the launch until it
-     * is released, then fail it, so no new work reaches a dying context. */
+    /* A graceful exit is synchronising the contexts: hold the launch until
+     * they are released, then fail it, so no new work reaches a dying
+     * context; or until they are kept for the program's handler (the state
+     * is armed again), then let it go on (CUDA_SUCCESS: launch it). */
     while (atomic_load_explicit(&xc_exit_state, memory_order_acquire) == XC_EXIT_RUNNING)
         sleep_ns(1000000);
     if (atomic_load_explicit(&xc_exit_state, memory_order_acquire) == XC_EXIT_DONE)

@@ -1,9 +1,16 @@
 /*
  * Graceful exit (paper §4.2): 99 % of the errors MPS propagates to the online
  * service come from offline processes killed by SIGINT/SIGTERM mid-kernel.
- * On those signals xCUDA freezes new launches, synchronises and releases the
- * CUDA contexts, and only then lets the signal do what the program intended:
- * run the program's handler, ignore it, or terminate.
+ * On those signals xCUDA freezes new launches and synchronises the CUDA
+ * contexts, and only then lets the signal do what the program intended:
+ *  - terminate (no handler): the contexts are released first, then the
+ *    process dies of the signal, with no kernel of its own in flight;
+ *  - run the program's handler: the contexts are kept and launches resume.
+ *    A training job's handler checkpoints, which needs its device memory; on
+ *    a real driver a released context fails the job's next call ("invalid
+ *    argument") and the checkpoint is lost. The handler starts with no kernel
+ *    in flight, so one that exits at once is as safe as a default action;
+ *  - ignore it: nothing happens.
  *
  * To stay in front of handlers the program installs later (Python, PyTorch
  * and training loops install their own), sigaction() and signal() are
@@ -179,9 +186,23 @@ static void on_signal(int sig, siginfo_t *info, void *uc)
 
 static _Atomic int passed_on;
 
-/* Hands the signal to the program, once, then lets held launches fail. The
- * signal goes first: a program thread held at the launch gate runs the
- * program's handler (or dies of the signal) before it sees its launch fail. */
+/* Whether the program has a handler of its own for the signal (not the
+ * default action, not ignored): it then goes on after the signal. */
+static int program_handles(int sig)
+{
+    int idx = managed_index(sig);
+    if (idx < 0)
+        return 0;
+    sigset_t saved;
+    lock_acts(&saved);
+    sighandler_t h = prog_act[idx].sa_handler;
+    unlock_acts(&saved);
+    return h != SIG_DFL && h != SIG_IGN;
+}
+
+/* Hands the signal to the program, once, its contexts released, then lets
+ * held launches fail. The signal goes first: a program thread held at the
+ * launch gate dies of the signal before it sees its launch fail. */
 static void pass_on(void)
 {
     if (atomic_exchange(&passed_on, 1))
@@ -191,6 +212,22 @@ static void pass_on(void)
     if (sigqueue(getpid(), exit_sig, v) != 0)
         kill(getpid(), exit_sig);
     atomic_store(&xc_exit_state, XC_EXIT_DONE);
+}
+
+/* Hands the signal to the program's handler with its contexts kept: launches
+ * resume and the sequence is armed again, so a later signal is handled the
+ * same way (a handler the program resets to the default then releases). */
+static void pass_on_keeping(int sig)
+{
+    if (atomic_exchange(&passed_on, 1))
+        return;  /* the watchdog passed it on already, as a release */
+    atomic_store(&xc_pace.frozen, 0);
+    atomic_store(&xc_exit_state, XC_EXIT_ARMED);
+    atomic_store(&passed_on, 0);
+    union sigval v;
+    v.sival_int = REDELIVER_MAGIC;
+    if (sigqueue(getpid(), sig, v) != 0)
+        kill(getpid(), sig);
 }
 
 #define DRAIN_TIMEOUT_MS 2000
@@ -216,11 +253,23 @@ static void *exit_worker(void *arg)
             ;
         if (atomic_load(&xc_exit_state) != XC_EXIT_RUNNING)
             continue;
-        const char *name = exit_sig == SIGINT ? "SIGINT" : "SIGTERM";
-        xc_log(XC_LOG_INFO, "%s: kernel launches frozen; synchronizing and releasing the CUDA context(s)", name);
+        int sig = exit_sig;
+        const char *name = sig == SIGINT ? "SIGINT" : "SIGTERM";
+        int keep = program_handles(sig);
+        xc_log(XC_LOG_INFO, "%s: kernel launches frozen; synchronizing %s the CUDA context(s)", name,
+               keep ? "(the program handles the signal: its contexts are kept)" : "and releasing");
         if (!drain_launches_in_flight())
-            xc_log(XC_LOG_WARN, "%s: a kernel launch is still inside the driver after %d ms; releasing anyway",
-                   name, DRAIN_TIMEOUT_MS);
+            xc_log(XC_LOG_WARN, "%s: a kernel launch is still inside the driver after %d ms; %s anyway",
+                   name, DRAIN_TIMEOUT_MS, keep ? "synchronizing" : "releasing");
+        if (keep) {
+            int n = xc_ctx_synchronize_all();
+            if (!atomic_load(&passed_on)) {
+                xc_log(XC_LOG_INFO, "%s: %d context(s) synchronized and kept; launches resume; passing the "
+                       "signal on to the program's handler", name, n);
+                pass_on_keeping(sig);
+            }
+            continue;
+        }
         int n = xc_ctx_release_all();
         if (!atomic_load(&passed_on)) {
             xc_log(XC_LOG_INFO, "%s: %d context(s) released; passing the signal on", name, n);

@@ -55,8 +55,11 @@ void xc_pacing_atfork_child(void);
 /* The hot path: one relaxed load, one fetch_add, one load. No syscall, no lock. */
 static inline CUresult xc_gate(uint64_t cost)
 {
-    if (XC_UNLIKELY(atomic_load_explicit(&xc_pace.frozen, memory_order_relaxed)))
-        return xc_gate_frozen();
+    if (XC_UNLIKELY(atomic_load_explicit(&xc_pace.frozen, memory_order_relaxed))) {
+        CUresult r = xc_gate_frozen();
+        if (r != CUDA_SUCCESS)
+            return r;
+    }
     uint64_t ticket = atomic_fetch_add_explicit(&xc_pace.taken, cost, memory_order_relaxed) + cost;
     if (XC_LIKELY(ticket <= atomic_load_explicit(&xc_pace.granted, memory_order_relaxed)))
         return CUDA_SUCCESS;
@@ -94,5 +97,6 @@ void xc_signals_atfork_child(void);
 void xc_ctx_track(CUcontext ctx);
 void xc_ctx_untrack(CUcontext ctx);
 int xc_ctx_release_all(void);
+int xc_ctx_synchronize_all(void);
 
 #endif

@@ -457,6 +457,24 @@ EXPORT CUresult cuDevicePrimaryCtxReset_v2(CUdevice dev)
     return CUDA_SUCCESS;
 }
 
+EXPORT CUresult cuDevicePrimaryCtxRelease_v2(CUdevice dev)
+{
+    ENTER(cuDevicePrimaryCtxRelease_v2);
+    if (dev < 0 || dev >= n_devices)
+        return CUDA_ERROR_INVALID_VALUE;
+    int refs = atomic_load(&primary_refs[dev]);
+    do {
+        if (refs <= 0)
+            return CUDA_ERROR_INVALID_CONTEXT;  /* released more often than retained */
+    } while (!atomic_compare_exchange_weak(&primary_refs[dev], &refs, refs - 1));
+    if (refs == 1) {
+        atomic_fetch_sub(&contexts_alive, 1);
+        atomic_store(&ever_released, 1);
+    }
+    event("primary_ctx_release dev=%d refs=%d", dev, refs - 1);
+    return CUDA_SUCCESS;
+}
+
 EXPORT CUresult cuCtxSetCurrent(CUcontext ctx)
 {
     ENTER(cuCtxSetCurrent);

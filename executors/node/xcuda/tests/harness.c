@@ -562,6 +562,14 @@ int main(int argc, char **argv)
                     printf("launch rc=%d after=%llu signal=%d\n", (int)r, n, (int)got_signal);
                     exit(7);
                 }
+                if (got_signal) {
+                    /* A handler that returned: the program's clean-up (a checkpoint) launches on. */
+                    int errors = 0;
+                    for (int k = 0; k < 100; k++)
+                        errors += LAUNCH(fn) != CUDA_SUCCESS;
+                    printf("after-signal launches=100 errors=%d signal=%d\n", errors, (int)got_signal);
+                    exit(errors ? 7 : 0);
+                }
                 if (n == 1000)
                     printf("ready\n");
             }
@@ -576,6 +584,7 @@ int main(int argc, char **argv)
             printf("sigquery handler=%s resethand=%d\n", handler_name(old.sa_handler), !!(old.sa_flags & SA_RESETHAND));
         } else if (!strcmp(c, "raise")) {
             int sig = parse_signal(ARG());
+            got_signal = 0;  /* what the next wait-exit waits for is this signal's handler */
             raise(sig);
             printf("raised got=%d\n", (int)got_signal);
         } else if (!strcmp(c, "fork-launch")) {

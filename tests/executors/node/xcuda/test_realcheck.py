@@ -34,7 +34,7 @@ sys.meta_path.insert(0, Block())
 sys.argv = ["realcheck", *sys.argv[1:]]
 runpy.run_module("executors.node.xcuda.realcheck", run_name="__main__")
 """
-CHECKS = {"fallback", "quota", "graphs", "overhead", "tracking"}
+CHECKS = {"fallback", "quota", "graphs", "exit", "overhead", "tracking"}
 SERIES_COLUMNS = {"t_s", "u_sm", "u_sm_integral_s", "sm_clock_mhz", "target", "u_gpu", "gpu_util", "launches_per_s",
                   "paced_rate", "gate_open", "fallback", "wait_frac", "steps", "steps_per_s"}
 CONTROLLER_COLUMNS = {"t_s", "run", *PERIOD_FIELDS}
@@ -105,6 +105,15 @@ def test_simulate_end_to_end_writes_a_valid_part_file_without_database_libraries
     assert all(quota["hooked"].values())
 
     assert checks["graphs"]["status"] == "needs_gpu"
+
+    ex = checks["exit"]
+    assert ex["status"] == "passed", ex
+    # The job's handler ran with its context kept and launched its clean-up; the loop without one died of the
+    # signal after xCUDA released its context.
+    handled, default = ex["handled"], ex["default_action"]
+    assert handled["exit_status"] == 0 and handled["xcuda_kept"] and not handled["xcuda_released"]
+    assert handled["after_signal"].startswith("after-signal launches=100 errors=0")
+    assert default["exit_status"] == -signal.SIGTERM and default["xcuda_released"] and not default["xcuda_kept"]
 
     ov = checks["overhead"]
     assert ov["status"] == "passed" and ov["gate_open_frac"] >= 0.9
@@ -177,9 +186,11 @@ def test_sigterm_mid_run_keeps_what_was_measured(xcuda: Artifacts, tmp_path: Pat
     assert doc["complete"] is False and doc["why_incomplete"].startswith("stopped by SIGTERM")
     results = doc["results"]
     assert results["fallback"]["status"] == "passed" and results["quota"]["status"] == "passed"
-    # Stopped in tracking's first target: the run without xCUDA is kept, what was running says it stopped.
+    # Stopped in tracking's first target: the overhead's two runs (before it) are kept, tracking says it stopped.
     assert results["overhead"]["without_xcuda"]["preloaded"] is False
-    assert results["overhead"]["status"] == "stopped" and results["tracking"]["status"] == "stopped"
+    assert results["overhead"]["with_xcuda"]["preloaded"] is True
+    assert results["overhead"]["status"] == "passed" and results["tracking"]["status"] == "stopped"
+    assert results["exit"]["status"] == "passed"
     # The workloads it had started are gone (their counters name them).
     for stats in (out / ".xcuda-work").rglob("xcuda-*.stats"):
         pid = int(stats.stem.split("-")[1])
