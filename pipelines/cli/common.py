@@ -203,16 +203,6 @@ def int_list(text: str, what: str, minimum: int) -> list[int]:
     return values
 
 
-def printable(text: object) -> str:
-    """``text`` safe to print on an operator's terminal: what users control (a job's name, a reason quoting their
-    program's error) may hold control characters — escape sequences that retitle or rewrite a terminal, newlines
-    that forge a line, bidirectional overrides that reorder what is shown — each shown escaped (``\\x1b``) instead."""
-    s = str(text)
-    if s.isprintable():
-        return s
-    return "".join(c if c.isprintable() else c.encode("unicode_escape").decode("ascii") for c in s)
-
-
 def text_table(cells: list[list[str]]) -> list[str]:
     """Left-aligned columns, the first row a header underlined with dashes."""
     widths = [max(len(row[i]) for row in cells) for i in range(len(cells[0]))]

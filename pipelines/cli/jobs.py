@@ -8,7 +8,8 @@ import pandas as pd
 
 from executors.store import inventory
 from executors.store import jobs as jobstore
-from pipelines.cli.common import CliError, cluster_backend, guard, printable, store_of, text_table
+from executors.text import printable
+from pipelines.cli.common import CliError, cluster_backend, guard, store_of, text_table
 
 
 @click.group()

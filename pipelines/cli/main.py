@@ -11,6 +11,7 @@ import logging
 import click
 
 from executors.store.db import resolve_url
+from executors.text import configure_logging
 from pipelines.cli import (
     bench,
     calibrate,
@@ -53,7 +54,9 @@ class _MainGroup(click.Group):
 @click.pass_context
 def main(ctx: click.Context, db_url: str | None, verbose: bool) -> None:
     """muxflow: space-share GPUs between online inference and offline training (MuxFlow)."""
-    logging.basicConfig(level=logging.INFO if verbose else logging.WARNING, format="%(levelname)s %(name)s: %(message)s")
+    # every privileged command (the node agent, the sensor's pick-up, the dispatcher) logs users' text: one line
+    # per record, control characters escaped
+    configure_logging(logging.INFO if verbose else logging.WARNING, "%(levelname)s %(name)s: %(message)s")
     ctx.ensure_object(dict)
     ctx.obj["db"] = resolve_url(db_url)
     # The command line's settings, over the environment's and the settings file's (pipelines.settings).

@@ -13,7 +13,8 @@ import click
 
 from executors.dev.slurm.cluster import DevCluster, DevClusterError, DevStatus
 from executors.dev.slurm.state import log_tail
-from pipelines.cli.common import HELP, CliError, CliFailure, db_option, open_store, printable, slurm_config
+from executors.text import printable
+from pipelines.cli.common import HELP, CliError, CliFailure, db_option, open_store, slurm_config
 
 log = logging.getLogger(__name__)
 _state_dir = click.option("--state-dir", envvar="MUXFLOW_SLURM_DIR", default=None, type=click.Path(),

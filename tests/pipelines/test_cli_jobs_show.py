@@ -124,6 +124,6 @@ def test_what_users_wrote_reaches_the_operators_terminal_escaped(store: Store) -
     ("\x9b31m", "\\x9b31m"),   # a C1 control (the 8-bit CSI)
 ])
 def test_printable_escapes_control_characters_only(text: str, shown: str) -> None:
-    from pipelines.cli.common import printable
+    from executors.text import printable
 
     assert printable(text) == shown
