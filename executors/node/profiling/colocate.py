@@ -123,6 +123,7 @@ class Mps:
         self.pipe, self.log = root / "mps-pipe", root / "mps-log"
         self.env = {"CUDA_MPS_PIPE_DIRECTORY": str(self.pipe), "CUDA_MPS_LOG_DIRECTORY": str(self.log)}
         self.started = False
+        self.answer_timeout_s = 10.0   # how long a started daemon may take to answer its first command
 
     def start(self, static: bool = False) -> str | None:
         """None when started, else why not. ``static``: with ``-S`` (static SM partitions, CUDA 13.1+)."""
@@ -137,7 +138,32 @@ class Mps:
             return f"nvidia-cuda-mps-control {' '.join(args)} failed ({out.returncode}): " \
                    f"{(out.stderr or out.stdout).strip()}"
         self.started = True
+        why = self._answers(exe, self.answer_timeout_s)
+        if why is not None:
+            self.started = False
+            return f"nvidia-cuda-mps-control {' '.join(args)}: {why}"
         return None
+
+    def _answers(self, exe: str, timeout_s: float = 10.0) -> str | None:
+        """None once the daemon answers a control command; else why not, with the end of its own log (a daemon
+        that cannot run as asked, ``-S`` on a driver without static partitions, say, exits right after ``-d``)."""
+        end = time.monotonic() + timeout_s
+        while True:
+            r = subprocess.run([exe], input="get_default_active_thread_percentage\n", env={**os.environ, **self.env},
+                               capture_output=True, text=True, timeout=timeout_s)
+            said = (r.stdout + r.stderr).strip()
+            if r.returncode == 0 and "Cannot find" not in said:
+                return None
+            if time.monotonic() >= end:
+                break
+            time.sleep(0.1)  # the daemon's pipe may take a moment after -d returns
+        try:
+            lines = (self.log / "control.log").read_text(errors="replace").strip().splitlines()
+        except OSError:
+            lines = []
+        tail = " | ".join(ln.strip() for ln in lines[-3:])
+        return f"the control daemon does not answer ({said[:200] or f'exit status {r.returncode}'})" + \
+               (f"; its log ends: {tail[:400]}" if tail else "; it wrote no log")
 
     def stop(self) -> None:
         if self.started:
