@@ -39,24 +39,31 @@ void xc_ctx_untrack(CUcontext ctx)
     pthread_mutex_unlock(&ctx_lock);
 }
 
-int xc_ctx_release_all(void)
+/* Synchronises every context the process has (the ones it created, the active
+ * primary ones) and, with `release`, destroys the created ones and resets the
+ * primary ones; without, leaves them as they were (a primary context is
+ * retained for the call and released after, so its reference count ends as it
+ * was). The number released (or synchronized). */
+static int each_context(int release)
 {
     CUcontext mine[MAX_CONTEXTS];
-    int n, released = 0;
+    int n, done = 0;
     pthread_mutex_lock(&ctx_lock);
     n = n_created;
     for (int i = 0; i < n; i++)
         mine[i] = created[i];
-    n_created = 0;
+    if (release)
+        n_created = 0;
     pthread_mutex_unlock(&ctx_lock);
 
     for (int i = 0; i < n; i++) {
         CUresult rs = xc_real_cuCtxSetCurrent(mine[i]);
         if (rs == CUDA_SUCCESS)
             rs = xc_real_cuCtxSynchronize();
-        CUresult rd = xc_real_cuCtxDestroy_v2(mine[i]);
-        xc_log(XC_LOG_DEBUG, "context %p: synchronize %d, destroy %d", (void *)mine[i], (int)rs, (int)rd);
-        released += rd == CUDA_SUCCESS;
+        CUresult rd = release ? xc_real_cuCtxDestroy_v2(mine[i]) : rs;
+        xc_log(XC_LOG_DEBUG, "context %p: synchronize %d, %s %d", (void *)mine[i], (int)rs,
+               release ? "destroy" : "kept", (int)rd);
+        done += rd == CUDA_SUCCESS;
     }
     int devices = 0;
     if (xc_real_cuDeviceGetCount(&devices) != CUDA_SUCCESS)
@@ -72,12 +79,25 @@ int xc_ctx_release_all(void)
         CUresult rs = xc_real_cuCtxSetCurrent(primary);
         if (rs == CUDA_SUCCESS)
             rs = xc_real_cuCtxSynchronize();
-        /* Reset, not release: it destroys the context whatever its reference count. */
-        CUresult rr = xc_real_cuDevicePrimaryCtxReset_v2(d);
-        xc_log(XC_LOG_DEBUG, "device %d primary context: synchronize %d, reset %d", d, (int)rs, (int)rr);
-        released += rr == CUDA_SUCCESS;
+        /* To release, a reset: it destroys the context whatever its reference count. */
+        CUresult rr = release ? xc_real_cuDevicePrimaryCtxReset_v2(d) : xc_real_cuDevicePrimaryCtxRelease_v2(d);
+        xc_log(XC_LOG_DEBUG, "device %d primary context: synchronize %d, %s %d", d, (int)rs,
+               release ? "reset" : "release", (int)rr);
+        done += (release ? rr : rs) == CUDA_SUCCESS;
     }
-    return released;
+    return done;
+}
+
+int xc_ctx_release_all(void)
+{
+    return each_context(1);
+}
+
+/* Waits for the work of every context and leaves them as they are: a program
+ * that handles SIGINT/SIGTERM itself (a checkpoint) goes on using them. */
+int xc_ctx_synchronize_all(void)
+{
+    return each_context(0);
 }
 
 CUresult xc_w_cuInit(unsigned int Flags)
@@ -124,45 +144,3 @@ CUresult xc_w_cuCtxDestroy_v2(CUcontext ctx)
     return xc_real_cuCtxDestroy_v2(ctx);
 }
 XC_EXPORT(cuCtxDestroy_v2)
-
-/* Waits for the work of every context the process has, and leaves them as
- * they are: a program that handles SIGINT/SIGTERM itself (a checkpoint) goes
- * on using them. The primary contexts are retained for the call and released
- * after, so their reference counts end as they were. The number synchronized. */
-int xc_ctx_synchronize_all(void)
-{
-    CUcontext mine[MAX_CONTEXTS];
-    int n, synced = 0;
-    pthread_mutex_lock(&ctx_lock);
-    n = n_created;
-    for (int i = 0; i < n; i++)
-        mine[i] = created[i];
-    pthread_mutex_unlock(&ctx_lock);
-
-    for (int i = 0; i < n; i++) {
-        CUresult rs = xc_real_cuCtxSetCurrent(mine[i]);
-        if (rs == CUDA_SUCCESS)
-            rs = xc_real_cuCtxSynchronize();
-        xc_log(XC_LOG_DEBUG, "context %p: synchronize %d", (void *)mine[i], (int)rs);
-        synced += rs == CUDA_SUCCESS;
-    }
-    int devices = 0;
-    if (xc_real_cuDeviceGetCount(&devices) != CUDA_SUCCESS)
-        devices = 0;
-    for (CUdevice d = 0; d < devices; d++) {
-        unsigned int flags = 0;
-        int active = 0;
-        CUcontext primary = NULL;
-        if (xc_real_cuDevicePrimaryCtxGetState(d, &flags, &active) != CUDA_SUCCESS || !active)
-            continue;
-        if (xc_real_cuDevicePrimaryCtxRetain(&primary, d) != CUDA_SUCCESS)
-            continue;
-        CUresult rs = xc_real_cuCtxSetCurrent(primary);
-        if (rs == CUDA_SUCCESS)
-            rs = xc_real_cuCtxSynchronize();
-        CUresult rr = xc_real_cuDevicePrimaryCtxRelease_v2(d);
-        xc_log(XC_LOG_DEBUG, "device %d primary context: synchronize %d, release %d", d, (int)rs, (int)rr);
-        synced += rs == CUDA_SUCCESS;
-    }
-    return synced;
-}
