@@ -737,20 +737,26 @@ def run(out_dir: Path, deadline_s: float, simulate: bool, plan: Plan) -> Part:
     """The checks, each started only when the deadline leaves it room: the fallback rate, the quota, CUDA graphs and
     the graceful exit side by side; the job without xCUDA (the baseline), then with xCUDA under target (the
     overhead); tracking, in what is left."""
+    # The agent's loop is imported before the deadline's clock starts: its import (numpy, the agent's modules) takes
+    # seconds on a loaded machine, and the deadline is for the checks.
+    agent_interval: float | None = None
+    agent_error: str | None = None
+    try:
+        from executors.node.agent import AgentConfig
+
+        agent_interval = AgentConfig().interval_s
+    except Exception as exc:
+        agent_error = f"the node agent's loop cannot be imported: {type(exc).__name__}: {exc}"
     part = Part(out_dir, deadline_s, simulate)
     part.set("config", asdict(plan) | {
         "quota_bytes": QUOTA_BYTES, "fallback_rate_expected": FALLBACK_RATE, "record": "a private /dev/shm file",
-        "agent_interval_s": None, "gpm_interval_s": None if simulate else _nvml_gpm_interval()})
+        "agent_interval_s": agent_interval, "gpm_interval_s": None if simulate else _nvml_gpm_interval()})
+    if agent_error:
+        part.error(agent_error)
     part.write()
     work = out_dir / f".{PART}-work"
     record_dir = Path(tempfile.mkdtemp(prefix="xcuda-check-", dir="/dev/shm" if os.path.isdir("/dev/shm") else None))
     why: str | None = None
-    try:
-        from executors.node.agent import AgentConfig
-
-        part.get("config")["agent_interval_s"] = AgentConfig().interval_s
-    except Exception as exc:
-        part.error(f"the node agent's loop cannot be imported: {type(exc).__name__}: {exc}")
     try:
         art, lib = _library(simulate)
         part.set("library", lib)
