@@ -203,14 +203,20 @@ static int program_handles(int sig)
 /* Hands the signal to the program, once, its contexts released, then lets
  * held launches fail. The signal goes first: a program thread held at the
  * launch gate dies of the signal before it sees its launch fail. */
+/* Sends the signal again, marked as xCUDA's (on_signal chains it at once). */
+static void redeliver(int sig)
+{
+    union sigval v;
+    v.sival_int = REDELIVER_MAGIC;
+    if (sigqueue(getpid(), sig, v) != 0)
+        kill(getpid(), sig);
+}
+
 static void pass_on(void)
 {
     if (atomic_exchange(&passed_on, 1))
         return;
-    union sigval v;
-    v.sival_int = REDELIVER_MAGIC;
-    if (sigqueue(getpid(), exit_sig, v) != 0)
-        kill(getpid(), exit_sig);
+    redeliver(exit_sig);
     atomic_store(&xc_exit_state, XC_EXIT_DONE);
 }
 
@@ -224,10 +230,7 @@ static void pass_on_keeping(int sig)
     atomic_store(&xc_pace.frozen, 0);
     atomic_store(&xc_exit_state, XC_EXIT_ARMED);
     atomic_store(&passed_on, 0);
-    union sigval v;
-    v.sival_int = REDELIVER_MAGIC;
-    if (sigqueue(getpid(), sig, v) != 0)
-        kill(getpid(), sig);
+    redeliver(sig);
 }
 
 #define DRAIN_TIMEOUT_MS 2000
