@@ -34,6 +34,7 @@ from __future__ import annotations
 
 import logging
 import math
+import re
 import socket
 import threading
 import time
@@ -53,6 +54,13 @@ _PREFIXES = (REQUESTS + "_total", BUSY + "_total", LATENCY + "_")
 MAX_BODY_BYTES = 4 << 20       # a metrics page larger than this is not one: the scrape fails, reading no more
 MAX_BUCKETS = 64               # latency histogram buckets (the reference service has 29)
 MAX_COUNTER = float(2 ** 53)   # a counter beyond this (exact doubles end here) is not a request count
+MAX_LINE_CHARS = 4096          # one of MuxFlow's lines longer than this is not a counter (the reference's: < 100)
+MAX_SERIES_LINES = 4 * MAX_BUCKETS + 16
+MAX_SERIES_CHARS = 64 << 10    # MuxFlow's lines in all (the reference service's: about 3 KiB): what the parser gets
+# A MuxFlow line from its start (leading blanks allowed, as prometheus_client's parser strips them) to at most
+# MAX_LINE_CHARS: possessive repeats, so a long line or a long run of blanks is scanned once, never backtracked.
+_LINES = re.compile(r"^[ \t]*+((?:%s)[^\n]{0,%d}+)" % ("|".join(re.escape(p) for p in _PREFIXES),
+                                                       MAX_LINE_CHARS), re.MULTILINE)
 
 
 def check_metrics_url(url: str, field: str = "endpoint") -> str:
@@ -121,9 +129,20 @@ def parse_exposition(text: str) -> dict:
     counters (see the module's docstring), else the whole page is refused."""
     from prometheus_client.parser import text_string_to_metric_families
 
-    lines = [ln for ln in (raw.strip() for raw in text.splitlines()) if ln.startswith(_PREFIXES)]
-    if len(lines) > 4 * MAX_BUCKETS + 16:
-        raise ValueError(f"{len(lines)} lines of {REQUESTS}/{LATENCY} series: not one replica's counters")
+    lines: list[str] = []
+    chars = 0
+    for match in _LINES.finditer(text):  # stops at the first bound crossed: the rest of the page is never read
+        line = match.group(1)
+        if len(line) > MAX_LINE_CHARS or (match.end() < len(text) and text[match.end()] != "\n"):
+            raise ValueError(f"a line of {line[:40]}… is longer than {MAX_LINE_CHARS} characters: not a counter")
+        lines.append(line.strip())
+        chars += len(line)
+        if len(lines) > MAX_SERIES_LINES:
+            raise ValueError(f"more than {MAX_SERIES_LINES} lines of {REQUESTS}/{LATENCY} series: not one "
+                             "replica's counters")
+        if chars > MAX_SERIES_CHARS:
+            raise ValueError(f"more than {MAX_SERIES_CHARS} characters of {REQUESTS}/{LATENCY} lines: not one "
+                             "replica's counters")
     seen: dict[str, set[tuple]] = {}
     vals: dict = {}
     buckets: dict[float, float] = {}

@@ -18,7 +18,8 @@ from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
 import pytest
 
 from executors.job.workloads.endpoint import ServeMetrics, TargetQps
-from executors.node.scrape import MAX_BODY_BYTES, ReplicaScraper, fetch_http, parse_exposition
+from executors.node.scrape import (MAX_BODY_BYTES, MAX_LINE_CHARS, MAX_SERIES_CHARS, ReplicaScraper, fetch_http,
+                                   parse_exposition)
 
 GOOD = ServeMetrics("cnn", "tiny", "cpu", TargetQps(10.0))
 GOOD.on_batch([0.0, 0.0], 0.0, 0.004)
@@ -110,6 +111,8 @@ PAGES = {
     "/many-label-sets": page(extra="".join(f'muxflow_serve_requests_total{{id="{k}"}} {k}\n' for k in range(20000))),
     "/malformed-line": page(extra="muxflow_serve_requests_total{le=\n"),
 }
+ONE_MIB_LINE = page(extra='muxflow_serve_requests_total{a="' + "\\\\" * (1 << 19) + '"} 1\n')
+PAGES["/one-mib-line"] = ONE_MIB_LINE
 IGNORED = {  # lines of other metrics are skipped unread, whatever they hold
     "/binary-in-page": page() + b"\xff\xfe\x00garbage\n",
     "/other-metrics": page(extra="up NaN\nsome_counter_total -1e308\nbroken{ 1\n" + "x" * 100_000 + "\n"),
@@ -199,6 +202,60 @@ def test_poisoned_pages_never_reach_the_numbers() -> None:
         t[0] += 5.0
     st = sc.window(999.0, 1_011.0)
     assert st.requests == 20 and math.isfinite(st.qps) and st.latency_ms == pytest.approx(10.0)
+
+
+@pytest.fixture()
+def parser_input(monkeypatch) -> list[int]:
+    """The characters prometheus_client's parser is handed, call by call: the work a page costs the agent (the
+    parser is pure Python, about a CPU second per MiB of escaped label), counted rather than timed."""
+    import prometheus_client.parser as pc_parser
+
+    real = pc_parser.text_string_to_metric_families
+    seen: list[int] = []
+
+    def counting(text: str):
+        seen.append(len(text))
+        return real(text)
+
+    monkeypatch.setattr(pc_parser, "text_string_to_metric_families", counting)
+    return seen
+
+
+def test_attack_a_one_mib_line_is_refused_before_the_parser(server: str, parser_input: list[int]) -> None:
+    """One MuxFlow line of 1 MiB of escapes (most of a CPU second in the parser): refused, unparsed, by name."""
+    with pytest.raises(ValueError, match=f"longer than {MAX_LINE_CHARS} characters"):
+        parse_exposition(ONE_MIB_LINE.decode())
+    assert parser_input == []
+    sc, ok, _ = scrape(server + "/one-mib-line")
+    assert not ok and f"longer than {MAX_LINE_CHARS} characters" in sc.last_error and parser_input == []
+    assert sc.window(990.0, 1_010.0).reason.startswith("qps, latency: no scrape of")
+
+
+ESCAPES = "\\\\" * 2000  # 4,000 characters of escaped backslashes: the parser's slowest label
+
+
+@pytest.mark.parametrize("hostile", [
+    # 4 MiB of MuxFlow lines, each under the line bound, full of escapes: too many characters of them in all
+    "".join(f'muxflow_serve_requests_total{{k="{ESCAPES}"}} {k}\n' for k in range(1024)),
+    # few lines, each just under the bound: the same
+    "".join(f'muxflow_serve_latency_seconds_bucket{{le="{k}",p="{"x" * (MAX_LINE_CHARS - 80)}"}} 1\n'
+            for k in range(40)),
+])
+def test_attack_megabytes_of_hostile_lines_cost_a_bounded_parse(hostile: str, parser_input: list[int]) -> None:
+    with pytest.raises(ValueError, match=f"more than {MAX_SERIES_CHARS} characters"):
+        parse_exposition(page().decode() + hostile)
+    assert parser_input == []
+
+
+def test_megabytes_of_other_lines_are_scanned_not_parsed(parser_input: list[int]) -> None:
+    """4 MiB of other metrics' lines — long, blank, escaped, a line of spaces — beside a good page: the page is read,
+    and what the parser gets is MuxFlow's lines alone."""
+    good = page().decode()
+    other = ("x" * (1 << 20) + "\n" + " " * (1 << 20) + "\n" + "\n" * (1 << 20)
+             + 'other_total{a="' + "\\\\" * (1 << 19) + '"} 1\n')
+    assert len(other) >= 4 << 20
+    vals = parse_exposition(other + good)
+    assert vals["requests"] == 3 and len(parser_input) == 1 and parser_input[0] <= len(good) + 1
 
 
 def test_only_http_urls_are_fetched(tmp_path) -> None:
