@@ -3,12 +3,19 @@
 Thin handles over the adapters in ``executors``. Which implementation a run
 gets is configuration (``pipelines.settings``), resolved when the run starts;
 importing this module opens nothing.
+
+None of them is launch-time configuration: the deployment binds each with :func:`fixed`, so their values are the
+settings the code location loaded (its settings file and environment, which only the service account writes) and
+a run whose config names any field of theirs is refused by Dagster before it starts. Dagster's open-source UI has
+no login, and a resource field is a default that run config may override: a store URL, a Slurm URL, a token or key
+file, the cluster kind or a report directory set at launch would send MuxFlow's credentials, or write its files,
+where the launcher chose (docs/SECURITY.md, "Dagster").
 """
 
 
 import datetime as dt
 
-from dagster import ConfigurableResource, Failure, InitResourceContext, ResourceDependency
+from dagster import ConfigurableResource, Failure, InitResourceContext, ResourceDefinition, ResourceDependency, resource
 from pydantic import PrivateAttr
 
 from executors.cluster import ClusterBackend, Profiler
@@ -152,3 +159,20 @@ class SchedulingResource(ConfigurableResource):
 
     def end(self) -> dt.datetime | None:
         return dt.datetime.fromisoformat(self.rounds_end) if self.rounds_end else None
+
+
+def fixed(res: ConfigurableResource) -> ResourceDefinition:
+    """``res`` as a resource with no launch-time configuration: its fields are what the deployment gave it, and a
+    run config with any entry for it is refused ("unexpected config entry"). Its set-up and tear-down run as they
+    would for the resource itself; the instance stays reachable as ``.fixed_value`` of the definition for the
+    deployment's own checks."""
+
+    @resource(description=f"{(type(res).__doc__ or type(res).__name__).strip().splitlines()[0]} "
+                          "(the deployment's settings; not configurable at launch)",
+              config_schema={})
+    def _fixed(context: InitResourceContext):
+        with res.process_config_and_initialize_cm() as value:
+            yield value
+
+    _fixed.fixed_value = res  # type: ignore[attr-defined]
+    return _fixed

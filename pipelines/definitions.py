@@ -21,7 +21,7 @@ from dagster import Definitions, ResourceDefinition
 from assets.jobs import JOBS, SLURM_JOBS, utcnow
 from assets.predictor import build_predictor_assets
 from assets.profiling import PROFILING_ASSETS
-from assets.resources import FeatureStoreResource, PredictorStoreResource, SchedulingResource
+from assets.resources import FeatureStoreResource, PredictorStoreResource, SchedulingResource, fixed
 from assets.rounds import ROUND_ASSETS
 from assets.sensors import NOW, SENSORS, SLURM_SENSORS, round_sensor, with_cadence
 from pipelines.settings import MuxflowSettings
@@ -42,13 +42,15 @@ def build_definitions(settings: MuxflowSettings, now: Callable[[], dt.datetime] 
     feature_store = FeatureStoreResource(db_url=settings.db_url)
     cluster = settings.cluster_resource()
     slurm = cluster.kind == "slurm"
+    # Every resource is fixed at what the settings say (assets.resources.fixed): no run config can point the
+    # store, the cluster or a credential elsewhere.
     resources = {
-        "feature_store": feature_store,
-        "cluster": cluster,
-        "predictors": PredictorStoreResource(feature_store=feature_store, epochs=settings.epochs,
-                                             hidden=settings.predictor_hidden, seed=settings.seed,
-                                             max_holdout_mae=settings.max_holdout_mae),
-        "scheduling": scheduling_resource(settings),
+        "feature_store": fixed(feature_store),
+        "cluster": fixed(cluster),
+        "predictors": fixed(PredictorStoreResource(feature_store=feature_store, epochs=settings.epochs,
+                                                   hidden=settings.predictor_hidden, seed=settings.seed,
+                                                   max_holdout_mae=settings.max_holdout_mae)),
+        "scheduling": fixed(scheduling_resource(settings)),
         NOW: ResourceDefinition.hardcoded_resource(now, "the round sensor's clock (UTC)"),
     }
     interval = settings.sensor_interval_s

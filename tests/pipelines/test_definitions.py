@@ -93,7 +93,7 @@ def test_settings_from_environment_and_errors(tmp_path: Path) -> None:
                        "MUXFLOW_MAX_JOBS_PER_GPU": "2", "MUXFLOW_PREDICTOR_HIDDEN": "64"})
     assert s.gpu_types == ("t4", "a100") and s.max_holdout_mae == 0.2 and s.max_jobs_per_gpu == 2
     # the predictor resource trains the network the settings name: here the paper's width, at its default epochs
-    cfg = build_definitions(s).resources["predictors"].config()
+    cfg = build_definitions(s).resources["predictors"].fixed_value.config()
     assert (cfg.hidden, cfg.epochs) == (64, 400)
     assert s.rounds_start == dt.datetime(2026, 3, 1, 6, 30, tzinfo=dt.timezone.utc)
     assert MuxflowSettings.from_json(s.to_json()) == s
