@@ -11,11 +11,14 @@ import re
 from collections.abc import Mapping
 from dataclasses import dataclass
 
+from executors.slurm import plan as plans
 from executors.store import models as m
 from executors.store.db import Session
 from executors.store.inventory import gpu_type_memory
 from scheduler_core.trace import MAX_TOTAL_STEPS, TraceJob
 
+MIN_MEM_BYTES = plans.MIN_MEM_BYTES  # the least memory need a job may declare (and a placement carry)
+MAX_PATH_CHARS = 1024  # a checkpoint directory's path (Linux's PATH_MAX is 4096; no real one is that long)
 _SIZE = re.compile(r"^\s*(\d+(?:\.\d+)?)\s*([KMGT]i?B?|B)?\s*$", re.IGNORECASE)
 _UNITS = {"": 1, "B": 1, "K": 1e3, "KB": 1e3, "KIB": 1024, "M": 1e6, "MB": 1e6, "MIB": 1024**2,
           "G": 1e9, "GB": 1e9, "GIB": 1024**3, "T": 1e12, "TB": 1e12, "TIB": 1024**4}
@@ -78,8 +81,12 @@ def validate(spec: JobSpec, known_gpu_types: Mapping[str, int], known_job_types:
             "job_type", f"unknown job type {spec.job_type!r} (the simulated cluster models: "
             f"{', '.join(sorted(known_job_types))})"
         )
-    if spec.mem_bytes is not None and spec.mem_bytes <= 0:
-        raise SubmissionError("mem", "must be positive")
+    if spec.mem_bytes is not None and spec.mem_bytes < MIN_MEM_BYTES:
+        # A need below any real model's (a CUDA context alone takes more) would be planned as fitting anywhere, and
+        # its quota would round to the node's "no limit".
+        raise SubmissionError("mem", f"{format_bytes(spec.mem_bytes)} is below {format_bytes(MIN_MEM_BYTES)}, the "
+                              "least a GPU job is planned with (mem= takes 64MiB up to the largest allowed GPU's "
+                              "memory)")
     if not spec.allowed_gpu_types:
         raise SubmissionError("gpu_types", "name at least one GPU type")
     unknown = sorted(set(spec.allowed_gpu_types) - set(known_gpu_types))
@@ -93,6 +100,10 @@ def validate(spec: JobSpec, known_gpu_types: Mapping[str, int], known_job_types:
         # No GPU it may run on has that much memory: it would wait forever.
         raise SubmissionError("mem", f"{format_bytes(spec.mem_bytes)} is more than any allowed GPU type has ("
                               + ", ".join(f"{t} {format_bytes(known_gpu_types[t])}" for t in allowed) + ")")
+    if len(spec.checkpoint_dir) > MAX_PATH_CHARS:
+        raise SubmissionError("checkpoint_dir", f"at most {MAX_PATH_CHARS} characters")
+    if any(c in spec.checkpoint_dir for c in "\0\n\r"):
+        raise SubmissionError("checkpoint_dir", "must not hold a NUL or a line break")
     if spec.checkpoint_dir and not spec.checkpoint_dir.startswith("/"):
         raise SubmissionError("checkpoint_dir", f"must be an absolute path, got {spec.checkpoint_dir!r}")
     if spec.checkpointing not in (None, "declared", "none"):

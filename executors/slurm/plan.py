@@ -45,6 +45,9 @@ REQUIRED = {"place": ("slurm", "job", "kind", "gpu", "pct"), "profile": ("slurm"
 _TOKEN = re.compile(r"([a-z]+)=(\S+)")
 _SIG = re.compile(r"[0-9a-f]{64}")
 KEY_BYTES = 32
+# The least memory quota a placement carries: below what any real model needs (a CUDA context alone takes more), and
+# far from 0, which MPS's pinned memory limit reads as no limit at all.
+MIN_MEM_BYTES = 64 * 1024**2
 
 
 class PlanError(ValueError):
@@ -77,6 +80,8 @@ class Plan:
             raise PlanError(f"plan: kind must be one of {', '.join(KINDS)}, got {self.kind!r}")
         if self.kind == "place" and (self.sm_pct is None or not 1 <= self.sm_pct <= 100):
             raise PlanError(f"plan: pct must be within 1..100, got {self.sm_pct!r}")
+        if self.kind == "place" and self.mem_bytes is not None and self.mem_bytes < MIN_MEM_BYTES:
+            raise PlanError(f"plan: mem must be at least {MIN_MEM_BYTES} (64 MiB), got {self.mem_bytes!r}")
         if self.kind == "profile" and self.run_id is None:
             raise PlanError("plan: a profiling window names its run")
         for name in ("slurm_job_id", "job_id", "gpu_index"):

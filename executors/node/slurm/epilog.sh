@@ -25,8 +25,9 @@ if [[ -n "$gpu" ]] && command -v "$MPS_CONTROL" >/dev/null 2>&1; then
         # Jobs still placed on the GPU keep the caps of their plans; with none left the GPU is whole again.
         read -r cap mem <<<"$(python3 "$PLAN_TOOL" caps "$PLAN_DIR" "${SLURMD_NODENAME:-}" "$gpu" "$plan" 2>/dev/null)"
         echo "set_default_active_thread_percentage ${cap:-100}" | "$MPS_CONTROL" >/dev/null 2>&1
+        # 0 (no limit) only once no placed job is left on the GPU; a remaining quota rounded up, as the Prolog does
         limit=0
-        [[ -n "${mem:-}" ]] && limit="$(( mem / 1048576 ))M"
+        [[ "${mem:-}" =~ ^[0-9]+$ ]] && limit="$(( (mem + 1048575) / 1048576 ))" && limit="$(( limit < 1 ? 1 : limit ))M"
         echo "set_default_device_pinned_mem_limit $gpu $limit" | "$MPS_CONTROL" >/dev/null 2>&1
     fi
 fi

@@ -96,8 +96,10 @@ pct=$(val pct); [[ "$kind" == profile ]] && pct=100
 [[ -n "${cap:-}" ]] || cap=$pct
 [[ "$cap" == "$pct" ]] || log "GPU $gpu also runs other placed jobs: caps at the largest of their plans"
 ctl set_default_active_thread_percentage "$cap"
+# MPS takes the limit in whole MiB and reads 0 as no limit: a placed job's quota is rounded up, never below 1M (the
+# plan tool refuses quotas under 64 MiB already). Only a profiling window has the GPU with no quota, said as 0.
 limit=""
-[[ -n "${mem:-}" ]] && limit="$(( mem / 1048576 ))M"
+[[ "${mem:-}" =~ ^[0-9]+$ ]] && limit="$(( (mem + 1048575) / 1048576 ))" && limit="$(( limit < 1 ? 1 : limit ))M"
 [[ -n "$limit" ]] && ctl set_default_device_pinned_mem_limit "$gpu" "$limit"
 [[ -z "$limit" && "$kind" == profile ]] && ctl set_default_device_pinned_mem_limit "$gpu" 0
 for pid in $servers; do

@@ -94,8 +94,10 @@ def placement_plan(job_id: int, slurm_job_id: int, gpu_index: int, pct: int, mem
                    gains: XcudaGains | None = None) -> plans.Plan:
     """What a placement tells the node (executors.slurm.plan; docs/SLURM.md "Node scripts")."""
     g = gains or XcudaGains()
+    # A quota below the plans' floor (a tiny profiled peak) is raised to it: the node never gets a quota near 0.
     return plans.Plan(slurm_job_id=slurm_job_id, job_id=job_id, kind="place", gpu_index=gpu_index, sm_pct=pct,
-                      mem_bytes=int(mem_bytes) if mem_bytes else None, kp=g.kp, ki=g.ki, kd=g.kd)
+                      mem_bytes=max(int(mem_bytes), plans.MIN_MEM_BYTES) if mem_bytes else None, kp=g.kp, ki=g.ki,
+                      kd=g.kd)
 
 
 def _mps_gres(text: str | None) -> set[tuple[str | None, int]]:

@@ -183,3 +183,21 @@ def test_the_plan_key_command_makes_a_private_key_and_never_replaces_one(tmp_pat
     path.chmod(0o644)
     bad = CliRunner().invoke(main, ["slurm", "plan-key", "--write", str(path)])
     assert bad.exit_code == 2 and "lets others read" in bad.output
+
+
+def test_a_placement_never_carries_a_quota_near_zero() -> None:
+    """A quota under the floor is no plan, written or read: MPS reads a 0M limit as none."""
+    from executors.slurm.plan import MIN_MEM_BYTES
+
+    for mem in (1, MIN_MEM_BYTES - 1):
+        with pytest.raises(PlanError, match="mem must be at least"):
+            Plan(slurm_job_id=4711, job_id=12, kind="place", gpu_index=2, sm_pct=35, mem_bytes=mem)
+    assert Plan(slurm_job_id=4711, job_id=12, kind="place", gpu_index=2, sm_pct=35, mem_bytes=MIN_MEM_BYTES)
+    import hashlib
+    import hmac
+
+    fields = {"slurm": "4711", "job": "12", "kind": "place", "gpu": "2", "pct": "35", "mem": "1"}
+    sig = hmac.new(KEY, plans._canonical(fields), hashlib.sha256).hexdigest()  # as an older MuxFlow signed it
+    signed = " ".join([plans.PREFIX, *(f"{k}={v}" for k, v in fields.items()), f"sig={sig}"])
+    with pytest.raises(PlanError, match="mem must be at least"):
+        plans.decode(signed, KEY, 4711)

@@ -111,10 +111,12 @@ def test_gains_outside_what_xcuda_accepts_are_refused(kwargs) -> None:
 
 
 def test_placement_plan_defaults_are_xcudas_own() -> None:
-    p = placement_plan(7, 4711, 2, 35, 1024, XcudaGains())
-    assert p.fields() == {"slurm": "4711", "job": "7", "kind": "place", "gpu": "2", "pct": "35", "mem": "1024",
+    p = placement_plan(7, 4711, 2, 35, 2**30, XcudaGains())
+    assert p.fields() == {"slurm": "4711", "job": "7", "kind": "place", "gpu": "2", "pct": "35", "mem": str(2**30),
                           "kp": "1.0", "ki": "20.0", "kd": "0.0"}
     assert "mem" not in placement_plan(7, 4711, 2, 35, None).fields()
+    # a tiny quota (a profiled peak of a few KiB) goes out at the plans' floor, never near 0 (MPS's "no limit")
+    assert placement_plan(7, 4711, 2, 35, 1024).mem_bytes == plans.MIN_MEM_BYTES
 
 
 def test_submission_comment_reads_back_as_the_spec() -> None:

@@ -139,3 +139,24 @@ def test_muxflow_slurm_submit_takes_no_job_type_and_refuses_impossible_memory(tm
                              catch_exceptions=False)
     assert out.exit_code == 2 and out.stderr.strip() == (
         "error: mem: 99,999 TiB is more than any allowed GPU type has (t4 15 GiB)"), out.output
+
+
+@pytest.mark.parametrize("mem", ["1", "0.5", "1KiB", "63MiB"])
+def test_a_memory_need_below_any_real_models_is_rejected_at_pickup_in_one_line(store: Store, mem: str) -> None:
+    """mem=1 once passed: the planner took the job to fit anywhere and the Prolog's quota rounded to 0M (no limit)."""
+    fake = FakeSlurm([make_job(31, comment=f"muxflow: mem={mem} gpu-types=t4 steps=5"),
+                      make_job(32, comment="muxflow: mem=64MiB gpu-types=t4 steps=5")])
+    rep = import_submissions(store, fake, only=[31, 32])
+    assert len(rep.imported) == 1 and [sid for sid, _ in rep.rejected] == [31]
+    reason = rep.rejected[0][1]
+    assert reason.startswith("rejected: mem: ") and "below 64 MiB" in reason and "\n" not in reason, reason
+    assert fake.jobs[31].state == "CANCELLED" and fake.jobs[32].state == "PENDING"
+
+
+def test_a_checkpoint_path_is_bounded_and_one_line() -> None:
+    gpus = {"t4": T4, "a10": A10}
+    with pytest.raises(SubmissionError, match="checkpoint_dir: at most 1024"):
+        validate(_spec(checkpoint_dir="/" + "c" * 2000), gpus, None)
+    with pytest.raises(SubmissionError, match="checkpoint_dir: must not hold"):
+        validate(_spec(checkpoint_dir="/ckpt/a\nb"), gpus, None)
+    validate(_spec(checkpoint_dir="/" + "c" * 1000), gpus, None)
