@@ -29,7 +29,9 @@ STATS = ("median_ns", "p99_ns", "mean_ns")
 def _run(artifacts: Artifacts, calls: int, env: dict[str, str], preload: bool, timeout_s: float) -> dict[str, Any]:
     run_env = dict(env)
     if preload:
-        run_env["LD_PRELOAD"] = str(artifacts.library)
+        # The test library: the benchmark sets its own record and quota through the environment (same code)
+        run_env["LD_PRELOAD"] = str(artifacts.test_library)
+        run_env["XCUDA_TEST_ENV_CONFIG"] = "1"
     proc = subprocess.run([str(artifacts.bench), str(calls)], env=run_env, capture_output=True, text=True,
                           timeout=timeout_s, check=False)
     if proc.returncode != 0:

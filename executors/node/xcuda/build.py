@@ -21,6 +21,7 @@ class Artifacts:
     """Paths of everything ``make`` builds."""
 
     library: Path      # libxcuda.so, the preload library
+    test_library: Path  # test/libxcuda.so: the same with the test hooks (XCUDA_TEST_*; never installed)
     fake_dir: Path     # holds the fake libcuda.so.1 (put it on LD_LIBRARY_PATH)
     harness: Path
     bench: Path
@@ -34,6 +35,7 @@ class Artifacts:
     def at(cls, build_dir: Path = BUILD_DIR) -> Artifacts:
         return cls(
             library=build_dir / "libxcuda.so",
+            test_library=build_dir / "test" / "libxcuda.so",
             fake_dir=build_dir / "fake",
             harness=build_dir / "xcuda_harness",
             bench=build_dir / "xcuda_bench",

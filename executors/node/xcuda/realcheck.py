@@ -235,7 +235,10 @@ class Ctx:
         env["PYTHONPATH"] = os.pathsep.join([str(REPO_ROOT)] + ([env["PYTHONPATH"]] if env.get("PYTHONPATH") else []))
         env["PYTHONUNBUFFERED"] = "1"
         if preload:
-            env["LD_PRELOAD"] = str(self.artifacts.library)
+            # The test library (the same code): the check sets its own record and quota through the environment,
+            # which the installed library takes from a root plan only
+            env["LD_PRELOAD"] = str(self.artifacts.test_library)
+            env["XCUDA_TEST_ENV_CONFIG"] = "1"
         env["XCUDA_SHM_PATH"] = str(record if record is not None else self.record_dir / "no-record")
         env["XCUDA_LOG_LEVEL"] = log_level
         if stats_dir is not None:

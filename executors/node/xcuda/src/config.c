@@ -20,6 +20,7 @@ void xc_config_defaults(struct xc_config *cfg)
     cfg->gpu_index = 0;
     snprintf(cfg->shm_path, sizeof cfg->shm_path, "/dev/shm/muxflow-gpu-%u", cfg->gpu_index);
     cfg->target_util = 0.9;
+    cfg->target_cap = 2.0;
     cfg->kp = 1.0;
     cfg->ki = 20.0;
     cfg->kd = 0.0;
@@ -302,16 +303,9 @@ static void uint_in(struct msgbuf *m, const char *name, const char *value, uint6
         *field = (unsigned)v;
 }
 
-int xc_config_parse(const char *const *envp, struct xc_config *cfg, char *msgs, size_t msgs_len)
+/* The XCUDA_* entries of envp into values[] (the first of each name counts, like getenv). */
+static void collect(const char *const *envp, const char *values[V_COUNT], struct msgbuf *m)
 {
-    struct msgbuf m = {msgs, msgs_len, 0, 0};
-    const char *values[V_COUNT] = {0};
-    char sbuf[48];
-
-    xc_config_defaults(cfg);
-    if (msgs != NULL && msgs_len > 0)
-        msgs[0] = '\0';
-
     for (size_t i = 0; envp != NULL && envp[i] != NULL; i++) {
         const char *e = envp[i];
         if (strncmp(e, "XCUDA_", 6) != 0)
@@ -320,56 +314,28 @@ int xc_config_parse(const char *const *envp, struct xc_config *cfg, char *msgs, 
         if (eq == NULL)
             continue;
         size_t nlen = (size_t)(eq - e);
-        if (nlen >= 11 && !strncmp(e, "XCUDA_FAKE_", 11))
-            continue;  /* the test driver's own variables */
+        if ((nlen >= 11 && !strncmp(e, "XCUDA_FAKE_", 11)) || (nlen >= 11 && !strncmp(e, "XCUDA_TEST_", 11)))
+            continue;  /* the test driver's and the test build's own variables */
         int known = 0;
         for (int v = 0; v < V_COUNT; v++) {
             if (strlen(var_names[v]) == nlen && !strncmp(e, var_names[v], nlen)) {
                 known = 1;
-                if (values[v] == NULL)  /* like getenv: the first one counts */
+                if (values[v] == NULL)
                     values[v] = eq + 1;
                 break;
             }
         }
         if (!known)
-            problem(&m, "%.*s: unknown variable, ignored (typo?)", (int)(nlen > 64 ? 64 : nlen), e);
+            problem(m, "%.*s: unknown variable, ignored (typo?)", (int)(nlen > 64 ? 64 : nlen), e);
     }
+}
 
+static void apply_log_and_stats(const char *const values[V_COUNT], struct xc_config *cfg, struct msgbuf *m)
+{
+    char sbuf[48];
     if (values[V_LOG_LEVEL] && xc_parse_log_level(values[V_LOG_LEVEL], &cfg->log_level) != 0)
-        problem(&m, "%s='%s': expected error, warn, info or debug; using warn", var_names[V_LOG_LEVEL],
+        problem(m, "%s='%s': expected error, warn, info or debug; using warn", var_names[V_LOG_LEVEL],
                 shown(values[V_LOG_LEVEL], sbuf, sizeof sbuf));
-
-    if (values[V_QUOTA]) {
-        enum xc_quota_kind kind;
-        uint64_t bytes = 0;
-        double pct = 0;
-        if (xc_parse_quota(values[V_QUOTA], &kind, &bytes, &pct) != 0) {
-            problem(&m, "%s='%s': expected bytes with an optional unit (4GiB, 512M), a percentage of device "
-                        "memory (40%%) or none; using %g%% of device memory",
-                    var_names[V_QUOTA], shown(values[V_QUOTA], sbuf, sizeof sbuf), DEFAULT_QUOTA_PCT);
-        } else {
-            cfg->quota_kind = kind;
-            cfg->quota_bytes = bytes;
-            cfg->quota_pct = pct;
-        }
-    }
-
-    if (values[V_GPU_INDEX])
-        uint_in(&m, var_names[V_GPU_INDEX], values[V_GPU_INDEX], 0, 4095, &cfg->gpu_index);
-    snprintf(cfg->shm_path, sizeof cfg->shm_path, "/dev/shm/muxflow-gpu-%u", cfg->gpu_index);
-    if (values[V_SHM_PATH]) {
-        const char *p = values[V_SHM_PATH];
-        size_t n = strlen(p);
-        int ok = p[0] == '/' && n < sizeof cfg->shm_path;
-        for (size_t i = 0; ok && i < n; i++)
-            ok = (unsigned char)p[i] >= 0x20 && p[i] != 0x7f;
-        if (ok)
-            memcpy(cfg->shm_path, p, n + 1);
-        else
-            problem(&m, "%s='%s': expected an absolute path shorter than %d bytes; using %s", var_names[V_SHM_PATH],
-                    shown(p, sbuf, sizeof sbuf), XC_PATH_MAX, cfg->shm_path);
-    }
-
     if (values[V_STATS_DIR]) {
         const char *p = values[V_STATS_DIR];
         size_t n = strlen(p);
@@ -379,42 +345,272 @@ int xc_config_parse(const char *const *envp, struct xc_config *cfg, char *msgs, 
         if (ok)
             memcpy(cfg->stats_dir, p, n + 1);
         else
-            problem(&m, "%s='%s': expected an absolute directory shorter than %d bytes; counters not published",
+            problem(m, "%s='%s': expected an absolute directory shorter than %d bytes; counters not published",
                     var_names[V_STATS_DIR], shown(p, sbuf, sizeof sbuf), XC_PATH_MAX - 32);
+    }
+}
+
+static int path_ok(const char *p, size_t room)
+{
+    size_t n = strlen(p);
+    int ok = p[0] == '/' && n < room;
+    for (size_t i = 0; ok && i < n; i++)
+        ok = (unsigned char)p[i] >= 0x20 && p[i] != 0x7f;
+    return ok;
+}
+
+/* The limits among values[] onto cfg, as given (each checked for form and range only). */
+static void apply_limits(const char *const values[V_COUNT], struct xc_config *cfg, struct msgbuf *m)
+{
+    char sbuf[48];
+    if (values[V_QUOTA]) {
+        enum xc_quota_kind kind;
+        uint64_t bytes = 0;
+        double pct = 0;
+        if (xc_parse_quota(values[V_QUOTA], &kind, &bytes, &pct) != 0) {
+            problem(m, "%s='%s': expected bytes with an optional unit (4GiB, 512M), a percentage of device "
+                       "memory (40%%) or none; using %g%% of device memory",
+                    var_names[V_QUOTA], shown(values[V_QUOTA], sbuf, sizeof sbuf), DEFAULT_QUOTA_PCT);
+        } else {
+            cfg->quota_kind = kind;
+            cfg->quota_bytes = bytes;
+            cfg->quota_pct = pct;
+        }
+    }
+
+    if (values[V_GPU_INDEX]) {
+        uint_in(m, var_names[V_GPU_INDEX], values[V_GPU_INDEX], 0, 4095, &cfg->gpu_index);
+        snprintf(cfg->shm_path, sizeof cfg->shm_path, "/dev/shm/muxflow-gpu-%u", cfg->gpu_index);
+    }
+    if (values[V_SHM_PATH]) {
+        const char *p = values[V_SHM_PATH];
+        if (path_ok(p, sizeof cfg->shm_path))
+            memcpy(cfg->shm_path, p, strlen(p) + 1);
+        else
+            problem(m, "%s='%s': expected an absolute path shorter than %d bytes; using %s", var_names[V_SHM_PATH],
+                    shown(p, sbuf, sizeof sbuf), XC_PATH_MAX, cfg->shm_path);
     }
 
     if (values[V_TARGET]) {
         double v;
         if (xc_parse_fraction(values[V_TARGET], &v) != 0 || !(v > 0.0) || v > 2.0)
-            problem(&m, "%s='%s': expected a load in (0, 2] such as 0.9 or 90%%; using %g", var_names[V_TARGET],
+            problem(m, "%s='%s': expected a load in (0, 2] such as 0.9 or 90%%; using %g", var_names[V_TARGET],
                     shown(values[V_TARGET], sbuf, sizeof sbuf), cfg->target_util);
         else
             cfg->target_util = v;
     }
     if (values[V_KP])
-        real_in(&m, var_names[V_KP], values[V_KP], 0.0, 0, 1000.0, &cfg->kp);
+        real_in(m, var_names[V_KP], values[V_KP], 0.0, 0, 1000.0, &cfg->kp);
     if (values[V_KI])
-        real_in(&m, var_names[V_KI], values[V_KI], 0.0, 0, 1000.0, &cfg->ki);
+        real_in(m, var_names[V_KI], values[V_KI], 0.0, 0, 1000.0, &cfg->ki);
     if (values[V_KD])
-        real_in(&m, var_names[V_KD], values[V_KD], 0.0, 0, 10.0, &cfg->kd);
+        real_in(m, var_names[V_KD], values[V_KD], 0.0, 0, 10.0, &cfg->kd);
     if (values[V_A_L])
-        real_in(&m, var_names[V_A_L], values[V_A_L], 0.0, 0, 1000.0, &cfg->a_l);
+        real_in(m, var_names[V_A_L], values[V_A_L], 0.0, 0, 1000.0, &cfg->a_l);
     if (values[V_A_H])
-        real_in(&m, var_names[V_A_H], values[V_A_H], 0.0, 0, 1.0, &cfg->a_h);
+        real_in(m, var_names[V_A_H], values[V_A_H], 0.0, 0, 1.0, &cfg->a_h);
     if (values[V_FALLBACK])
-        real_in(&m, var_names[V_FALLBACK], values[V_FALLBACK], 0.0, 1, 1e9, &cfg->fallback_rate);
+        real_in(m, var_names[V_FALLBACK], values[V_FALLBACK], 0.0, 1, 1e9, &cfg->fallback_rate);
     if (values[V_MIN_RATE])
-        real_in(&m, var_names[V_MIN_RATE], values[V_MIN_RATE], 0.0, 1, 1e9, &cfg->min_rate);
+        real_in(m, var_names[V_MIN_RATE], values[V_MIN_RATE], 0.0, 1, 1e9, &cfg->min_rate);
+    if (values[V_PERIOD])
+        uint_in(m, var_names[V_PERIOD], values[V_PERIOD], 1, 10000, &cfg->control_period_ms);
+    if (values[V_STALE])
+        uint_in(m, var_names[V_STALE], values[V_STALE], 1, 3600000, &cfg->shm_stale_ms);
+    if (values[V_EXIT_TIMEOUT])
+        uint_in(m, var_names[V_EXIT_TIMEOUT], values[V_EXIT_TIMEOUT], 1, 600000, &cfg->exit_timeout_ms);
+}
+
+static void floor_under_fallback(struct xc_config *cfg, struct msgbuf *m)
+{
     if (cfg->min_rate > cfg->fallback_rate) {
-        problem(&m, "%s=%g is above %s=%g; using %g for both", var_names[V_MIN_RATE], cfg->min_rate,
+        problem(m, "%s=%g is above %s=%g; using %g for both", var_names[V_MIN_RATE], cfg->min_rate,
                 var_names[V_FALLBACK], cfg->fallback_rate, cfg->fallback_rate);
         cfg->min_rate = cfg->fallback_rate;
     }
-    if (values[V_PERIOD])
-        uint_in(&m, var_names[V_PERIOD], values[V_PERIOD], 1, 10000, &cfg->control_period_ms);
-    if (values[V_STALE])
-        uint_in(&m, var_names[V_STALE], values[V_STALE], 1, 3600000, &cfg->shm_stale_ms);
-    if (values[V_EXIT_TIMEOUT])
-        uint_in(&m, var_names[V_EXIT_TIMEOUT], values[V_EXIT_TIMEOUT], 1, 600000, &cfg->exit_timeout_ms);
+}
+
+int xc_config_parse(const char *const *envp, struct xc_config *cfg, char *msgs, size_t msgs_len)
+{
+    struct msgbuf m = {msgs, msgs_len, 0, 0};
+    const char *values[V_COUNT] = {0};
+
+    xc_config_defaults(cfg);
+    if (msgs != NULL && msgs_len > 0)
+        msgs[0] = '\0';
+    collect(envp, values, &m);
+    apply_log_and_stats(values, cfg, &m);
+    apply_limits(values, cfg, &m);
+    floor_under_fallback(cfg, &m);
+    return m.count;
+}
+
+/* -- the plan file and the job's stricter settings ------------------------ */
+
+/* Plan keys (executors/slurm/plan.py writes gpu, mem, kp, ki, kd; the others are the operator's) and the variable
+ * each one bounds. Keys the plan has for others (slurm, job, kind, pct, run, node) are skipped. */
+static const struct { const char *key; enum var_id var; } plan_keys[] = {
+    {"gpu", V_GPU_INDEX}, {"mem", V_QUOTA}, {"kp", V_KP}, {"ki", V_KI}, {"kd", V_KD}, {"target", V_TARGET},
+    {"al", V_A_L}, {"ah", V_A_H}, {"fallback", V_FALLBACK}, {"floor", V_MIN_RATE}, {"period", V_PERIOD},
+    {"stale", V_STALE}, {"shm", V_SHM_PATH},
+};
+
+static void apply_plan(const char *plan, size_t len, struct xc_config *cfg, long long *plan_uid, struct msgbuf *m)
+{
+    /* Copies of the values, NUL-ended, so apply_limits can parse them like the environment's. */
+    char vals[V_COUNT][XC_PATH_MAX];
+    const char *values[V_COUNT] = {0};
+    size_t i = 0;
+    while (i < len) {
+        size_t e = i;
+        while (e < len && plan[e] != '\n')
+            e++;
+        const char *line = plan + i;
+        size_t n = e - i;
+        i = e + 1;
+        const char *eq = memchr(line, '=', n);
+        if (eq == NULL)
+            continue;
+        size_t klen = (size_t)(eq - line), vlen = n - klen - 1;
+        if (klen == 3 && !strncmp(line, "uid", 3)) {
+            char buf[24];
+            uint64_t u;
+            if (vlen < sizeof buf) {
+                memcpy(buf, eq + 1, vlen);
+                buf[vlen] = '\0';
+            }
+            if (vlen >= sizeof buf || xc_parse_uint(buf, 0xfffffffeull, &u) != 0) {
+                problem(m, "plan: uid is not a uid; no one's plan");
+                *plan_uid = -2;  /* matches no process */
+            } else {
+                *plan_uid = (long long)u;
+            }
+            continue;
+        }
+        for (size_t k = 0; k < sizeof plan_keys / sizeof plan_keys[0]; k++) {
+            if (strlen(plan_keys[k].key) != klen || strncmp(line, plan_keys[k].key, klen) != 0)
+                continue;
+            enum var_id v = plan_keys[k].var;
+            if (vlen >= sizeof vals[v]) {
+                problem(m, "plan: %s is too long; ignored", plan_keys[k].key);
+            } else if (values[v] == NULL) {
+                memcpy(vals[v], eq + 1, vlen);
+                vals[v][vlen] = '\0';
+                values[v] = vals[v];
+            }
+            break;
+        }
+    }
+    /* The plan's memory is bytes: "none" or a percentage there would be no plan of MuxFlow's. */
+    if (values[V_QUOTA]) {
+        uint64_t b;
+        if (xc_parse_uint(values[V_QUOTA], UINT64_MAX, &b) != 0 || b == 0) {
+            problem(m, "plan: mem='%.40s' is not a number of bytes; using %g%% of device memory", values[V_QUOTA],
+                    DEFAULT_QUOTA_PCT);
+            values[V_QUOTA] = NULL;
+        }
+    }
+    const char *shm = values[V_SHM_PATH];
+    values[V_SHM_PATH] = NULL;
+    apply_limits(values, cfg, m);  /* gpu first sets the record path; the plan's own path then wins */
+    if (shm != NULL) {
+        const char *only[V_COUNT] = {0};
+        only[V_SHM_PATH] = shm;
+        apply_limits(only, cfg, m);
+    }
+    floor_under_fallback(cfg, m);
+}
+
+__attribute__((format(printf, 3, 4)))
+static void looser(struct msgbuf *m, enum var_id v, const char *fmt, ...)
+{
+    char why[160];
+    va_list ap;
+    va_start(ap, fmt);
+    vsnprintf(why, sizeof why, fmt, ap);
+    va_end(ap);
+    problem(m, "%s: %s; ignored (the environment may only make xCUDA stricter)", var_names[v], why);
+}
+
+int xc_config_resolve(const char *const *envp, const char *plan, size_t plan_len, struct xc_config *cfg,
+                      long long *plan_uid, char *msgs, size_t msgs_len)
+{
+    struct msgbuf m = {msgs, msgs_len, 0, 0};
+    const char *values[V_COUNT] = {0};
+
+    xc_config_defaults(cfg);
+    *plan_uid = -1;
+    if (msgs != NULL && msgs_len > 0)
+        msgs[0] = '\0';
+    collect(envp, values, &m);
+    apply_log_and_stats(values, cfg, &m);
+    if (plan != NULL)
+        apply_plan(plan, plan_len, cfg, plan_uid, &m);
+
+    /* What the environment asks for, parsed against the plan's values, then taken only where it is stricter. */
+    struct xc_config e = *cfg;
+    apply_limits(values, &e, &m);
+    const char *src = plan != NULL ? "the plan's" : "the default";
+
+    if (values[V_QUOTA] && (e.quota_kind != cfg->quota_kind || e.quota_bytes != cfg->quota_bytes ||
+                            e.quota_pct != cfg->quota_pct)) {
+        if (e.quota_kind == XC_QUOTA_NONE)
+            looser(&m, V_QUOTA, "no quota is looser than %s", src);
+        else if (e.quota_kind == XC_QUOTA_BYTES && cfg->quota_kind == XC_QUOTA_BYTES)
+            e.quota_bytes <= cfg->quota_bytes ? (void)(cfg->quota_bytes = e.quota_bytes)
+                                              : looser(&m, V_QUOTA, "%llu bytes is more than %s %llu",
+                                                       (unsigned long long)e.quota_bytes, src,
+                                                       (unsigned long long)cfg->quota_bytes);
+        else if (e.quota_kind == XC_QUOTA_PERCENT && cfg->quota_kind == XC_QUOTA_PERCENT)
+            e.quota_pct <= cfg->quota_pct ? (void)(cfg->quota_pct = e.quota_pct)
+                                          : looser(&m, V_QUOTA, "%g%% is more than %s %g%%", e.quota_pct, src,
+                                                   cfg->quota_pct);
+        else if (e.quota_kind == XC_QUOTA_BYTES)  /* the plan's is a percentage: both apply, the smaller wins */
+            cfg->quota_bytes = cfg->quota_bytes > 0 && cfg->quota_bytes < e.quota_bytes ? cfg->quota_bytes
+                                                                                         : e.quota_bytes;
+        else
+            cfg->quota_pct = cfg->quota_pct > 0 && cfg->quota_pct < e.quota_pct ? cfg->quota_pct : e.quota_pct;
+    }
+    if (values[V_TARGET] && e.target_util != cfg->target_util) {
+        if (e.target_util < cfg->target_util)
+            cfg->target_util = cfg->target_cap = e.target_util;
+        else
+            looser(&m, V_TARGET, "%g is above %s %g", e.target_util, src, cfg->target_util);
+    }
+    if (values[V_FALLBACK] && e.fallback_rate != cfg->fallback_rate) {
+        if (e.fallback_rate < cfg->fallback_rate)
+            cfg->fallback_rate = e.fallback_rate;
+        else
+            looser(&m, V_FALLBACK, "%g launches/s is above %s %g", e.fallback_rate, src, cfg->fallback_rate);
+    }
+    if (values[V_MIN_RATE] && e.min_rate != cfg->min_rate) {
+        if (e.min_rate < cfg->min_rate)
+            cfg->min_rate = e.min_rate;
+        else
+            looser(&m, V_MIN_RATE, "%g launches/s is above %s %g", e.min_rate, src, cfg->min_rate);
+    }
+    if (values[V_EXIT_TIMEOUT] && e.exit_timeout_ms != cfg->exit_timeout_ms) {
+        if (e.exit_timeout_ms < cfg->exit_timeout_ms)
+            cfg->exit_timeout_ms = e.exit_timeout_ms;
+        else
+            looser(&m, V_EXIT_TIMEOUT, "%u ms is longer than %s %u", e.exit_timeout_ms, src, cfg->exit_timeout_ms);
+    }
+    /* No direction is stricter for these: they are the plan's (the TaskProlog exports the same values, which
+     * pass silently). */
+    if (values[V_GPU_INDEX] && e.gpu_index != cfg->gpu_index)
+        looser(&m, V_GPU_INDEX, "GPU %u is not %s GPU %u", e.gpu_index, src, cfg->gpu_index);
+    if (values[V_SHM_PATH] && strcmp(e.shm_path, cfg->shm_path) != 0)
+        looser(&m, V_SHM_PATH, "the record is %s %s", src, cfg->shm_path);
+    static const enum var_id fixed[] = {V_KP, V_KI, V_KD, V_A_L, V_A_H, V_PERIOD, V_STALE};
+    for (size_t k = 0; k < sizeof fixed / sizeof fixed[0]; k++) {
+        enum var_id v = fixed[k];
+        int differs = v == V_KP ? e.kp != cfg->kp : v == V_KI ? e.ki != cfg->ki : v == V_KD ? e.kd != cfg->kd
+                    : v == V_A_L ? e.a_l != cfg->a_l : v == V_A_H ? e.a_h != cfg->a_h
+                    : v == V_PERIOD ? e.control_period_ms != cfg->control_period_ms
+                                    : e.shm_stale_ms != cfg->shm_stale_ms;
+        if (values[v] && differs)
+            looser(&m, v, "differs from %s value", src);
+    }
+    floor_under_fallback(cfg, &m);
     return m.count;
 }

@@ -7,11 +7,17 @@
 #include <pthread.h>
 #include <signal.h>
 #include <stdio.h>
+#include <stdlib.h>
 #include <string.h>
 #include <time.h>
 #include <unistd.h>
 
+#include "plan.h"
 #include "xcuda.h"
+
+#ifndef XCUDA_PLAN_DIR
+#define XCUDA_PLAN_DIR "/run/muxflow/plans"  /* the node scripts' @PLAN_DIR@; make PLAN_DIR=... */
+#endif
 
 struct xc_state xc_g;
 
@@ -55,11 +61,64 @@ static void log_config(const struct xc_config *c)
            c->min_rate, c->control_period_ms);
 }
 
+/* Whose files count as root's: root's, but in the test build (XCUDA_TEST_HOOKS) this process's own user, so that
+ * the tests, run by anyone, can play the Prolog and the step daemon. The production library has no such switch. */
+static unsigned trusted_uid(void)
+{
+#ifdef XCUDA_TEST_HOOKS
+    return (unsigned)geteuid();
+#else
+    return 0;
+#endif
+}
+
+/* The configuration: the plan of this process's job, the environment only making it stricter (config.h). */
+static int configure(char *msgs, size_t len, char *plan_note, size_t note_len)
+{
+    const char *dir = XCUDA_PLAN_DIR;
+#ifdef XCUDA_TEST_HOOKS
+    /* The test build only: the environment as the plan, as before plans (the tests of everything but where the
+     * limits come from), or a plan directory of the test's. */
+    const char *legacy = getenv("XCUDA_TEST_ENV_CONFIG");
+    if (legacy != NULL && !strcmp(legacy, "1")) {
+        snprintf(plan_note, note_len, "test build: the environment is the plan");
+        return xc_config_parse((const char *const *)environ, &xc_g.cfg, msgs, len);
+    }
+    const char *test_dir = getenv("XCUDA_TEST_PLAN_DIR");
+    if (test_dir != NULL && test_dir[0] == '/')
+        dir = test_dir;
+#endif
+    static char plan[XC_PLAN_MAX + 1];
+    const char *why = "not under a Slurm step daemon";
+    ssize_t n = -1;
+    long long job = xc_stepd_job("/proc", getppid(), trusted_uid());
+    if (job >= 0)
+        n = xc_plan_read(dir, job, trusted_uid(), plan, sizeof plan, &why);
+    long long plan_uid = -1;
+    int problems = xc_config_resolve((const char *const *)environ, n >= 0 ? plan : NULL, n >= 0 ? (size_t)n : 0,
+                                     &xc_g.cfg, &plan_uid, msgs, len);
+    if (n >= 0 && plan_uid != -1 && plan_uid != (long long)getuid()) {
+        /* Another user's plan (a pid of a step daemon reused under us): not ours, so none. */
+        why = "the plan is another user's";
+        n = -1;
+        problems = xc_config_resolve((const char *const *)environ, NULL, 0, &xc_g.cfg, &plan_uid, msgs, len);
+    }
+    if (n >= 0)
+        snprintf(plan_note, note_len, "plan %s/%lld.plan", dir, job);
+    else if (job >= 0)
+        snprintf(plan_note, note_len, "job %lld: %s: built-in defaults", job, why);
+    else
+        snprintf(plan_note, note_len, "%s: built-in defaults", why);
+    return problems;
+}
+
 static void do_init(void)
 {
-    char msgs[2048];
-    int problems = xc_config_parse((const char *const *)environ, &xc_g.cfg, msgs, sizeof msgs);
+    char msgs[2048], note[XC_PATH_MAX + 96];
+    int problems = configure(msgs, sizeof msgs, note, sizeof note);
+    xc_g.trusted_uid = trusted_uid();
     atomic_store(&xc_log_level, (int)xc_g.cfg.log_level);
+    xc_log(XC_LOG_INFO, "limits: %s", note);
     for (char *line = msgs, *end; problems > 0 && *line; line = end + 1) {
         end = strchr(line, '\n');
         if (end == NULL)

@@ -27,9 +27,10 @@ void xc_mem_init(void)
     const struct xc_config *c = &xc_g.cfg;
     if (xc_table_init(&t_ptr, 18) || xc_table_init(&t_handle, 16) || xc_table_init(&t_array, 14))
         xc_log(XC_LOG_ERROR, "cannot map the allocation tables: every allocation will be refused");
-    atomic_store(&quota_bytes, c->quota_kind == XC_QUOTA_NONE    ? UNLIMITED
-                               : c->quota_kind == XC_QUOTA_BYTES ? c->quota_bytes
-                                                                 : UNRESOLVED);
+    /* A percentage (the default's, or the job's own smaller one next to the plan's bytes) waits for the device. */
+    atomic_store(&quota_bytes, c->quota_kind == XC_QUOTA_NONE                           ? UNLIMITED
+                               : c->quota_kind == XC_QUOTA_BYTES && !(c->quota_pct > 0) ? c->quota_bytes
+                                                                                        : UNRESOLVED);
 }
 
 void xc_mem_stats(uint64_t *u, uint64_t *p, uint64_t *q, uint64_t *r)
@@ -47,6 +48,8 @@ static uint64_t resolve_from_total(uint64_t total)
         return q;
     double b = (double)total * xc_g.cfg.quota_pct / 100.0;
     uint64_t want = b < 1.0 ? 1 : (uint64_t)b;
+    if (xc_g.cfg.quota_bytes > 0 && xc_g.cfg.quota_bytes < want)
+        want = xc_g.cfg.quota_bytes;  /* both a size and a percentage: the smaller */
     if (atomic_compare_exchange_strong(&quota_bytes, &q, want)) {
         xc_log(XC_LOG_INFO, "memory quota %g%% of %llu bytes = %llu bytes", xc_g.cfg.quota_pct,
                (unsigned long long)total, (unsigned long long)want);

@@ -110,6 +110,8 @@ static void tick(struct controller *c, uint64_t now)
         double u_sm = xc_meter_update(&c->meter, s.u_sm, (s.flags & XCUDA_SHM_FLAG_INTEGRAL) != 0,
                                       s.u_sm_integral_s, s.timestamp_ns);
         double target = s.target_util > 0.0 ? s.target_util : cfg->target_util;
+        if (target > cfg->target_cap)
+            target = cfg->target_cap;  /* the job asked for less */
         double a_c = xc_clock_factor(s.sm_clock_mhz, s.clock_threshold_mhz, s.clock_max_mhz, cfg->a_l, cfg->a_h);
         double u_gpu = xc_gpu_load(u_sm, a_c);
         xc_pacer_step(&c->params, &c->pacer, &c->pid, u_gpu, target, demand, dt);
@@ -141,7 +143,7 @@ static void *controller_main(void *arg)
     struct controller c = {0};
     c.cfg = &xc_g.cfg;
     c.period_s = (double)c.cfg->control_period_ms / 1000.0;
-    xc_shm_reader_init(&c.reader, c.cfg->shm_path);
+    xc_shm_reader_init(&c.reader, c.cfg->shm_path, xc_g.trusted_uid);
     xc_pacer_params_default(&c.params, c.cfg->min_rate);
     xc_pacer_reset(&c.pacer, c.cfg->fallback_rate);
     xc_pid_init(&c.pid, c.cfg->kp, c.cfg->ki, c.cfg->kd);

@@ -70,8 +70,9 @@ enum xc_shm_status xc_shm_decode(const unsigned char *buf, size_t len, struct xc
     return XC_SHM_OK;
 }
 
-void xc_shm_reader_init(struct xc_shm_reader *r, const char *path)
+void xc_shm_reader_init(struct xc_shm_reader *r, const char *path, unsigned owner_uid)
 {
+    r->owner_uid = owner_uid;
     size_t n = strnlen(path, sizeof r->path - 1);
     memcpy(r->path, path, n);
     r->path[n] = '\0';
@@ -87,12 +88,12 @@ void xc_shm_reader_close(struct xc_shm_reader *r)
     r->fd = -1;
 }
 
-int xc_shm_trusted(int fd)
+int xc_shm_trusted(int fd, unsigned owner_uid)
 {
     struct stat st;
     if (fstat(fd, &st) != 0 || !S_ISREG(st.st_mode))
         return 0;
-    if (st.st_uid != 0 && st.st_uid != geteuid())
+    if (st.st_uid != owner_uid)
         return 0;
     return (st.st_mode & (S_IWGRP | S_IWOTH)) == 0;
 }
@@ -118,7 +119,7 @@ enum xc_shm_status xc_shm_read(struct xc_shm_reader *r, uint64_t now_ns, uint64_
         r->fd = open(r->path, O_RDONLY | O_CLOEXEC | O_NONBLOCK | O_NOFOLLOW);
         if (r->fd < 0)
             return r->last = errno == ELOOP ? XC_SHM_UNTRUSTED : XC_SHM_MISSING;
-        if (!xc_shm_trusted(r->fd)) {
+        if (!xc_shm_trusted(r->fd, r->owner_uid)) {
             xc_shm_reader_close(r);
             return r->last = XC_SHM_UNTRUSTED;
         }

@@ -26,14 +26,12 @@ const char *xc_shm_status_name(enum xc_shm_status s);
 
 uint64_t xc_shm_checksum(const unsigned char *payload, size_t len);
 
-/* Whether the open file is one only the node agent could have written: a regular file owned by root (the agent) or
- * by this process's own effective uid, and writable by neither group nor others. The record lives in a
- * world-writable directory (/dev/shm): a file another user planted there (before the agent created its own, or
- * under a name it does not manage) is refused, so no user can pace another user's jobs. A file of the reader's own
- * uid is accepted: only that user (or root) can have made it, and he already sets his own job's xCUDA through its
- * environment (XCUDA_SHM_PATH); it lets a node agent and its jobs run as one unprivileged user (tests, a
- * single-user dev machine). Opened with O_NOFOLLOW: a symlink at the path is refused too. */
-int xc_shm_trusted(int fd);
+/* Whether the open file is one only the node agent could have written: a regular file owned by `owner_uid` (root,
+ * the agent; the test build passes its own user) and writable by neither group nor others. The record lives in a
+ * world-writable directory (/dev/shm): a file a user planted there (before the agent created its own, or under a
+ * name it does not manage), his job's own included, is refused, so no user can pace his own or another user's jobs
+ * by a record of his. Opened with O_NOFOLLOW: a symlink at the path is refused too. */
+int xc_shm_trusted(int fd, unsigned owner_uid);
 
 /* Pure: validates a record's bytes and decodes them. No staleness check. */
 enum xc_shm_status xc_shm_decode(const unsigned char *buf, size_t len, struct xcuda_shm_record *out);
@@ -43,9 +41,10 @@ struct xc_shm_reader {
     int fd;                  /* -1 while not open */
     uint64_t next_open_ns;   /* when to try opening again */
     enum xc_shm_status last; /* what the last read found */
+    unsigned owner_uid;      /* whose record is trusted: xc_shm_trusted */
 };
 
-void xc_shm_reader_init(struct xc_shm_reader *r, const char *path);
+void xc_shm_reader_init(struct xc_shm_reader *r, const char *path, unsigned owner_uid);
 void xc_shm_reader_close(struct xc_shm_reader *r);
 
 /* Reads the current sample (pread: a file truncated under us cannot SIGBUS). */

@@ -15,6 +15,7 @@
 struct xc_state {
     struct xc_config cfg;   /* read-only once `inited` */
     void *libcuda;
+    unsigned trusted_uid;   /* whose plan and GPU record count: root (the test build: this user) */
     _Atomic int inited;
 };
 extern struct xc_state xc_g;

@@ -11,6 +11,7 @@
 #include <stdlib.h>
 #include <string.h>
 #include <time.h>
+#include <unistd.h>
 
 #include "../src/shm_read.h"
 #include "../src/xcuda_shm.h"
@@ -40,7 +41,8 @@ int main(int argc, char **argv)
     long long shift_ms = argc > 3 ? strtoll(argv[3], NULL, 10) : 0;
     now = (unsigned long long)((long long)now + shift_ms * 1000000ll);
     struct xc_shm_reader r;
-    xc_shm_reader_init(&r, argv[1]);
+    /* A test tool: its own user's records count as the agent's (root's, when run as root). */
+    xc_shm_reader_init(&r, argv[1], (unsigned)geteuid());
     struct xcuda_shm_record s;
     memset(&s, 0, sizeof s);
     enum xc_shm_status st = xc_shm_read(&r, now, stale_ms * 1000000ull, &s);

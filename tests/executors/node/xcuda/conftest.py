@@ -71,7 +71,10 @@ def base_env(xcuda: Artifacts, tmp_path: Path, preload: bool = True, **extra: st
     # No record unless a test writes one; never a real node agent's.
     env["XCUDA_SHM_PATH"] = str(tmp_path / "no-record")
     if preload:
-        env["LD_PRELOAD"] = str(xcuda.library)
+        # The test library, with the environment as the plan: these tests are about what xCUDA does with its
+        # limits; where the limits come from (a root plan, never the job's environment) is test_limits_source.py's.
+        env["LD_PRELOAD"] = str(xcuda.test_library)
+        env["XCUDA_TEST_ENV_CONFIG"] = "1"
     env.update(extra)
     return env
 
