@@ -11,7 +11,8 @@ So the TaskProlog of an offline job whose plan file is missing waits for it (a b
 wait of 30 s), and this watch, on a thread of the root node agent, looks for such a waiting
 TaskProlog — Slurm's TaskProlog of an offline job of this node, at least a second old, whose job has no
 plan file — and runs the site's own Prolog for that job, with the environment slurmd would give it
-(``SLURM_JOB_ID``, ``SLURMD_NODENAME``, ``SLURM_JOB_PARTITION``, the job's uid, gid and user); a TaskProlog of
+(``SLURM_JOB_ID``, ``SLURMD_NODENAME``, ``SLURM_JOB_PARTITION``, the job's uid, gid and user, the node's ``PATH``,
+``SLURM_CONF`` and the ``MUXFLOW_*`` settings the Prolog reads; nothing else of the agent's); a TaskProlog of
 another node (its ``SLURMD_NODENAME``; the dev cluster's nodes share one ``/proc``) is left alone.
 The Prolog decides as always: it reads the admin comment, writes the plan file, sets the
 caps; for a job that is not a MuxFlow placement it does nothing. One run per waiting
@@ -54,6 +55,13 @@ from executors.node.attribution import (
 from executors.node.xcuda_check import read_procs
 
 log = logging.getLogger(__name__)
+
+# What the Prolog gets of the agent's own environment, as slurmd gives it little more than the job's identity: the
+# agent's holds its secrets (the store's URL, tokens), and what the Prolog starts (the MPS control daemon, whose
+# servers run as the jobs' users) would carry them on. The node's PATH, not the agent's.
+PROLOG_PATH = "/usr/local/sbin:/usr/local/bin:/usr/sbin:/usr/bin:/sbin:/bin"
+PROLOG_SETTINGS = ("SLURM_CONF", "MUXFLOW_NODE_LOG_DIR", "MUXFLOW_MPS_PIPE_ROOT", "MUXFLOW_OFFLINE_PARTITION",
+                   "MUXFLOW_PROFILE_PARTITION")
 
 
 @dataclass(frozen=True)
@@ -205,7 +213,8 @@ class PrologWatch:
                           refused)
                 continue
             partition = facts.partition if facts is not None else w.partition
-            env = {**self.env, "SLURM_JOB_ID": str(sid), "SLURMD_NODENAME": self.node,
+            env = {"PATH": PROLOG_PATH, **{k: self.env[k] for k in PROLOG_SETTINGS if k in self.env},
+                   "SLURM_JOB_ID": str(sid), "SLURMD_NODENAME": self.node,
                    "SLURM_SCRIPT_CONTEXT": "prolog_slurmd", "MUXFLOW_PROLOG_BY": "node-agent",
                    **self._owner(w.who)}
             if partition:

@@ -7,7 +7,7 @@ from pathlib import Path
 
 import pytest
 
-from executors.node.prolog_watch import PrologWatch, SlurmJobFacts
+from executors.node.prolog_watch import PROLOG_PATH, PrologWatch, SlurmJobFacts
 from tests.executors.node.test_xcuda_check import TASK_PROLOG, UPTIME_S, USER_UID, fake_proc, genuine_task_prolog, stepd
 
 NODE = "mx-t4-1"
@@ -64,7 +64,7 @@ def test_a_waiting_task_prolog_gets_the_prolog_run_once_with_slurmds_environment
     assert "plan file written" in runs[0].detail
     env = prolog.calls[0]
     assert (env["SLURM_JOB_ID"], env["SLURMD_NODENAME"], env["SLURM_JOB_PARTITION"]) == ("7", NODE, "offline")
-    assert env["PATH"] == "/usr/bin" and env["MUXFLOW_PROLOG_BY"] == "node-agent"
+    assert env["PATH"] == PROLOG_PATH and env["MUXFLOW_PROLOG_BY"] == "node-agent"
     assert (env["SLURM_JOB_UID"], env["SLURM_JOB_GID"]) == (str(USER_UID), str(USER_UID))  # the kernel's, below
     assert w.once() == [] and len(prolog.calls) == 1  # the plan is there now
 
@@ -176,3 +176,29 @@ def test_slurms_word_on_the_job_is_checked_when_the_agent_can_ask(dirs) -> None:
     want = [10, 11] if user else [11]  # without a local user of uid 1001, job 10's "root" is not the TaskProlog's
     assert [r.slurm_job_id for r in runs] == want
     assert [c["SLURM_JOB_PARTITION"] for c in prolog.calls] == (["offline,profile", "offline"] if user else ["offline"])
+
+
+def test_attack_the_prolog_the_agent_runs_gets_none_of_the_agents_secrets(dirs, tmp_path: Path) -> None:
+    """What the Prolog starts (the MPS control daemon, whose servers run as the jobs' users) once inherited the whole
+    agent environment: the store's URL with its password, Slurm's token."""
+    root, plans = dirs
+    task_prolog(root, 100, 7)
+    seen = tmp_path / "prolog-env"
+    prolog = tmp_path / "prolog.sh"
+    prolog.write_text(f"#!/bin/sh\nenv > {seen}\n")
+    prolog.chmod(0o755)
+    agent_env = {"PATH": "/home/mxuser1/bin:/usr/bin", "MUXFLOW_DATABASE_URL": "postgresql://muxflow:pw@db/muxflow",
+                 "SLURM_JWT": "eyJsecret", "MUXFLOW_SLURM_JWT_FILE": "/etc/muxflow/jwt", "LD_PRELOAD": "/tmp/x.so",
+                 "SLURM_CONF": "/etc/slurm/slurm.conf", "MUXFLOW_MPS_PIPE_ROOT": "/run/muxflow/mps",
+                 "MUXFLOW_NODE_LOG_DIR": "/var/log/muxflow", "MUXFLOW_OFFLINE_PARTITION": "offline"}
+    w = PrologWatch(prolog, plans, NODE, proc_root=root, env=agent_env, task_prolog=TASK_PROLOG)
+    [run] = w.once()
+    assert run.ok, run.detail
+    env = dict(line.split("=", 1) for line in seen.read_text().splitlines() if "=" in line)
+    env.pop("PWD", None), env.pop("SHLVL", None), env.pop("_", None)  # the shell's own
+    assert env == {"PATH": PROLOG_PATH, "SLURM_CONF": "/etc/slurm/slurm.conf", "MUXFLOW_MPS_PIPE_ROOT": "/run/muxflow/mps",
+                   "MUXFLOW_NODE_LOG_DIR": "/var/log/muxflow", "MUXFLOW_OFFLINE_PARTITION": "offline",
+                   "SLURM_JOB_ID": "7", "SLURMD_NODENAME": NODE, "SLURM_SCRIPT_CONTEXT": "prolog_slurmd",
+                   "MUXFLOW_PROLOG_BY": "node-agent", "SLURM_JOB_PARTITION": "offline",
+                   "SLURM_JOB_UID": str(USER_UID), "SLURM_UID": str(USER_UID), "SLURM_JOB_GID": str(USER_UID),
+                   **({"SLURM_JOB_USER": env["SLURM_JOB_USER"]} if "SLURM_JOB_USER" in env else {})}
