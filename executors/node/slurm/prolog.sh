@@ -61,7 +61,10 @@ if ! root_dir "$PLAN_DIR"; then
     exit 0
 fi
 tmp="$PLAN_DIR/.$job.$$"
-printf '%s\n' "$plan" > "$tmp" && chmod 0644 "$tmp" && mv -f "$tmp" "$PLAN_DIR/$job.plan"
+# uid=: whose plan it is (slurmd's SLURM_JOB_UID): xCUDA takes the plan only for a process of that user.
+planuid=""
+[[ "${SLURM_JOB_UID:-}" =~ ^[0-9]+$ ]] && planuid="uid=$SLURM_JOB_UID"
+printf '%s\n' "$plan" ${planuid:+"$planuid"} > "$tmp" && chmod 0644 "$tmp" && mv -f "$tmp" "$PLAN_DIR/$job.plan"
 log "plan ($kind) for GPU $gpu: $(tr '\n' ' ' <<<"$plan")"
 
 # The job's own directory (its iteration report), fresh for every run of the job.
