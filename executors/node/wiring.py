@@ -18,7 +18,14 @@ from pathlib import Path
 from executors.data.calibration import default_catalog
 from executors.node.agent import AgentConfig, EvictionEvent, GpuBinding, NodeAgent
 from executors.node.attribution import default_task_prolog
-from executors.node.detector import ErrorDetector, FakeMpsControl, MpsControl, SubprocessMpsControl
+from executors.node.detector import (
+    DEFAULT_PIPE_ROOT,
+    ErrorDetector,
+    FakeMpsControl,
+    MpsControl,
+    SubprocessMpsControl,
+    check_pipe_root,
+)
 from executors.node.evictor import CallbackEvictor, Evictor, SlurmEvictor, store_jobs_on_gpu
 from executors.node.metrics import GpuMeta, JobMeta, NodeAgentCollector, ServiceMeta
 from executors.node.online import OnlineAccounting
@@ -152,7 +159,7 @@ def _placements(store, node: str, pairs, src: SourceConfig, catalog) -> Placemen
 def build_agent(
     store, node: str, *, simulated: bool, cfg: AgentConfig, shm_dir: Path | None,
     requeue: Callable[[int], object] | None = None, evict_callback: Callable[[int, str], list[int] | None] | None = None,
-    mps_pipe_dir: str | None = None, sampler: GpuSampler | None = None, seed: int = 0, clock=None,
+    mps_pipe_root: str = DEFAULT_PIPE_ROOT, sampler: GpuSampler | None = None, seed: int = 0, clock=None,
     sources: SourceConfig | None = None, placements: Placements | None = None,
 ) -> NodeAgent:
     src = sources or SourceConfig(placements="slurm" if requeue is not None else "store")
@@ -168,7 +175,7 @@ def build_agent(
         closers.append(placements.close)
     try:
         agent = _assemble(store, pairs, replicas, placements, closers, catalog, src, simulated=simulated, cfg=cfg,
-                          shm_dir=shm_dir, requeue=requeue, evict_callback=evict_callback, mps_pipe_dir=mps_pipe_dir,
+                          shm_dir=shm_dir, requeue=requeue, evict_callback=evict_callback, mps_pipe_root=mps_pipe_root,
                           sampler=sampler, seed=seed, clock=clock)
         if src.prolog and src.plan_dir:
             watch = PrologWatch(src.prolog, src.plan_dir, node, proc_root=src.proc_root,
@@ -189,7 +196,7 @@ def build_agent(
 
 def _assemble(store, pairs, replicas: dict[int, Replica], placements: Placements, closers: list, catalog,
               src: SourceConfig, *, simulated: bool, cfg: AgentConfig, shm_dir: Path | None, requeue, evict_callback,
-              mps_pipe_dir: str | None, sampler: GpuSampler | None, seed: int, clock) -> NodeAgent:
+              mps_pipe_root: str, sampler: GpuSampler | None, seed: int, clock) -> NodeAgent:
     agent_clock = clock
     if agent_clock is None:
         from executors.node.agent import RealClock, ScaledClock
@@ -245,10 +252,14 @@ def _assemble(store, pairs, replicas: dict[int, Replica], placements: Placements
         lookup = store_jobs_on_gpu(store, with_slurm_id=False)
         evictor = CallbackEvictor(evict_callback or (lambda gpu_id, reason: [j for j, _ in lookup(gpu_id) if j is not None]))
     bindings, detectors, monitors = [], {}, {}
+    if not simulated:
+        check_pipe_root(mps_pipe_root)  # never under /tmp: root resets MPS there
     for g, t in pairs:
         path = None if shm_dir is None else Path(shm_dir) / f"muxflow-gpu-{g.gpu_index}"
         bindings.append(GpuBinding(g.id, g.gpu_index, path, clock_threshold_mhz=0.85 * t.max_sm_clock_mhz))
-        mps: MpsControl = FakeMpsControl(alive=None) if simulated else SubprocessMpsControl(mps_pipe_dir)
+        # the GPU's own control daemon, where the Prolog starts it (prolog.sh: @MPS_PIPE_ROOT@/gpu<i>)
+        pipe = f"{mps_pipe_root}/gpu{g.gpu_index}"
+        mps: MpsControl = FakeMpsControl(alive=None) if simulated else SubprocessMpsControl(pipe, f"{pipe}.log")
         detectors[g.gpu_index] = ErrorDetector(mps)
         monitors[g.gpu_index] = restored_monitor(g, cfg)
     sink = StoreSink(store, sampler.source)

@@ -32,7 +32,10 @@ log = logging.getLogger(__name__)
 @click.option("--evict", "evict_mode", type=click.Choice(["auto", "record", "scontrol"]), default="auto", show_default=True,
               help="How offline work is evicted: 'scontrol' requeues (held) the GPU's Slurm jobs; 'record' only records "
                    "the eviction (simulated cluster); auto = record with --simulated, else scontrol.")
-@click.option("--mps-pipe-dir", default=None, help="CUDA_MPS_PIPE_DIRECTORY of the node's MPS control daemon.")
+@click.option("--mps-pipe-root", default="/run/muxflow/mps", show_default=True,
+              help="The node scripts' @MPS_PIPE_ROOT@: GPU i's MPS control daemon has its pipes in <root>/gpu<i> and "
+                   "its log in <root>/gpu<i>.log. Root's alone (never under /tmp): the agent refuses to start "
+                   "otherwise, and uses no GPU's directory that someone else made.")
 @click.option("--ring-seconds", type=click.FloatRange(1, 3600), default=300.0, show_default=True,
               help="Raw samples kept in memory per GPU.")
 @click.option("--sysmonitor-config", "sm_config", type=click.Path(dir_okay=False, exists=True, path_type=Path),
@@ -93,7 +96,7 @@ log = logging.getLogger(__name__)
               help="Agent seconds per real second (tests: 60 makes a minute pass in one second).")
 @click.option("--seed", type=SEED, default=0, hidden=True)
 def node_agent(node: str | None, simulated: bool, db_url: str | None, interval_ms: float,
-               duration: float | None, shm_dir: Path, no_shm: bool, evict_mode: str, mps_pipe_dir: str | None,
+               duration: float | None, shm_dir: Path, no_shm: bool, evict_mode: str, mps_pipe_root: str,
                ring_seconds: float, sm_config: Path | None, placements_from: str, poll_s: float, scrape_s: float,
                scrape_timeout_s: float, solo_window_s: float, partial_every_s: float, burst_margin: float,
                sim_noise_pct: float,
@@ -151,7 +154,7 @@ def node_agent(node: str | None, simulated: bool, db_url: str | None, interval_m
     store = open_store(db_url)
     try:
         agent = build_agent(store, node, simulated=simulated, cfg=cfg, shm_dir=None if no_shm else shm_dir,
-                            requeue=requeue, mps_pipe_dir=mps_pipe_dir, seed=seed, sources=sources)
+                            requeue=requeue, mps_pipe_root=mps_pipe_root, seed=seed, sources=sources)
     except Exception as exc:
         store.dispose()
         raise click.ClickException(str(exc)) from exc
