@@ -5,7 +5,8 @@ Attacks: a user pre-creates the record (a file of his, or a symlink to a file he
 the agent starts, then forges the record other users' jobs pace by — an online load of 0, so their offline work
 runs unthrottled next to the online service. The writer replaces anything it cannot trust (never writing into it)
 and refuses a directory others could swap; xCUDA's reader refuses a record that is a symlink, not a regular file,
-not owned by root (or the reader's own uid), or writable by group or others, and falls back as without a record.
+not owned by root (the test build: its own user; a record the job wrote itself is no record), or writable by group or
+others, and falls back as without a record.
 """
 
 from __future__ import annotations
