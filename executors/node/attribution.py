@@ -59,14 +59,33 @@ def proc_slurm_job(pid: int, proc_root: Path = Path("/proc")) -> int | None:
 
 
 def proc_env(pid: int, proc_root: Path, *keys: str) -> dict[str, str]:
-    """Those of ``keys`` set in a process's environment (empty: none, or the process is gone or unreadable)."""
-    try:
-        env = (proc_root / str(pid) / "environ").read_bytes()
-    except OSError:
+    """Those of ``keys`` set in a process's environment (empty: none, or the process is gone or unreadable, or its
+    environment is over :data:`ENVIRON_MAX_BYTES`: a cut one is unknown, so that what lies past the cut — or a key
+    the cut split — never counts; every caller then trusts the process less, never more)."""
+    env = read_bounded(proc_root / str(pid) / "environ", ENVIRON_MAX_BYTES)
+    if env is None:
         return {}
     want = tuple(k.encode() + b"=" for k in keys)
     return {k.decode(): v.decode(errors="replace")
             for k, _, v in (item.partition(b"=") for item in env.split(b"\0") if item.startswith(want))}
+
+
+# What the agent reads of another user's process, at most: the process's own to make as large as it likes (an
+# environment or argv up to the kernel's 2 MiB of exec arguments, and it can grow them later), read every few
+# seconds for every process of the node. Slurm's and MuxFlow's own values fit many times over.
+ENVIRON_MAX_BYTES = 64 << 10
+CMDLINE_MAX_BYTES = 64 << 10
+
+
+def read_bounded(path: Path, max_bytes: int) -> bytes | None:
+    """The file's bytes if it holds at most ``max_bytes``; None when it is longer (cut: unknown), gone or
+    unreadable."""
+    try:
+        with open(path, "rb") as f:
+            data = f.read(max_bytes + 1)
+    except OSError:
+        return None
+    return None if len(data) > max_bytes else data
 
 
 # SLURM_SCRIPT_CONTEXT of slurmd's own hooks. (A job's tasks carry "prolog_task" on Slurm 22.05: the TaskProlog's
@@ -111,12 +130,12 @@ def proc_uid(pid: int, proc_root: Path) -> int | None:
 
 
 def proc_cmdline(pid: int, proc_root: Path) -> tuple[str, ...] | None:
-    """``/proc/<pid>/cmdline`` split on NULs, trailing empty ones (setproctitle's padding) dropped; None when gone.
+    """``/proc/<pid>/cmdline`` split on NULs, trailing empty ones (setproctitle's padding) dropped; None when gone,
+    or when it is over :data:`CMDLINE_MAX_BYTES` (cut: unknown, as a cut environment).
 
     A process can rewrite its own (as it can its ``comm``): it proves nothing alone, only with a trusted parent."""
-    try:
-        raw = (proc_root / str(pid) / "cmdline").read_bytes()
-    except OSError:
+    raw = read_bounded(proc_root / str(pid) / "cmdline", CMDLINE_MAX_BYTES)
+    if raw is None:
         return None
     args = raw.decode(errors="replace").split("\0")
     while args and args[-1] == "":
