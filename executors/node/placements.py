@@ -43,6 +43,7 @@ class OfflineOnGpu:
     mem_bytes: int
     traits: WorkloadTraits | None   # None: neither a known type nor a profile (not modelled, logged)
     started_epoch_s: float | None = None
+    user: str | None = None         # the user its processes run as (Slurm's; the store's run_as_user); None: unknown
 
 
 @dataclass(frozen=True)
@@ -50,6 +51,7 @@ class JobInfo:
     slurm_job_id: int | None
     mem_bytes: int
     traits: WorkloadTraits | None
+    user: str | None = None         # the store's run_as_user
 
 
 class Placements(Protocol):
@@ -163,7 +165,7 @@ class JobInfoLoader:
                     log.warning("job %d (%r) has no profile on %s and a type the catalog does not know: "
                                 "its GPU use cannot be modelled", job_id, job.job_type, self.gpu_type)
                 info = JobInfo(None if job.slurm_job_id is None else int(job.slurm_job_id), int(job.mem_bytes),
-                               traits)
+                               traits, job.run_as_user)
         if info is not None and info.traits is not None:
             self._cache[job_id] = info  # a job without traits yet may be profiled later: looked up again
         return info
@@ -205,7 +207,8 @@ def slurm_reader(client_factory: Callable[[], object], node: str, jobs: Callable
                 continue
             mem = plan.mem_bytes or info.mem_bytes
             started = j.start_time_utc.timestamp() if j.start_time_utc is not None else None
-            out.setdefault(index, []).append(OfflineOnGpu(job_id, j.job_id, pct, mem, info.traits, started))
+            out.setdefault(index, []).append(OfflineOnGpu(job_id, j.job_id, pct, mem, info.traits, started,
+                                                           j.user_name or None))
         return {i: tuple(sorted(v, key=lambda o: o.job_id)) for i, v in out.items()}
 
     return read
@@ -228,7 +231,7 @@ def store_reader(store, gpu_index_of: Mapping[int, int],
             t = started.replace(tzinfo=dt.UTC).timestamp() if started is not None and started.tzinfo is None else (
                 started.timestamp() if started is not None else None)
             out.setdefault(gpu_index_of[gpu_id], []).append(
-                OfflineOnGpu(job_id, info.slurm_job_id, int(pct), info.mem_bytes, info.traits, t))
+                OfflineOnGpu(job_id, info.slurm_job_id, int(pct), info.mem_bytes, info.traits, t, info.user))
         return {i: tuple(v) for i, v in out.items()}
 
     return read

@@ -241,18 +241,20 @@ class NvmlSampler:
             return "GPU split: per-process accounting is off"
         return self.attribution.gap(gpu_index)
 
-    def compute_pids(self) -> set[int]:
-        """PIDs with a CUDA context on the sampled GPUs: NVML's compute processes and, under MPS, the MPS
-        server's clients (``nvmlDeviceGetMPSComputeRunningProcesses``). NVML is thread-safe: the xCUDA check
-        calls this from its own thread."""
-        out: set[int] = set()
+    def compute_pids(self) -> dict[int, set[int]]:
+        """GPU index → the PIDs with a CUDA context on it: NVML's compute processes (under MPS the MPS server, and
+        on Volta and later its clients too) and the MPS server's clients
+        (``nvmlDeviceGetMPSComputeRunningProcesses``). NVML is thread-safe: the xCUDA check calls this from its own
+        thread."""
+        out: dict[int, set[int]] = {}
         for i, h in self._handles.items():
+            pids = out.setdefault(i, set())
             for name in ("nvmlDeviceGetComputeRunningProcesses", "nvmlDeviceGetMPSComputeRunningProcesses"):
                 fn = getattr(self._nv, name, None)
                 if fn is None:
                     continue
                 try:
-                    out.update(int(p.pid) for p in fn(h))
+                    pids.update(int(p.pid) for p in fn(h))
                 except Exception as exc:  # not supported here, or the GPU is briefly unreadable
                     log.debug("GPU %d: %s failed: %s", i, name, exc)
         return out

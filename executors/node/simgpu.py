@@ -17,6 +17,14 @@ simulated cluster and the trace-driven simulator use), driven by
 So a request burst on a real replica drives its simulated GPU's SM activity up, and
 SysMonitor sees it on the next sample. The online split of every sample is the model's;
 a replica without an endpoint also gets the model's request rate and latencies.
+
+A simulated GPU has compute processes too (:func:`simulated_compute_pids`, what NVML's
+``nvmlDeviceGetComputeRunningProcesses`` lists on a real one), from what really runs on the node:
+the processes of the jobs placed on it, and any process whose ``CUDA_VISIBLE_DEVICES`` names it
+first — the device a CUDA program uses by default, which the TaskProlog's plan sets. So the xCUDA
+check (:mod:`executors.node.xcuda_check`) judges the same processes on the dev cluster as on real
+GPUs, a process that left its job's tree included. (A process that clears ``CUDA_VISIBLE_DEVICES``
+too is on no simulated GPU; on a real one NVML still lists it on the GPU it uses.)
 """
 
 from __future__ import annotations
@@ -24,11 +32,13 @@ from __future__ import annotations
 import datetime as dt
 import logging
 import math
-from collections.abc import Callable
+from collections.abc import Callable, Iterable, Mapping
 from dataclasses import dataclass
+from pathlib import Path
 
 import numpy as np
 
+from executors.node.attribution import proc_env
 from executors.node.placements import Placements
 from executors.node.sampler import NAN, RawSample
 from scheduler_core.domain import GpuTypeSpec
@@ -60,6 +70,7 @@ class Replica:
     peak_hour_utc: float
     metrics_url: str | None = None
     latency_slo_ms: float | None = None  # the service's p99 SLO (the burst guard's condition)
+    run_as_user: str | None = None  # the user its processes run as (None: not registered)
 
 
 class SimulatedGpu:
@@ -170,3 +181,23 @@ class SimulatedGpu:
 # A GPU without an online service: an "online side" that never loads it (only the offline job runs).
 _NO_ONLINE = OnlineModel(capacity_qps=1.0, util_at_peak_pct=0.0, sm_need=0.0, mem_bw=0.0, base_latency_ms=0.0,
                          mem_bytes=0.0, sensitivity=0.0, pressure=0.0)
+
+
+def simulated_compute_pids(procs: Mapping[int, object], proc_root: Path, gpu_indices: Iterable[int],
+                           jobs_on: Mapping[int, set[int | None]], job_of: Mapping[int, int]) -> dict[int, set[int]]:
+    """GPU index → the processes with a context on that simulated GPU: each process of a Slurm job placed on it
+    (``jobs_on``: GPU → its placed Slurm jobs; ``job_of``: pid → Slurm job, as the xCUDA check attributes them),
+    and each process whose ``CUDA_VISIBLE_DEVICES`` begins with the GPU's index. Zombies hold no context."""
+    indices = set(gpu_indices)
+    out: dict[int, set[int]] = {i: set() for i in indices}
+    for pid, p in procs.items():
+        if getattr(p, "state", "") in ("Z", "X"):
+            continue
+        sid = job_of.get(pid)
+        for i in indices:
+            if sid is not None and sid in jobs_on.get(i, ()):
+                out[i].add(pid)
+        first = proc_env(pid, proc_root, "CUDA_VISIBLE_DEVICES").get("CUDA_VISIBLE_DEVICES", "").split(",")[0]
+        if first.strip().isdigit() and int(first) in indices:
+            out[int(first)].add(pid)
+    return out

@@ -44,7 +44,15 @@ from executors.node.scrape import ReplicaScraper, Scrapers
 from executors.node.simgpu import Replica, SimulatedGpu
 from executors.node.store_sink import StoreSink
 from executors.node.xcuda.stats import StatsRefused, job_stats
-from executors.node.xcuda_check import Violation, XcudaCheck, XcudaWatch, read_procs, user_pids_of_jobs
+from executors.node.xcuda_check import (
+    Notices,
+    Violation,
+    XcudaCheck,
+    XcudaWatch,
+    pw_uid,
+    read_procs,
+    user_pids_of_jobs,
+)
 from executors.store import inventory
 from executors.store import models as m
 from scheduler_core.domain import GpuHealth, GpuTypeSpec
@@ -74,6 +82,8 @@ class SourceConfig:
     partition: str | None = None       # only Slurm jobs of this partition are offline work (None: any)
     xcuda_check_s: float = 0.0         # period of the check for offline processes without xCUDA (0: off; CLI: 5 s)
     xcuda_grace_s: float = 5.0         # a process younger than this is not judged yet (TaskProlog, Epilog)
+    xcuda_lib: str | None = None       # the installed libxcuda.so (the TaskProlog's @XCUDA_LIB@; None: this tree's)
+    notice_dir: str | None = None      # where the xCUDA check leaves a user's notices (<dir>/<uid>; None: log only)
     proc_root: str = "/proc"
     # Run this Prolog for a TaskProlog that waits for its missing plan file in plan_dir (both set: on;
     # executors.node.prolog_watch): slurmd skips the Prolog of a requeued job restarted on its node.
@@ -103,10 +113,14 @@ def node_gpus(store, node: str) -> list[tuple[m.Gpu, m.GpuType]]:
 
 
 def node_replicas(store, gpu_ids: list[int]) -> dict[int, Replica]:
-    """The online replica on each of these GPUs (by GPU id), as registered."""
+    """The online replica on each of these GPUs (by GPU id), as registered (with the user it runs as)."""
+    from sqlalchemy import select
+
     with store.session() as s:
+        users = dict(s.execute(select(m.ServiceInstance.gpu_id, m.ServiceInstance.run_as_user)
+                               .where(m.ServiceInstance.gpu_id.in_(gpu_ids))).all())
         return {gid: Replica(svc.name, svc.model_family, float(svc.mem_bytes), svc.qps_min, svc.qps_max,
-                             svc.peak_hour_utc, url, float(svc.latency_slo_ms))
+                             svc.peak_hour_utc, url, float(svc.latency_slo_ms), users.get(gid))
                 for gid, url, svc in inventory.replicas_on(s, gpu_ids)}
 
 
@@ -275,19 +289,19 @@ def _assemble(store, pairs, replicas: dict[int, Replica], placements: Placements
         if idx in agent.loops:
             agent.loops[idx].burst_listeners.append(model.set_burst)
     if isinstance(evictor, SlurmEvictor) and src.xcuda_check_s > 0:
-        agent.stoppers.append(_xcuda_watch(agent, evictor, sink, placements, pairs, src).close)
+        agent.stoppers.append(_xcuda_watch(agent, evictor, sink, placements, pairs, src, replicas).close)
     return agent
 
 
 def _xcuda_watch(agent: NodeAgent, evictor: SlurmEvictor, sink, placements: Placements, pairs,
-                 src: SourceConfig) -> XcudaWatch:
-    """The xCUDA check of the node's offline Slurm jobs (executors.node.xcuda_check), evicting through the agent's
-    evictor and recording in its sink: real GPUs judge the processes NVML sees on a GPU, simulated ones every
-    process of the job."""
+                 src: SourceConfig, replicas: dict[int, Replica]) -> XcudaWatch:
+    """The xCUDA check of the node's GPUs (executors.node.xcuda_check), evicting through the agent's evictor and
+    recording in its sink: real GPUs judge the processes NVML lists on each GPU, simulated ones the simulated
+    GPUs' (executors.node.simgpu.simulated_compute_pids)."""
     gpu_id_of = {g.gpu_index: g.id for g, _ in pairs}
     gpu_pids = getattr(agent.sampler, "compute_pids", None)
-    check = XcudaCheck(placements, list(gpu_id_of), gpu_pids, src.proc_root, src.xcuda_grace_s,
-                       task_prolog=_task_prolog(src))
+    check = XcudaCheck(placements, list(gpu_id_of), gpu_pids, src.proc_root, src.xcuda_grace_s, src.xcuda_lib,
+                       task_prolog=_task_prolog(src), replicas={i: r.run_as_user for i, r in replicas.items()})
 
     def evict(v: Violation) -> None:
         loop = agent.loops[v.gpu_index]
@@ -296,7 +310,7 @@ def _xcuda_watch(agent: NodeAgent, evictor: SlurmEvictor, sink, placements: Plac
         sink.eviction(EvictionEvent(gpu_id_of[v.gpu_index], v.job_id, dt.datetime.fromtimestamp(agent.clock.epoch(), tz=dt.UTC), reason,
                                     loop.monitor.state.value, done.ok, done.slurm_job_id))
 
-    return XcudaWatch(check, evict, src.xcuda_check_s).start()
+    return XcudaWatch(check, evict, src.xcuda_check_s, notices=Notices(src.notice_dir)).start()
 
 
 def node_metrics(store, node: str, agent: NodeAgent, job_dir: str | None = None, proc_root: str = "/proc"):
@@ -337,7 +351,8 @@ def _xcuda_counters(job_dir: Path, proc_root: Path):
     def read(jobs: list[tuple[int, str]]) -> dict[int, list]:
         if not jobs:
             return {}
-        pids = user_pids_of_jobs(read_procs(proc_root), {sid for sid, _ in jobs}, proc_root)  # one walk for all
+        uids = {sid: uid for sid, user in jobs if user and (uid := pw_uid(user)) is not None}
+        pids = user_pids_of_jobs(read_procs(proc_root), {sid for sid, _ in jobs}, proc_root, uids)  # one walk
         out: dict[int, list] = {}
         for sid, user in jobs:
             try:
