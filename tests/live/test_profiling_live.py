@@ -59,6 +59,7 @@ def root_backend(dev_cluster, monkeypatch):
     lay = dev_cluster.layout
     settings = dev_cluster.cluster.rest_settings(lay, "local")
     prof_dir = dev_cluster.job_dir("profiling")
+    os.chmod(prof_dir, 0o755)  # MuxFlow's alone (the scheduler here is root: each run's directory goes to mxref)
     for k, v in {"MUXFLOW_PROFILING_BOUND_S": "60", "MUXFLOW_PROFILING_PROFILE_SECONDS": "15",
                  "MUXFLOW_PROFILING_ITERATIONS": "8", "MUXFLOW_PROFILING_POLL_S": "0.5",
                  "MUXFLOW_SAMPLING_PROFILE_DIR": str(prof_dir), "MUXFLOW_SAMPLING_SIZE": "tiny",

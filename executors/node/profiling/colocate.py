@@ -62,6 +62,7 @@ import math
 import os
 import shutil
 import signal
+import stat
 import statistics
 import subprocess
 import sys
@@ -107,6 +108,23 @@ VALUES = ("norm_tput", "slowdown_avg", "slowdown_p99")
 
 __all__ = ["FORMAT", "FORMATS", "REPORT_FILE", "Child", "Harness", "HostLoad", "Mps", "auto_qps", "build_report",
            "latency_stats", "main", "plan_rounds", "spread_stats"]
+
+
+def private_work_dir(path: Path) -> Path:
+    """The harness's scratch directory (its processes' control and state files, whose numbers become the samples):
+    made 0700, or, from an earlier run of this account, kept only when it is a directory (not a link) of this
+    account that no one else can write to; anything else (someone made it first) is refused with one line."""
+    path.parent.mkdir(parents=True, exist_ok=True)
+    try:
+        path.mkdir(mode=0o700)
+    except FileExistsError:
+        st = os.lstat(path)
+        if stat.S_ISLNK(st.st_mode) or not stat.S_ISDIR(st.st_mode) or st.st_uid != os.geteuid() \
+                or st.st_mode & 0o077:
+            raise ValueError(f"work directory {path}: not this account's private directory (owner uid {st.st_uid}, "
+                             f"mode {stat.S_IMODE(st.st_mode):04o}{', a link' if stat.S_ISLNK(st.st_mode) else ''}): "
+                             "someone else made it; not used") from None
+    return path
 
 
 def latency_stats(latencies_s: Sequence[float]) -> dict[str, Any]:
@@ -1038,7 +1056,7 @@ class Harness:
         from executors.node.gpu_type import gpu_identity
 
         self.gpu_identity = gpu_identity(0) if self.gpu else None
-        self.work.mkdir(parents=True, exist_ok=True)
+        private_work_dir(self.work)
         if self.method == "mps":
             self.mps_root = Path(tempfile.mkdtemp(prefix="muxflow-mps-"))
             self.mps = Mps(self.mps_root)

@@ -98,27 +98,59 @@ def command_script(command: str) -> str:
             + command.rstrip() + "\n")
 
 
-def prepare_run_dir(base: str, name: str) -> Path:
-    """A new directory every job user can write into (the job may run as another user).
+class ProfileDirError(RuntimeError):
+    """A profiling directory that is not MuxFlow's alone to use; the message names it and why, on one line."""
 
+
+def _trusted_base(root: Path, owner_uid: int | None) -> os.stat_result:
+    """``root`` made (0755) when missing; else used only when it is a directory (not a link) of root, this account or
+    the reference account (``owner_uid``), that others cannot write to (group members only where the site made it
+    a shared setgid group directory): the runs' samples train every predictor, so a directory someone else made
+    first (``/tmp/muxflow-profiling``, say) is never used."""
+    root.mkdir(mode=0o755, parents=True, exist_ok=True)
+    st = os.lstat(root)
+    mode = stat.S_IMODE(st.st_mode)
+    why = ("is a symbolic link" if stat.S_ISLNK(st.st_mode) else "is not a directory" if not stat.S_ISDIR(st.st_mode)
+           else f"is owned by uid {st.st_uid}, not root, this account ({os.geteuid()}) or the reference account"
+           if st.st_uid not in {0, os.geteuid(), owner_uid} - {None}
+           else f"has mode {mode:04o}: others can write to it" if mode & 0o002
+           else f"has mode {mode:04o}: its group can write to it (a shared group needs the setgid bit: 2770)"
+           if mode & 0o020 and not mode & stat.S_ISGID else None)
+    if why is not None:
+        raise ProfileDirError(f"profile_dir {root} {why}: not used (someone else's directory could plant the runs' "
+                              f"reports); make it: install -d -o <muxflow account> -m 0755 {root}")
+    return st
+
+
+def prepare_run_dir(base: str, name: str, owner_uid: int | None = None) -> Path:
+    """A new directory for one run, never world-writable, in a ``base`` that is MuxFlow's alone
+    (:func:`_trusted_base`).
+
+    The run's jobs write into it: as the reference account (``owner_uid``), which gets it (mode 0755) where this
+    process is root; in a shared setgid group directory (mode 2770: MuxFlow's and the reference account, no one
+    else), the group; else it is this account's (0755: the local executor's runs are this process's).
     The name gets a random suffix: run ids restart with every feature store, and two stores (or a
     store rebuilt) sharing one profile directory and one Slurm must never meet in a directory or in
     a job comment (the run's key is the directory's name).
     """
     root = Path(base)
-    root.mkdir(parents=True, exist_ok=True)
-    _world_writable(root)
+    st = _trusted_base(root, owner_uid)
     d = root / f"{name}-{secrets.token_hex(4)}"
-    d.mkdir(parents=True, exist_ok=False)
-    _world_writable(d)
+    d.mkdir(mode=0o700, exist_ok=False)  # a fresh one: never someone else's
+    if os.geteuid() == 0 and owner_uid not in (None, 0):
+        import pwd
+
+        try:
+            gid = pwd.getpwuid(owner_uid).pw_gid
+        except KeyError:
+            gid = -1
+        os.chown(d, owner_uid, gid)
+        os.chmod(d, 0o755)
+    elif stat.S_IMODE(st.st_mode) & 0o020:
+        os.chmod(d, 0o2770)
+    else:
+        os.chmod(d, 0o755)
     return d
-
-
-def _world_writable(p: Path) -> None:
-    try:
-        os.chmod(p, 0o1777)
-    except PermissionError:  # not ours (an operator made it): leave it as it is
-        pass
 
 
 def write_executable(path: Path, text: str) -> Path:

@@ -201,7 +201,8 @@ class ColocationSampler:
                                 report={"service_mem_bytes": mem})
             s.add(run)
             s.flush()
-            run.run_dir = str(prepare_run_dir(self.settings.profile_dir, f"sampling-run{run.id}-{planned.gpu_type}"))
+            run.run_dir = str(prepare_run_dir(self.settings.profile_dir, f"sampling-run{run.id}-{planned.gpu_type}",
+                                              getattr(self.executor, "report_owner", None)))
             spec = self._spec(run, mem)
             run_id = run.id
         try:

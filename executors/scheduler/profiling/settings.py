@@ -44,7 +44,8 @@ class ProfilingSettings:
     reuse_profiles: bool = False         # a job type profiled on a GPU type reuses that profile
     partition: str = "profile"
     metrics: str = "auto"                # auto: NVML where a GPU is visible, else the simulated model
-    profile_dir: str = "/tmp/muxflow-profiling"  # shared by the MuxFlow host and the profile nodes
+    # shared by the MuxFlow host and the profile nodes; MuxFlow's alone (never /tmp: profiling.runs.prepare_run_dir)
+    profile_dir: str = "/var/lib/muxflow/profiling"
     node_python: str = sys.executable    # the python with muxflow installed on the profile nodes
     wait_s: float | None = None          # how long one call waits for runs (None: the bound + queue time)
     max_queue_s: float = 3600.0          # a run not started on the partition by then fails
@@ -96,7 +97,7 @@ class SamplingSettings:
     bootstrap_simulated: bool = True     # top GPU types up with simulated samples until measured ones exist
     partition: str = "profile"
     metrics: str = "auto"
-    profile_dir: str = "/tmp/muxflow-profiling"
+    profile_dir: str = "/var/lib/muxflow/profiling"
     node_python: str = sys.executable
     wait_s: float | None = None          # None: until every run's bound
     poll_s: float = 1.0

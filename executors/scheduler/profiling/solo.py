@@ -233,7 +233,8 @@ class SoloProfiler:
                                  bound_s=self.settings.bound_s, submitted_utc=self.now())
             s.add(run)
             s.flush()
-            run.run_dir = str(prepare_run_dir(self.settings.profile_dir, f"solo-run{run.id}-job{job_id}-{gtype}"))
+            run.run_dir = str(prepare_run_dir(self.settings.profile_dir, f"solo-run{run.id}-job{job_id}-{gtype}",
+                                              getattr(self.executor, "report_owner", None)))
             spec = self._spec(run, job_type, script_text, working_dir, mem_bytes)
             run_id = run.id
         self._own_runs.add(run_id)
