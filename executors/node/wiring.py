@@ -27,6 +27,7 @@ from executors.node.detector import (
     check_pipe_root,
 )
 from executors.node.evictor import CallbackEvictor, Evictor, SlurmEvictor, store_jobs_on_gpu
+from executors.node.job_dir_cap import JobDirCap, JobDirCapThread, OverCap
 from executors.node.metrics import GpuMeta, JobMeta, NodeAgentCollector, ServiceMeta
 from executors.node.online import OnlineAccounting
 from executors.node.placements import (
@@ -290,6 +291,8 @@ def _assemble(store, pairs, replicas: dict[int, Replica], placements: Placements
             agent.loops[idx].burst_listeners.append(model.set_burst)
     if isinstance(evictor, SlurmEvictor) and src.xcuda_check_s > 0:
         agent.stoppers.append(_xcuda_watch(agent, evictor, sink, placements, pairs, src, replicas).close)
+    if isinstance(evictor, SlurmEvictor) and src.job_dir:
+        agent.stoppers.append(_job_dir_cap(agent, evictor, sink, placements, pairs, src.job_dir).close)
     return agent
 
 
@@ -311,6 +314,25 @@ def _xcuda_watch(agent: NodeAgent, evictor: SlurmEvictor, sink, placements: Plac
                                     loop.monitor.state.value, done.ok, done.slurm_job_id))
 
     return XcudaWatch(check, evict, src.xcuda_check_s, notices=Notices(src.notice_dir)).start()
+
+
+def _job_dir_cap(agent: NodeAgent, evictor: SlurmEvictor, sink, placements: Placements, pairs,
+                 job_dir: str) -> JobDirCapThread:
+    """The bound on each placed job's own directory (executors.node.job_dir_cap): a job over it is evicted."""
+    gpu_id_of = {g.gpu_index: g.id for g, _ in pairs}
+
+    def jobs() -> list[tuple[int, int | None, int]]:
+        return [(i, o.job_id, o.slurm_job_id) for i in gpu_id_of for o in placements.on_gpu(i)
+                if o.slurm_job_id is not None]
+
+    def evict(over: OverCap) -> None:
+        done = evictor.evict_job(over.job_id, over.slurm_job_id)
+        reason = over.reason if done.ok else f"{over.reason} (failed: {done.detail})"
+        sink.eviction(EvictionEvent(gpu_id_of[over.gpu_index], over.job_id,
+                                    dt.datetime.fromtimestamp(agent.clock.epoch(), tz=dt.UTC), reason,
+                                    agent.loops[over.gpu_index].monitor.state.value, done.ok, done.slurm_job_id))
+
+    return JobDirCapThread(JobDirCap(job_dir, jobs), evict).start()
 
 
 def node_metrics(store, node: str, agent: NodeAgent, job_dir: str | None = None, proc_root: str = "/proc"):
