@@ -64,7 +64,7 @@ test: install xcuda
 # debootstrap tree cached under /var/cache/muxflow (built once, ~1 min; docs/SLURM.md "Slurm 24.11").
 # `make test` runs the same tests on the host's Slurm 22.05.
 SLURM_COMPAT_TESTS := tests/live/test_site_users_live.py tests/live/test_rest_versions_live.py tests/live/test_security_live.py \
-	tests/live/test_site_faults_live.py
+	tests/live/test_site_faults_live.py tests/live/test_job_attacks_live.py
 test-slurm-compat: install
 	$(TEST_ENV) MUXFLOW_SLURM_RELEASES=24.11 bash .ci/with_slurm.sh $(PY) -m pytest -q $(SLURM_COMPAT_TESTS)
 
