@@ -310,6 +310,8 @@ def _xcuda_watch(agent: NodeAgent, evictor: SlurmEvictor, sink, placements: Plac
         loop = agent.loops[v.gpu_index]
         done = evictor.evict_job(v.job_id, v.slurm_job_id)
         reason = v.reason if done.ok else f"{v.reason} (failed: {done.detail})"
+        if v.job_id is None:  # a Slurm job MuxFlow did not place: no row of the store's (its user has the notice)
+            log.warning("GPU %d: Slurm job %s requeue-held: %s", v.gpu_index, v.slurm_job_id, reason)
         sink.eviction(EvictionEvent(gpu_id_of[v.gpu_index], v.job_id, dt.datetime.fromtimestamp(agent.clock.epoch(), tz=dt.UTC), reason,
                                     loop.monitor.state.value, done.ok, done.slurm_job_id))
 

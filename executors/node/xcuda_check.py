@@ -600,11 +600,10 @@ class XcudaWatch:
             killed = False
         if killed:
             self.stopped += 1
-            if v.uid is not None:
-                self.notices.tell(v.uid, f"muxflow node agent: {v.reason}")
-        if v.slurm_job_id is not None and v.slurm_job_id not in self._evicted:
-            self._evict(v)
-        return killed
+        evicted = v.slurm_job_id is not None and v.slurm_job_id not in self._evicted and self._evict(v)
+        if (killed or evicted) and v.uid is not None:
+            self.notices.tell(v.uid, f"muxflow node agent: {v.reason}")
+        return killed or evicted
 
     def start(self) -> XcudaWatch:
         self._thread = threading.Thread(target=self._run, name="node-agent-xcuda-check", daemon=True)

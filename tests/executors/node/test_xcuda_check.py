@@ -526,3 +526,32 @@ def test_notices_go_only_into_a_directory_of_the_agents_alone(tmp_path: Path) ->
     n.tell(USER_UID, "first\nforged line")
     assert (good / str(USER_UID)).read_text().count("\n") == 1 and "first\\nforged line" in (
         good / str(USER_UID)).read_text()
+
+
+def test_the_agent_judges_the_simulated_gpus_processes_end_to_end(cluster_store, proc: Path) -> None:
+    """Simulated mode through the agent's wiring: the simulated GPU's compute processes (the planned
+    CUDA_VISIBLE_DEVICES, the jobs placed on it) drive the same check. A process of a Slurm job no plan puts on
+    GPU 1 (a plain job of mxuser2 that picked the GPU) is stopped and its job requeue-held (the store has no row
+    of a job MuxFlow did not place: its user reads the reason in their notices); the job placed there is left."""
+    store = cluster_store
+    pairs = node_gpus(store, "sim-t4-000")
+    with store.session() as s:
+        j2 = s.scalars(select(m.OfflineJob).order_by(m.OfflineJob.id)).all()[1].id
+        _running(s, j2, 502)
+        for inst in s.scalars(select(m.ServiceInstance).where(m.ServiceInstance.gpu_id == pairs[1][0].id)):
+            inst.run_as_user = "svc"  # the replica's user, as registered: the only other user GPU 1 may have
+    stepd(proc, 1300, 570)
+    fake_proc(proc, 1301, 1300, "python", job=570, uid=1002, env={"CUDA_VISIBLE_DEVICES": "1"})
+    placements = placed((1, j2, 502))
+    requeued: list[int] = []
+    sampler = SimulatedSampler(replay={g.gpu_index: [CALM] for g, _ in pairs})
+    agent = build_agent(store, "sim-t4-000", simulated=True, cfg=AgentConfig(interval_s=1.0), shm_dir=None,
+                        requeue=requeued.append, placements=placements, sampler=sampler,
+                        sources=SourceConfig(placements="none", xcuda_check_s=0.05, proc_root=str(proc)))
+    try:
+        _wait("the xCUDA check to evict", lambda: requeued)
+    finally:
+        agent.shutdown()
+    assert requeued == [570]
+    with store.session() as s:
+        assert s.scalars(select(m.Eviction)).all() == [] and s.get(m.OfflineJob, j2).state == "RUNNING"
