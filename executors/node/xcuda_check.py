@@ -12,10 +12,15 @@ the agent compares what runs with the plan:
 - a job's processes are those under its root ``slurmstepd: [<job>.<step>]`` (the process tree is
   what Slurm's ``proctrack/linuxproc`` follows too: a child started with a cleared or forged
   environment is still the job's), and those outside every job's tree whose ``SLURM_JOB_ID``
-  (``/proc/<pid>/environ``, else an ancestor's) is the job's and that run as the job's user (the
-  environment is the process's own: no user passes his processes off as another user's job);
-- on real GPUs only the processes with a context on a GPU count (NVML's compute processes:
-  a shell that loads no CUDA needs no xCUDA); on simulated GPUs every process of the job;
+  (``/proc/<pid>/environ``, else an ancestor's) is the job's and that run as the job's user as Slurm
+  names it (the environment is the process's own: no user passes his processes off as another
+  user's job, not even before that job's own processes appear);
+- each GPU's compute processes are judged: NVML's on real GPUs (a shell that loads no CUDA needs no
+  xCUDA), the simulated GPU's own list on simulated ones (:func:`executors.node.simgpu.simulated_compute_pids`);
+- on a *shared* GPU (an online replica, or placed offline work) every compute process is the online
+  replica's (its registered user) or a placed job's; anything else is killed and, if a Slurm job's,
+  that job evicted; its owner is told (:class:`Notices`). Root's processes and an MPS server (a child of
+  root's control daemon) never count, its clients each do;
 - Slurm's own hooks for the job never count (:func:`executors.node.attribution.in_slurm_hook`),
   nor their children; all run with the job's ``SLURM_JOB_ID`` and without xCUDA, and can take long
   on a loaded node. Each is known by what its user cannot forge, not by its name or environment:
@@ -25,7 +30,8 @@ the agent compares what runs with the plan:
   (:func:`executors.node.attribution.task_prolog_of`), for at most 60 s (it may wait for its plan,
   :mod:`executors.node.prolog_watch`), and on real GPUs never for a process on a GPU (it uses none);
 - a process counts once it is ``grace_s`` old (a task's first moment, before its exec);
-- such a process whose ``/proc/<pid>/maps`` has no ``libxcuda.so`` is a violation: the job is
+- a placed job's process that does not map the installed library — by device and inode, never by
+  name (:func:`xcuda_mapping`; ``maps`` read to a bound) — is a violation: the job is
   evicted (requeue-hold, as SysMonitor's evictions; Slurm's SIGTERM makes the runtime checkpoint) with that reason,
   which the ``evictions`` row and the job's EVICTED transition carry.
 
