@@ -401,7 +401,6 @@ def test_attack_a_file_named_libxcuda_that_is_not_the_installed_library(proc: Pa
     fake_proc(proc, 1001, 1, "python", job=536, libs=(str(empty),))
     fake_proc(proc, 1002, 1, "python", job=537, libs=(LIB,))
     # the installed library's name at a path of the user's, its columns another file's
-    (proc / "1003").mkdir()
     fake_proc(proc, 1004, 1, "python", job=538, maps=False)
     (proc / "1004" / "maps").write_text(f"7f0000000000-7f0000001000 r-xp 00000000 {dev_ino(str(own))} {LIB}\n")
     jobs = placed((0, 40, 535), (1, 41, 536), (2, 42, 537), (3, 43, 538))
