@@ -19,26 +19,35 @@ def metrics() -> None:
 @click.option("--port", type=click.IntRange(0, 65535), default=None,
               help="Port of /metrics (default: the settings' scheduler_metrics_port, 9411; 0: any free port).")
 @click.option("--host", default=None, help="Bind address (default: the settings' metrics_host, 0.0.0.0).")
+@click.option("--web-config-file", type=click.Path(dir_okay=False, exists=True), default=None,
+              help="TLS and basic auth: a web config file as Prometheus' exporters read (tls_server_config, "
+                   "basic_auth_users with bcrypt hashes; docs/OBSERVABILITY.md).")
 @click.option("--duration", type=click.FloatRange(min=0), default=None,
               help="Stop after this many seconds (default: until SIGTERM/SIGINT).")
 @click.pass_context
-def serve_cmd(ctx: click.Context, port: int | None, host: str | None, duration: float | None) -> None:
-    """Serve the scheduler's metrics, read from the feature store at every scrape, until SIGTERM/SIGINT."""
-    from executors.metrics_http import serve
+def serve_cmd(ctx: click.Context, port: int | None, host: str | None, web_config_file: str | None,
+              duration: float | None) -> None:
+    """Serve the scheduler's metrics, read from the feature store (at most once a second), until SIGTERM/SIGINT."""
+    from executors.metrics_http import WebConfigError, load_web_config, serve
     from executors.scheduler.metrics import SchedulerCollector
 
+    try:
+        web_config = load_web_config(web_config_file)
+    except WebConfigError as exc:
+        raise CliError(str(exc)) from exc
     s = settings()
     port = s.scheduler_metrics_port if port is None else port
     host = s.metrics_host if host is None else host
     store = store_of(ctx)
     try:
-        server = serve(SchedulerCollector(store), host, port)
+        server = serve(SchedulerCollector(store), host, port, web_config=web_config)
     except OSError as exc:
         store.dispose()
         raise CliError(f"cannot serve metrics on {host}:{port}: {exc.strerror or exc}") from exc
     stop = threading.Event()
     old = {sig: signal.signal(sig, lambda *_: stop.set()) for sig in (signal.SIGTERM, signal.SIGINT)}
-    click.echo(f"metrics: http://{host}:{server.port}/metrics (the scheduler, from the feature store)", err=True)
+    click.echo(f"metrics: {server.scheme}://{host}:{server.port}/metrics (the scheduler, from the feature store)",
+               err=True)
     try:
         stop.wait(duration)
     finally:

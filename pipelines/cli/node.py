@@ -91,7 +91,11 @@ log = logging.getLogger(__name__)
               help="Serve Prometheus metrics (per GPU, job and replica; docs/OBSERVABILITY.md) on this port; 0: off "
                    "(default: the settings' node_metrics_port, 9410).")
 @click.option("--metrics-host", "metrics_host", default=None,
-              help="The address the metrics endpoint binds (default: the settings' metrics_host, 0.0.0.0).")
+              help="The address the metrics endpoint binds (default: the settings' metrics_host, 0.0.0.0: every "
+                   "interface, as Prometheus scrapes it over the network; name the interface Prometheus reaches).")
+@click.option("--web-config-file", "web_config_file", type=click.Path(dir_okay=False, exists=True), default=None,
+              help="TLS and basic auth for the metrics endpoint: a web config file as Prometheus' exporters read "
+                   "(tls_server_config, basic_auth_users with bcrypt hashes; docs/OBSERVABILITY.md).")
 @click.option("--time-scale", type=click.FloatRange(min=1e-3), default=1.0, hidden=True,
               help="Agent seconds per real second (tests: 60 makes a minute pass in one second).")
 @click.option("--seed", type=SEED, default=0, hidden=True)
@@ -102,7 +106,7 @@ def node_agent(node: str | None, simulated: bool, db_url: str | None, interval_m
                sim_noise_pct: float,
                sim_xcuda_target: float, sim_mps_split_gaps: bool, xcuda_check_s: float, prolog: str | None,
                plan_dir: str | None, task_prolog: str | None, job_dir: str | None, metrics_port: int | None,
-               metrics_host: str | None, time_scale: float, seed: int) -> None:
+               metrics_host: str | None, web_config_file: str | None, time_scale: float, seed: int) -> None:
     """Run the node agent for the GPUs of one node until SIGTERM/SIGINT."""
     from executors.node.agent import AgentConfig
     from scheduler_core.guard.burst import BurstParams
@@ -112,6 +116,12 @@ def node_agent(node: str | None, simulated: bool, db_url: str | None, interval_m
 
     if (prolog is None) != (plan_dir is None):
         raise click.UsageError("--prolog and --plan-dir go together")
+    from executors.metrics_http import WebConfigError, load_web_config
+
+    try:  # before anything starts: an endpoint asked for TLS or auth never serves without them
+        web_config = load_web_config(web_config_file)
+    except WebConfigError as exc:
+        raise click.ClickException(str(exc)) from exc
 
     cfg = AgentConfig(interval_s=interval_ms / 1000.0, ring_window_s=ring_seconds, time_scale=time_scale,
                       partial_every_s=partial_every_s or None,
@@ -159,7 +169,7 @@ def node_agent(node: str | None, simulated: bool, db_url: str | None, interval_m
         store.dispose()
         raise click.ClickException(str(exc)) from exc
 
-    server = _metrics_server(store, node, agent, metrics_port, metrics_host, job_dir, sources.proc_root)
+    server = _metrics_server(store, node, agent, metrics_port, metrics_host, job_dir, sources.proc_root, web_config)
 
     def on_signal(signum, _frame) -> None:
         log.info("signal %d: stopping", signum)
@@ -183,7 +193,7 @@ def node_agent(node: str | None, simulated: bool, db_url: str | None, interval_m
 
 
 def _metrics_server(store, node: str, agent, port: int | None, host: str | None, job_dir: str | None,
-                    proc_root: str):
+                    proc_root: str, web_config=None):
     """The agent's metrics endpoint, or None (port 0). A port that cannot be bound is reported and the agent runs
     without it: protecting the online services never waits on observability (Prometheus sees the target down)."""
     from executors.metrics_http import serve
@@ -197,9 +207,9 @@ def _metrics_server(store, node: str, agent, port: int | None, host: str | None,
     if port == 0:
         return None
     try:
-        server = serve(node_metrics(store, node, agent, job_dir, proc_root), host, port)
+        server = serve(node_metrics(store, node, agent, job_dir, proc_root), host, port, web_config=web_config)
     except OSError as exc:
         click.echo(f"node-agent: metrics endpoint not started on {host}:{port}: {exc.strerror or exc}", err=True)
         return None
-    click.echo(f"node-agent: metrics on http://{host}:{server.port}/metrics", err=True)
+    click.echo(f"node-agent: metrics on {server.scheme}://{host}:{server.port}/metrics", err=True)
     return server

@@ -51,7 +51,7 @@ def node(cluster_store):
     agent = build_agent(store, NODE, simulated=True, cfg=AgentConfig(interval_s=1.0), shm_dir=None,
                         evict_callback=lambda gpu_id, reason: [j1], sampler=sampler, clock=clock,
                         placements=placements, sources=SourceConfig(placements="none", scrape_s=3600.0))
-    server = serve(node_metrics(store, NODE, agent), "127.0.0.1", 0)
+    server = serve(node_metrics(store, NODE, agent), "127.0.0.1", 0, refresh_s=0.0)  # a scrape sees the ticks before it
     try:
         yield dict(store=store, agent=agent, sampler=sampler, clock=clock, port=server.port, pairs=pairs, j1=j1,
                    j2=j2, service=svc_name, allowance=allowance, slo_ms=slo_ms, job_type=job_type)
@@ -144,7 +144,7 @@ def test_a_gpu_without_a_reading_has_no_made_up_value(cluster_store) -> None:
     agent = build_agent(store, NODE, simulated=True, cfg=AgentConfig(interval_s=1.0), shm_dir=None,
                         sampler=sampler, clock=FakeClock(), placements=StaticPlacements(),
                         sources=SourceConfig(placements="none", scrape_s=3600.0))
-    server = serve(node_metrics(store, NODE, agent), "127.0.0.1", 0)
+    server = serve(node_metrics(store, NODE, agent), "127.0.0.1", 0, refresh_s=0.0)  # a scrape sees the ticks before it
     try:
         agent.tick()
         got = scrape(server.port)
