@@ -138,6 +138,12 @@ def _tls_context(cfg: Any, base: Path, bad: Callable[[str], WebConfigError]) -> 
         return str(base / value)
 
     cert, key = file_of("cert_file"), file_of("key_file")
+    from executors.slurm.plan import read_private_file
+
+    try:  # the private key is a secret as MuxFlow's others are: only its owner (this user, or root) reads it
+        read_private_file(key, "key_file", WebConfigError)
+    except WebConfigError as exc:
+        raise bad(f"tls_server_config: {exc}") from None
     ctx = ssl.SSLContext(ssl.PROTOCOL_TLS_SERVER)
     try:
         ctx.minimum_version = _TLS_VERSIONS[cfg.get("min_version", "TLS12")]

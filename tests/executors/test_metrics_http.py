@@ -298,6 +298,7 @@ def self_signed(tmp_path: Path, name: str = "server") -> tuple[Path, Path]:
         subprocess.run(["openssl", "req", "-x509", "-newkey", "ec", "-pkeyopt", "ec_paramgen_curve:prime256v1",
                         "-nodes", "-keyout", str(key), "-out", str(cert), "-days", "1", "-subj", f"/CN={name}",
                         "-addext", f"subjectAltName=IP:{HOST}"], check=True, capture_output=True)
+        key.chmod(0o600)
         return cert, key
     k = ec.generate_private_key(ec.SECP256R1())
     subject = x509.Name([x509.NameAttribute(NameOID.COMMON_NAME, name)])
@@ -311,6 +312,7 @@ def self_signed(tmp_path: Path, name: str = "server") -> tuple[Path, Path]:
     cert.write_bytes(c.public_bytes(serialization.Encoding.PEM))
     key.write_bytes(k.private_bytes(serialization.Encoding.PEM, serialization.PrivateFormat.PKCS8,
                                     serialization.NoEncryption()))
+    key.chmod(0o600)
     return cert, key
 
 
@@ -356,7 +358,7 @@ def test_tls_with_client_certificates_required(servers, tmp_path) -> None:
     ("http_server_config: {http2: true}\n", "unknown key 'http_server_config'"),
     ("tls_server_config: {cert_file: a, key_file: b, cipher_suites: [x]}\n", "unsupported key 'cipher_suites'"),
     ("tls_server_config: {key_file: b}\n", "cert_file is required"),
-    ("tls_server_config: {cert_file: nope.crt, key_file: nope.key}\n", "cannot load cert_file"),
+    ("tls_server_config: {cert_file: nope.crt, key_file: nope.key}\n", "nope.key: no such file"),
     ("basic_auth_users: {prometheus: s3cret}\n", "prometheus: not a bcrypt hash"),
     ("basic_auth_users: [prometheus]\n", "expected a mapping"),
     ("- a\n", "expected a mapping"),
@@ -368,6 +370,15 @@ def test_a_web_config_the_endpoint_cannot_honour_is_one_line_at_start_up(tmp_pat
     with pytest.raises(WebConfigError) as err:
         load_web_config(cfg)
     assert says in str(err.value) and "\n" not in str(err.value) and str(cfg) in str(err.value)
+
+
+def test_a_tls_key_others_can_read_is_refused(tmp_path) -> None:
+    cert, key = self_signed(tmp_path)
+    key.chmod(0o644)
+    cfg = tmp_path / "web.yml"
+    cfg.write_text(f"tls_server_config: {{cert_file: {cert}, key_file: {key}}}\n")
+    with pytest.raises(WebConfigError, match="lets others read or change it; chmod 600"):
+        load_web_config(cfg)
 
 
 def test_unsupported_client_auth_types_are_refused_not_approximated(tmp_path) -> None:
