@@ -225,7 +225,8 @@ def test_taskprolog_contract_offline_and_online(dev_cluster, private_tmp) -> Non
     env = read_env(d / f"env.{sid}")
     assert env["CUDA_VISIBLE_DEVICES"] == "2" and env["CUDA_MPS_ACTIVE_THREAD_PERCENTAGE"] == "35"
     assert env["CUDA_MPS_PIPE_DIRECTORY"].endswith("/gpu2") and env["SLURMD_NODENAME"] == "mx-a10-1"
-    assert env["LD_PRELOAD"].endswith("executors/node/xcuda/build/libxcuda.so")
+    # The cluster's link to the tree's build, beside its xcuda.conf (executors/dev/slurm/cluster.py install_xcuda).
+    assert Path(env["LD_PRELOAD"]).resolve().as_posix().endswith("executors/node/xcuda/build/libxcuda.so"), env
     assert env["XCUDA_MEM_QUOTA_BYTES"] == str(2 * 1024**3) and env["XCUDA_GPU_INDEX"] == "2"
     assert (env["XCUDA_KP"], env["XCUDA_KI"], env["XCUDA_KD"]) == ("0.5", "12.5", "0.02")
     oenv = read_env(d / f"env.{online}")

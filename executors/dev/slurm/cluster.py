@@ -69,11 +69,42 @@ def node_script_values(layout: DevClusterLayout) -> dict[str, str]:
     """What the dev cluster fills into the node scripts' ``@…@`` placeholders (a site fills its own, DEPLOY.md):
     xCUDA, the plan directory, a stand-in MPS control per node (its pipes under the state directory), the nodes'
     plan key, the per-job state directory, the plan tool and the iteration hook's directory."""
-    return {"@XCUDA_LIB@": str(XCUDA_LIB), "@PLAN_DIR@": str(layout.plan_dir),
+    return {"@XCUDA_LIB@": str(xcuda_install_dir(layout) / "libxcuda.so"), "@PLAN_DIR@": str(layout.plan_dir),
             "@MPS_CONTROL@": str(layout.node_script_dir / "nvidia-cuda-mps-control"),
             "@MPS_PIPE_ROOT@": f"{layout.mps_pipe_root}/${{SLURMD_NODENAME}}",
             "@PLAN_KEY@": str(layout.node_plan_key_file), "@JOB_DIR@": str(layout.job_state_dir),
             "@PLAN_TOOL@": str(layout.plan_tool), "@HOOK_DIR@": str(layout.hook_dir)}
+
+
+def xcuda_install_dir(layout: DevClusterLayout) -> Path:
+    """Where the dev cluster installs xCUDA: a link to the tree's build/libxcuda.so beside a root ``xcuda.conf``
+    naming this cluster's plan directory, so that one build serves every cluster on the machine (the library
+    looks for the conf beside the path it was preloaded by; the node agent's check still finds the built file,
+    by device and inode, through the link)."""
+    return layout.state_dir / "xcuda"
+
+
+def install_xcuda(layout: DevClusterLayout) -> None:
+    """The link and the conf of :func:`xcuda_install_dir`, root's and not group/other-writable (xCUDA ignores a conf
+    that is not), each replaced atomically."""
+    d = xcuda_install_dir(layout)
+    d.mkdir(exist_ok=True)
+    os.chmod(d, 0o755)
+    link = d / "libxcuda.so"
+    if not (link.is_symlink() and os.readlink(link) == str(XCUDA_LIB)):
+        tmp = d / f".libxcuda.so.{os.getpid()}.tmp"
+        tmp.unlink(missing_ok=True)
+        tmp.symlink_to(XCUDA_LIB)
+        os.replace(tmp, link)
+    text = f"# this dev cluster's plan directory (executors/node/xcuda/README.md)\nplan_dir={layout.plan_dir}\n"
+    conf = d / "xcuda.conf"
+    if conf.is_file() and not conf.is_symlink() and conf.read_text() == text and \
+            (os.stat(conf).st_mode & 0o7777) == 0o644:
+        return
+    tmp = d / f".xcuda.conf.{os.getpid()}.tmp"
+    tmp.write_text(text)
+    os.chmod(tmp, 0o644)
+    os.replace(tmp, conf)
 
 
 def releaser_uids(slurm_user_uid: int, muxflow_uid: int | None) -> str:
@@ -89,9 +120,9 @@ def _fill(text: str, values: dict[str, str]) -> str:
 
 
 def install_node_scripts(layout: DevClusterLayout, slurm_user_uid: int, muxflow_uid: int | None = None) -> None:
-    """Install ``job_submit.lua`` next to slurm.conf, the Prolog/TaskProlog/Epilog, the plan tool (a copy of
-    ``executors/slurm/plan.py``), the iteration hook (a copy of ``executors/job/runtime/hook/sitecustomize.py``) and
-    the stand-in MPS control (docs/SLURM.md).
+    """Install ``job_submit.lua`` next to slurm.conf, xCUDA (:func:`install_xcuda`), the Prolog/TaskProlog/Epilog,
+    the plan tool (a copy of ``executors/slurm/plan.py``), the iteration hook (a copy of
+    ``executors/job/runtime/hook/sitecustomize.py``) and the stand-in MPS control (docs/SLURM.md).
 
     Each file is replaced atomically (temp file + rename): slurmd reads the scripts at
     every job start and slurmctld reloads the Lua script when it changes, so a running
@@ -99,6 +130,7 @@ def install_node_scripts(layout: DevClusterLayout, slurm_user_uid: int, muxflow_
     """
     layout.node_script_dir.mkdir(parents=True, exist_ok=True)
     os.chmod(layout.node_script_dir, 0o755)
+    install_xcuda(layout)
     values = node_script_values(layout)
     files = {layout.node_script_dir / name: (_fill((NODE_SRC / name).read_text(), values), 0o755)
              for name in ("prolog.sh", "task_prolog.sh", "epilog.sh")}

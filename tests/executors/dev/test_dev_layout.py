@@ -14,7 +14,13 @@ from pathlib import Path
 import pytest
 
 from executors.dev.slurm import accounting
-from executors.dev.slurm.cluster import DevCluster, install_node_scripts, node_script_values, releaser_uids
+from executors.dev.slurm.cluster import (
+    XCUDA_LIB,
+    DevCluster,
+    install_node_scripts,
+    node_script_values,
+    releaser_uids,
+)
 from executors.dev.slurm.layout import DevClusterLayout, DevNode
 from executors.dev.slurm.procs import ProcTable, descendants, is_running, start_ticks, terminate
 from executors.dev.slurm.state import ensure_credentials
@@ -189,6 +195,23 @@ def test_node_scripts_get_the_plan_tool_key_job_dir_and_releasers(tmp_path: Path
     assert stat.S_IMODE(hook.stat().st_mode) == 0o644 and stat.S_IMODE(layout.hook_dir.stat().st_mode) == 0o755
     assert "@" not in "".join(line for line in (layout.node_script_dir / "task_prolog.sh").read_text().splitlines()
                               if not line.lstrip().startswith("#"))
+
+
+def test_xcuda_is_installed_as_a_link_beside_a_conf_naming_the_clusters_plan_directory(tmp_path: Path) -> None:
+    layout = DevClusterLayout(state_dir=tmp_path, controller_host="h")
+    layout.etc_dir.mkdir()
+    install_node_scripts(layout, 999, 995)
+    lib = tmp_path / "xcuda/libxcuda.so"
+    assert node_script_values(layout)["@XCUDA_LIB@"] == str(lib)
+    # The link: the node agent's check finds the built file (its device and inode) through it.
+    assert lib.is_symlink() and lib.resolve() == XCUDA_LIB.resolve()
+    conf = tmp_path / "xcuda/xcuda.conf"
+    assert f"\nplan_dir={layout.plan_dir}\n" in conf.read_text() and not conf.is_symlink()
+    # What xCUDA requires of the directory and the file (src/plan.c xc_conf_plan_dir).
+    assert stat.S_IMODE(conf.stat().st_mode) == 0o644 and stat.S_IMODE(conf.parent.stat().st_mode) == 0o755
+    assert conf.stat().st_uid == conf.parent.stat().st_uid == os.getuid()
+    install_node_scripts(layout, 999, 995)  # again: unchanged
+    assert lib.resolve() == XCUDA_LIB.resolve() and conf.read_text().count("plan_dir=") == 1
 
 
 def _ids() -> tuple[int, int]:

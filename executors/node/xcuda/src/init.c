@@ -5,6 +5,7 @@
  */
 #include <dlfcn.h>
 #include <pthread.h>
+#include <stdint.h>
 #include <signal.h>
 #include <stdio.h>
 #include <stdlib.h>
@@ -72,21 +73,50 @@ static unsigned trusted_uid(void)
 #endif
 }
 
-/* The configuration: the plan of this process's job, the environment only making it stricter (config.h). */
-static int configure(char *msgs, size_t len, char *plan_note, size_t note_len)
+/* The plan directory: the one the root xcuda.conf beside this library names, else the compiled-in one. The path is
+ * the one the loader was given (LD_PRELOAD's, links unresolved), so a user's link to the real library in a
+ * directory of his, beside a file of his, finds his directory and gets the compiled-in one. Says why in *note, at
+ * the level in *level. */
+static const char *plan_dir(char *buf, size_t cap, char *note, size_t note_len, enum xc_log_level *level)
 {
-    const char *dir = XCUDA_PLAN_DIR;
+    Dl_info info = {0};
+    const char *why = "the library's path is unknown", *lib = "libxcuda.so";
+    int rc = 0;
+    if (dladdr((void *)(uintptr_t)&xc_ensure_init, &info) != 0 && info.dli_fname != NULL) {
+        lib = info.dli_fname;
+        rc = xc_conf_plan_dir(lib, trusted_uid(), buf, cap, &why);
+    }
+    if (rc == 1) {
+        *level = XC_LOG_INFO;
+        snprintf(note, note_len, "plan directory %s, from %s's " XC_CONF_NAME, buf, lib);
+        return buf;
+    }
+    *level = rc == 0 ? XC_LOG_INFO : XC_LOG_WARN;
+    snprintf(note, note_len, "plan directory %s (compiled in): %s: %s", XCUDA_PLAN_DIR, lib, why);
+    return XCUDA_PLAN_DIR;
+}
+
+/* The configuration: the plan of this process's job, the environment only making it stricter (config.h). */
+static int configure(char *msgs, size_t len, char *plan_note, size_t note_len, char *dir_note, size_t dir_note_len,
+                     enum xc_log_level *dir_level)
+{
+    static char conf_dir[XC_PATH_MAX];
+    const char *dir = plan_dir(conf_dir, sizeof conf_dir, dir_note, dir_note_len, dir_level);
 #ifdef XCUDA_TEST_HOOKS
     /* The test build only: the environment as the plan, as before plans (the tests of everything but where the
      * limits come from), or a plan directory of the test's. */
     const char *legacy = getenv("XCUDA_TEST_ENV_CONFIG");
     if (legacy != NULL && !strcmp(legacy, "1")) {
         snprintf(plan_note, note_len, "test build: the environment is the plan");
+        dir_note[0] = '\0';
         return xc_config_parse((const char *const *)environ, &xc_g.cfg, msgs, len);
     }
     const char *test_dir = getenv("XCUDA_TEST_PLAN_DIR");
-    if (test_dir != NULL && test_dir[0] == '/')
+    if (test_dir != NULL && test_dir[0] == '/') {
         dir = test_dir;
+        snprintf(dir_note, dir_note_len, "test build: plan directory %s, from XCUDA_TEST_PLAN_DIR", dir);
+        *dir_level = XC_LOG_INFO;
+    }
 #endif
     static char plan[XC_PLAN_MAX + 1];
     const char *why = "not under a Slurm step daemon";
@@ -114,10 +144,13 @@ static int configure(char *msgs, size_t len, char *plan_note, size_t note_len)
 
 static void do_init(void)
 {
-    char msgs[2048], note[XC_PATH_MAX + 96];
-    int problems = configure(msgs, sizeof msgs, note, sizeof note);
+    char msgs[2048], note[XC_PATH_MAX + 96], dir_note[2 * XC_PATH_MAX + 96] = "";
+    enum xc_log_level dir_level = XC_LOG_INFO;
+    int problems = configure(msgs, sizeof msgs, note, sizeof note, dir_note, sizeof dir_note, &dir_level);
     xc_g.trusted_uid = trusted_uid();
     atomic_store(&xc_log_level, (int)xc_g.cfg.log_level);
+    if (dir_note[0])
+        xc_log(dir_level, "%s", dir_note);
     xc_log(XC_LOG_INFO, "limits: %s", note);
     for (char *line = msgs, *end; problems > 0 && *line; line = end + 1) {
         end = strchr(line, '\n');

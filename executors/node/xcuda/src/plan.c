@@ -166,3 +166,114 @@ ssize_t xc_plan_read(const char *dir, long long job, unsigned owner_uid, char *b
     close(fd);
     return got;
 }
+
+int xc_conf_parse(const char *text, char *dir, size_t cap, const char **why)
+{
+    static const char key[] = "plan_dir";
+    int found = 0;
+    for (const char *line = text; *line;) {
+        const char *end = strchr(line, '\n');
+        if (end == NULL)
+            end = line + strlen(line);
+        const char *p = line, *q = end;
+        line = *end ? end + 1 : end;
+        while (p < q && isspace((unsigned char)*p))
+            p++;
+        while (q > p && isspace((unsigned char)q[-1]))
+            q--;
+        if (p == q || *p == '#')
+            continue;
+        /* One key only: a line this version does not know may be a limit it would get wrong, so none counts. */
+        if ((size_t)(q - p) < sizeof key || strncmp(p, key, sizeof key - 1) != 0 || p[sizeof key - 1] != '=') {
+            *why = "a line that is not plan_dir=<path>";
+            return -1;
+        }
+        if (found) {
+            *why = "plan_dir given twice";
+            return -1;
+        }
+        p += sizeof key;
+        while (p < q && isspace((unsigned char)*p))
+            p++;
+        if (p == q || *p != '/') {
+            *why = "plan_dir is not an absolute path";
+            return -1;
+        }
+        if ((size_t)(q - p) >= cap) {
+            *why = "plan_dir is too long";
+            return -1;
+        }
+        memcpy(dir, p, (size_t)(q - p));
+        dir[q - p] = '\0';
+        found = 1;
+    }
+    if (!found) {
+        *why = "no plan_dir line";
+        return -1;
+    }
+    return 0;
+}
+
+int xc_conf_plan_dir(const char *lib_path, unsigned owner_uid, char *dir, size_t cap, const char **why)
+{
+    const char *slash = strrchr(lib_path, '/');
+    if (slash == NULL) {
+        *why = "the library's path names no directory";
+        return 0;
+    }
+    char libdir[4096];
+    size_t n = slash == lib_path ? 1 : (size_t)(slash - lib_path);
+    if (n >= sizeof libdir) {
+        *why = "the library's path is too long";
+        return -1;
+    }
+    memcpy(libdir, lib_path, n);
+    libdir[n] = '\0';
+    int dfd = open(libdir, O_RDONLY | O_DIRECTORY | O_CLOEXEC | O_NOFOLLOW);
+    if (dfd < 0) {
+        *why = errno == ELOOP || errno == ENOTDIR ? "the library's directory is a symbolic link"
+                                                  : "the library's directory cannot be opened";
+        return -1;
+    }
+    /* O_NONBLOCK: a FIFO there cannot block the open (it is refused below). */
+    int fd = openat(dfd, XC_CONF_NAME, O_RDONLY | O_CLOEXEC | O_NOFOLLOW | O_NONBLOCK);
+    if (fd < 0) {
+        int err = errno;
+        close(dfd);
+        *why = err == ENOENT ? "no " XC_CONF_NAME " beside the library"
+             : err == ELOOP  ? XC_CONF_NAME " is a symbolic link"
+                             : XC_CONF_NAME " cannot be opened";
+        return err == ENOENT ? 0 : -1;
+    }
+    struct stat st;
+    int dir_ok = fstat(dfd, &st) == 0 && st.st_uid == owner_uid && !(st.st_mode & (S_IWGRP | S_IWOTH));
+    close(dfd);
+    int rc = -1;
+    char text[XC_PLAN_MAX + 1];
+    if (!dir_ok)
+        /* A user's directory: his link to the real library beside a file of his, or root's file hard-linked in. */
+        *why = "the library's directory is not root's alone";
+    else if (fstat(fd, &st) != 0 || !S_ISREG(st.st_mode) || st.st_uid != owner_uid ||
+             (st.st_mode & (S_IWGRP | S_IWOTH)))
+        *why = XC_CONF_NAME " is not a regular file only root can write";
+    else if (st.st_size > XC_PLAN_MAX)
+        *why = XC_CONF_NAME " is larger than 4 KiB";
+    else {
+        size_t got = 0;
+        while (got + 1 < sizeof text) {
+            ssize_t r = read(fd, text + got, sizeof text - 1 - got);
+            if (r < 0 && errno == EINTR)
+                continue;
+            if (r <= 0)
+                break;
+            got += (size_t)r;
+        }
+        text[got] = '\0';
+        if (memchr(text, '\0', got) != NULL)
+            *why = XC_CONF_NAME " holds a NUL byte";
+        else if (xc_conf_parse(text, dir, cap, why) == 0)
+            rc = 1;
+    }
+    close(fd);
+    return rc;
+}

@@ -1,6 +1,7 @@
 /* Unit tests of where the limits come from: the plan file's text (src/config.c xc_config_resolve), the job's
  * environment only tightening it, the trust checks on the plan file (src/plan.c xc_plan_read) and the step
- * daemon found from /proc (xc_stepd_job, on a made-up /proc). */
+ * daemon found from /proc (xc_stepd_job, on a made-up /proc), and the root xcuda.conf beside the library that
+ * names the plan directory (xc_conf_parse, xc_conf_plan_dir). */
 #include <fcntl.h>
 #include <stdio.h>
 #include <stdlib.h>
@@ -176,6 +177,87 @@ static void test_plan_trust(void)
     unlink(p);
 }
 
+static void test_conf_parse(void)
+{
+    char dir[64];
+    const char *why = "";
+    CHECK(xc_conf_parse("plan_dir=/run/x/plans\n", dir, sizeof dir, &why) == 0 && !strcmp(dir, "/run/x/plans"),
+          "plan_dir: %s", why);
+    CHECK(xc_conf_parse("# the dev cluster\n\n  plan_dir = /a b/p  \r\n", dir, sizeof dir, &why) == -1,
+          "blanks before '=' are no key: %s", why);
+    CHECK(xc_conf_parse("# the dev cluster\n\n  plan_dir= /tmp/s/plans  \r\n", dir, sizeof dir, &why) == 0 &&
+          !strcmp(dir, "/tmp/s/plans"), "comments, blank lines, blanks around the value: %s", why);
+    const char *bad[] = {"", "# nothing\n", "plan_dir=\n", "plan_dir=relative/plans\n", "plan_dir=/a\nplan_dir=/b\n",
+                         "plan_dir=/a\nmem=none\n", "plan_dirx=/a\n", "PLAN_DIR=/a\n",
+                         "plan_dir=/a-path-longer-than-the-buffer-of-sixty-four-bytes-it-is-read-into/x\n"};
+    for (size_t i = 0; i < sizeof bad / sizeof *bad; i++)
+        CHECK(xc_conf_parse(bad[i], dir, sizeof dir, &why) == -1, "not a conf: %s", bad[i]);
+}
+
+static void test_conf_trust(void)
+{
+    unsigned me = (unsigned)geteuid();
+    char dir[XC_PATH_MAX], lib[340], p[300], q[300];
+    const char *why = "";
+    chmod(tmpdir, 0755);
+    snprintf(lib, sizeof lib, "%s/libxcuda.so", tmpdir);  /* only its directory is looked at */
+    snprintf(p, sizeof p, "%s/xcuda.conf", tmpdir);
+    unlink(p);
+    CHECK(xc_conf_plan_dir(lib, me, dir, sizeof dir, &why) == 0 && strstr(why, "no xcuda.conf"), "none: %s", why);
+    put("xcuda.conf", "plan_dir=/srv/plans\n", 0644);
+    CHECK(xc_conf_plan_dir(lib, me, dir, sizeof dir, &why) == 1 && !strcmp(dir, "/srv/plans"), "the owner's: %s",
+          why);
+    CHECK(xc_conf_plan_dir(lib, me + 1, dir, sizeof dir, &why) == -1, "another owner's: %s", why);
+    CHECK(xc_conf_plan_dir("libxcuda.so", me, dir, sizeof dir, &why) == 0, "a path with no directory");
+
+    put("xcuda.conf", "plan_dir=/srv/plans\n", 0664);
+    CHECK(xc_conf_plan_dir(lib, me, dir, sizeof dir, &why) == -1 && strstr(why, "regular file only root"),
+          "a group-writable conf: %s", why);
+    put("xcuda.conf", "plan_dir=/srv/plans\n", 0646);
+    CHECK(xc_conf_plan_dir(lib, me, dir, sizeof dir, &why) == -1, "a world-writable conf: %s", why);
+    put("xcuda.conf", "plan_dir=/srv/plans\nmem=none\n", 0644);
+    CHECK(xc_conf_plan_dir(lib, me, dir, sizeof dir, &why) == -1, "a conf that does not parse: %s", why);
+
+    put("conf-elsewhere", "plan_dir=/srv/plans\n", 0644);
+    snprintf(q, sizeof q, "%s/conf-elsewhere", tmpdir);
+    unlink(p);
+    CHECK(symlink(q, p) == 0, "symlink");
+    CHECK(xc_conf_plan_dir(lib, me, dir, sizeof dir, &why) == -1 && strstr(why, "symbolic link"), "a link: %s", why);
+    unlink(p);
+    unlink(q);
+    CHECK(mkfifo(p, 0644) == 0, "fifo");
+    CHECK(xc_conf_plan_dir(lib, me, dir, sizeof dir, &why) == -1, "a FIFO, without blocking: %s", why);
+    unlink(p);
+    static char big[XC_PLAN_MAX + 16];
+    memset(big, '#', sizeof big - 1);
+    put("xcuda.conf", big, 0644);
+    CHECK(xc_conf_plan_dir(lib, me, dir, sizeof dir, &why) == -1 && strstr(why, "larger"), "too big: %s", why);
+
+    put("xcuda.conf", "plan_dir=/srv/plans\n", 0644);
+    chmod(tmpdir, 0775);
+    CHECK(xc_conf_plan_dir(lib, me, dir, sizeof dir, &why) == -1 && strstr(why, "directory is not root's"),
+          "a group-writable directory: %s", why);
+    chmod(tmpdir, 01777);
+    CHECK(xc_conf_plan_dir(lib, me, dir, sizeof dir, &why) == -1, "a directory like /tmp: %s", why);
+    chmod(tmpdir, 0755);
+
+    snprintf(q, sizeof q, "%s-link", tmpdir);
+    unlink(q);
+    CHECK(symlink(tmpdir, q) == 0, "dir symlink");
+    snprintf(lib, sizeof lib, "%s/libxcuda.so", q);
+    CHECK(xc_conf_plan_dir(lib, me, dir, sizeof dir, &why) == -1, "through a linked directory: %s", why);
+    unlink(q);
+
+    if (me == 0) {  /* root can give the directory to another user: his directory counts for nothing */
+        snprintf(lib, sizeof lib, "%s/libxcuda.so", tmpdir);
+        CHECK(chown(tmpdir, 1001, 1001) == 0, "chown");
+        CHECK(xc_conf_plan_dir(lib, 0, dir, sizeof dir, &why) == -1, "a user's directory: %s", why);
+        CHECK(chown(tmpdir, 0, 0) == 0 && chown(p, 1001, 1001) == 0, "chown");
+        CHECK(xc_conf_plan_dir(lib, 0, dir, sizeof dir, &why) == -1, "a user's conf: %s", why);
+    }
+    unlink(p);
+}
+
 static void test_stepd_title(void)
 {
     long long job = 0;
@@ -241,6 +323,8 @@ int main(void)
     test_env_cannot_loosen();
     test_env_can_tighten();
     test_plan_trust();
+    test_conf_parse();
+    test_conf_trust();
     test_stepd_title();
     test_stepd_walk();
     char cmd[300];
