@@ -184,10 +184,17 @@ _NO_ONLINE = OnlineModel(capacity_qps=1.0, util_at_peak_pct=0.0, sm_need=0.0, me
 
 
 def simulated_compute_pids(procs: Mapping[int, object], proc_root: Path, gpu_indices: Iterable[int],
-                           jobs_on: Mapping[int, set[int | None]], job_of: Mapping[int, int]) -> dict[int, set[int]]:
+                           jobs_on: Mapping[int, set[int | None]], job_of: Mapping[int, int],
+                           node: str | None = None) -> dict[int, set[int]]:
     """GPU index → the processes with a context on that simulated GPU: each process of a Slurm job placed on it
     (``jobs_on``: GPU → its placed Slurm jobs; ``job_of``: pid → Slurm job, as the xCUDA check attributes them),
-    and each process whose ``CUDA_VISIBLE_DEVICES`` begins with the GPU's index. Zombies hold no context."""
+    and each process whose ``CUDA_VISIBLE_DEVICES`` begins with the GPU's index and, where ``node`` is given, whose
+    ``SLURMD_NODENAME`` is that node. Zombies hold no context.
+
+    The node's name matters where several simulated nodes share one host (the dev cluster): a process of another
+    node's job, or one outside Slurm altogether (a test harness, a program of the machine's that happens to set
+    ``CUDA_VISIBLE_DEVICES``), is on none of this node's GPUs. A process that clears ``SLURMD_NODENAME`` too leaves
+    this model's view (NVML on a real GPU lists every context, whatever its environment)."""
     indices = set(gpu_indices)
     out: dict[int, set[int]] = {i: set() for i in indices}
     for pid, p in procs.items():
@@ -197,7 +204,10 @@ def simulated_compute_pids(procs: Mapping[int, object], proc_root: Path, gpu_ind
         for i in indices:
             if sid is not None and sid in jobs_on.get(i, ()):
                 out[i].add(pid)
-        first = proc_env(pid, proc_root, "CUDA_VISIBLE_DEVICES").get("CUDA_VISIBLE_DEVICES", "").split(",")[0]
+        env = proc_env(pid, proc_root, "CUDA_VISIBLE_DEVICES", "SLURMD_NODENAME")
+        if node is not None and env.get("SLURMD_NODENAME") != node:
+            continue
+        first = env.get("CUDA_VISIBLE_DEVICES", "").split(",")[0]
         if first.strip().isdigit() and int(first) in indices:
             out[int(first)].add(pid)
     return out

@@ -115,11 +115,8 @@ def node_gpus(store, node: str) -> list[tuple[m.Gpu, m.GpuType]]:
 
 def node_replicas(store, gpu_ids: list[int]) -> dict[int, Replica]:
     """The online replica on each of these GPUs (by GPU id), as registered (with the user it runs as)."""
-    from sqlalchemy import select
-
     with store.session() as s:
-        users = dict(s.execute(select(m.ServiceInstance.gpu_id, m.ServiceInstance.run_as_user)
-                               .where(m.ServiceInstance.gpu_id.in_(gpu_ids))).all())
+        users = inventory.replica_users(s, gpu_ids)
         return {gid: Replica(svc.name, svc.model_family, float(svc.mem_bytes), svc.qps_min, svc.qps_max,
                              svc.peak_hour_utc, url, float(svc.latency_slo_ms), users.get(gid))
                 for gid, url, svc in inventory.replicas_on(s, gpu_ids)}
@@ -189,7 +186,7 @@ def build_agent(
         placements = _placements(store, node, pairs, src, catalog)
         closers.append(placements.close)
     try:
-        agent = _assemble(store, pairs, replicas, placements, closers, catalog, src, simulated=simulated, cfg=cfg,
+        agent = _assemble(store, node, pairs, replicas, placements, closers, catalog, src, simulated=simulated, cfg=cfg,
                           shm_dir=shm_dir, requeue=requeue, evict_callback=evict_callback, mps_pipe_root=mps_pipe_root,
                           sampler=sampler, seed=seed, clock=clock)
         if src.prolog and src.plan_dir:
@@ -209,7 +206,7 @@ def build_agent(
         raise
 
 
-def _assemble(store, pairs, replicas: dict[int, Replica], placements: Placements, closers: list, catalog,
+def _assemble(store, node: str, pairs, replicas: dict[int, Replica], placements: Placements, closers: list, catalog,
               src: SourceConfig, *, simulated: bool, cfg: AgentConfig, shm_dir: Path | None, requeue, evict_callback,
               mps_pipe_root: str, sampler: GpuSampler | None, seed: int, clock) -> NodeAgent:
     agent_clock = clock
@@ -290,13 +287,13 @@ def _assemble(store, pairs, replicas: dict[int, Replica], placements: Placements
         if idx in agent.loops:
             agent.loops[idx].burst_listeners.append(model.set_burst)
     if isinstance(evictor, SlurmEvictor) and src.xcuda_check_s > 0:
-        agent.stoppers.append(_xcuda_watch(agent, evictor, sink, placements, pairs, src, replicas).close)
+        agent.stoppers.append(_xcuda_watch(agent, node, evictor, sink, placements, pairs, src, replicas).close)
     if isinstance(evictor, SlurmEvictor) and src.job_dir:
         agent.stoppers.append(_job_dir_cap(agent, evictor, sink, placements, pairs, src.job_dir).close)
     return agent
 
 
-def _xcuda_watch(agent: NodeAgent, evictor: SlurmEvictor, sink, placements: Placements, pairs,
+def _xcuda_watch(agent: NodeAgent, node: str, evictor: SlurmEvictor, sink, placements: Placements, pairs,
                  src: SourceConfig, replicas: dict[int, Replica]) -> XcudaWatch:
     """The xCUDA check of the node's GPUs (executors.node.xcuda_check), evicting through the agent's evictor and
     recording in its sink: real GPUs judge the processes NVML lists on each GPU, simulated ones the simulated
@@ -304,7 +301,8 @@ def _xcuda_watch(agent: NodeAgent, evictor: SlurmEvictor, sink, placements: Plac
     gpu_id_of = {g.gpu_index: g.id for g, _ in pairs}
     gpu_pids = getattr(agent.sampler, "compute_pids", None)
     check = XcudaCheck(placements, list(gpu_id_of), gpu_pids, src.proc_root, src.xcuda_grace_s, src.xcuda_lib,
-                       task_prolog=_task_prolog(src), replicas={i: r.run_as_user for i, r in replicas.items()})
+                       task_prolog=_task_prolog(src), replicas={i: r.run_as_user for i, r in replicas.items()},
+                       node=node)
 
     def evict(v: Violation) -> None:
         loop = agent.loops[v.gpu_index]

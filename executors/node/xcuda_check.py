@@ -422,14 +422,15 @@ class XcudaCheck:
                  proc_root: Path | str = "/proc", grace_s: float = 5.0, lib: str | os.PathLike[str] | None = None,
                  task_prolog: str | None = None, agent_pid: int | None = None,
                  replicas: Mapping[int, str | None] | None = None,
-                 uid_of: Callable[[str], int | None] | None = None):
+                 uid_of: Callable[[str], int | None] | None = None, node: str | None = None):
         """``gpu_pids``: GPU index → the processes with a context on it (NVML's compute processes); None: the
         simulated GPUs' (:func:`executors.node.simgpu.simulated_compute_pids`). ``lib``: the installed xCUDA
         library (default :data:`DEFAULT_XCUDA_LIB`). ``task_prolog``: the TaskProlog script Slurm runs (default:
         slurm.conf's ``TaskProlog=``; None found: a script named ``task_prolog.sh``). ``agent_pid``: the process
         whose Prolog runs count as slurmd's (default: this one, on the real ``/proc``). ``replicas``: GPU index →
         the user the online replica there runs as (None: not registered); ``uid_of``: a user's uid here
-        (default :func:`pw_uid`)."""
+        (default :func:`pw_uid`); ``node``: this node's Slurm name (simulated GPUs: only processes of this node
+        count, see :func:`executors.node.simgpu.simulated_compute_pids`)."""
         self.placements = placements
         self.gpu_indices = list(gpu_indices)
         self.gpu_pids = gpu_pids
@@ -441,6 +442,7 @@ class XcudaCheck:
             os.getpid() if self.proc_root == Path("/proc") else None)
         self.replicas = dict(replicas or {})
         self.uid_of = uid_of if uid_of is not None else (lambda user: pw_uid(user))  # looked up at each use
+        self.node = node
         self._unreadable: set[int] = set()
         self._warned: set[tuple] = set()
 
@@ -481,7 +483,8 @@ class XcudaCheck:
             from executors.node.simgpu import simulated_compute_pids  # the simulated model (numpy): only there
 
             listed = simulated_compute_pids(procs, self.proc_root, self.gpu_indices,
-                                            {i: {o.slurm_job_id for o in jobs} for i, jobs in on_gpu.items()}, job_of)
+                                            {i: {o.slurm_job_id for o in jobs} for i, jobs in on_gpu.items()}, job_of,
+                                            self.node)
         identity = lib_identity(self.lib)
         if identity is None:
             self._warn_once(("lib",), "xCUDA check: the installed library %s is not there; no process can prove "

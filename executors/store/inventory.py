@@ -96,6 +96,12 @@ def replicas_on(s: Session, gpu_ids: list[int]) -> list[tuple[int, str | None, m
         .where(m.ServiceInstance.gpu_id.in_(gpu_ids)))]
 
 
+def replica_users(s: Session, gpu_ids: list[int]) -> dict[int, str | None]:
+    """GPU id → the user the online replica on it runs as (None: not registered), for the GPUs that host one."""
+    return dict(s.execute(select(m.ServiceInstance.gpu_id, m.ServiceInstance.run_as_user)
+                          .where(m.ServiceInstance.gpu_id.in_(gpu_ids))).all())
+
+
 def gpu_inventory(s: Session) -> list[tuple[str, bool, int, str, str, str | None]]:
     """(node, simulated, GPU index, GPU type, health, online service) for every GPU, by node and index."""
     return [tuple(r) for r in s.execute(

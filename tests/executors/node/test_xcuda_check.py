@@ -541,7 +541,14 @@ def test_the_agent_judges_the_simulated_gpus_processes_end_to_end(cluster_store,
         for inst in s.scalars(select(m.ServiceInstance).where(m.ServiceInstance.gpu_id == pairs[1][0].id)):
             inst.run_as_user = "svc"  # the replica's user, as registered: the only other user GPU 1 may have
     stepd(proc, 1300, 570)
-    fake_proc(proc, 1301, 1300, "python", job=570, uid=1002, env={"CUDA_VISIBLE_DEVICES": "1"})
+    fake_proc(proc, 1301, 1300, "python", job=570, uid=1002,
+              env={"CUDA_VISIBLE_DEVICES": "1", "SLURMD_NODENAME": "sim-t4-000"})
+    # Another node's job on its own GPU 1 (several simulated nodes share one host), and a program outside Slurm
+    # that sets CUDA_VISIBLE_DEVICES: on none of this node's GPUs.
+    stepd(proc, 1310, 571)
+    fake_proc(proc, 1311, 1310, "python", job=571, uid=1002,
+              env={"CUDA_VISIBLE_DEVICES": "1", "SLURMD_NODENAME": "sim-t4-001"})
+    fake_proc(proc, 1320, 1, "python", uid=1003, env={"CUDA_VISIBLE_DEVICES": "1"})
     placements = placed((1, j2, 502))
     requeued: list[int] = []
     sampler = SimulatedSampler(replay={g.gpu_index: [CALM] for g, _ in pairs})
