@@ -15,8 +15,10 @@ commands:
   ``set_active_thread_percentage``/``set_device_pinned_mem_limit`` — and in the job's environment what the
   TaskProlog (``task_prolog.sh``) exports without xCUDA: ``CUDA_MPS_ACTIVE_THREAD_PERCENTAGE=<share>``. The
   service, an MPS client from before, keeps the whole GPU.
-- **c — MPS share + xCUDA**: b, and the job preloaded with ``libxcuda.so`` with the TaskProlog's ``XCUDA_*``
-  settings (GPU index, memory quota, gains, counters directory); the GPU record it paces by is written by the node
+- **c — MPS share + xCUDA**: b, and the job preloaded with xCUDA with the TaskProlog's ``XCUDA_*`` settings (GPU
+  index, memory quota, gains, counters directory) as its limits: the test build (``build/test/libxcuda.so``,
+  ``XCUDA_TEST_ENV_CONFIG=1``), since the installed library takes them from a Slurm job's root plan, which an
+  experiment outside Slurm has not got; the GPU record it paces by is written by the node
   agent's own loop (``executors.node.agent``: ``NodeAgent``/``GpuLoop`` over an ``NvmlSampler``, a ``MemorySink``)
   from NVML every 10 ms, with ``T_SM`` = 0.85 of the GPU's highest SM clock as ``executors.node.wiring`` sets it,
   and target load ``U_GPU`` 0.9 (xCUDA's default, the product's ``XCUDA_TARGET_UTIL``) unless ``--target-util``.
@@ -366,10 +368,12 @@ def task_env(gpu: int, pct: int, pipe_env: dict[str, str], xcuda_lib: Path | Non
              mem_bytes: int | None = None, record: Path | None = None, stats_dir: Path | None = None,
              gains: dict[str, float | None] | None = None) -> dict[str, str]:
     """What ``task_prolog.sh`` exports for a placed job (the MPS pipe, the share; with ``xcuda_lib`` the preload and
-    its settings), plus ``XCUDA_SHM_PATH`` for the experiment's own record (production uses the default path)."""
+    its settings), plus ``XCUDA_SHM_PATH`` for the experiment's own record (production uses the default path) and
+    ``XCUDA_TEST_ENV_CONFIG=1``: ``xcuda_lib`` is the test build, which then takes these settings as its plan (the
+    installed library reads a Slurm job's root plan and would ignore them)."""
     env = {**pipe_env, "MUXFLOW_PLANNED_GPU": str(gpu), "CUDA_MPS_ACTIVE_THREAD_PERCENTAGE": str(pct)}
     if xcuda_lib is not None:
-        env.update({"LD_PRELOAD": str(xcuda_lib), "XCUDA_GPU_INDEX": str(gpu)})
+        env.update({"LD_PRELOAD": str(xcuda_lib), "XCUDA_TEST_ENV_CONFIG": "1", "XCUDA_GPU_INDEX": str(gpu)})
         if stats_dir is not None:
             env["XCUDA_STATS_DIR"] = str(stats_dir)
         if mem_bytes:
@@ -766,10 +770,10 @@ class Experiment:
     def _xcuda(self) -> str:
         from executors.node.xcuda.build import Artifacts, BuildError, build
 
-        lib = Artifacts.at().library
+        lib = Artifacts.at().test_library  # the environment as the plan: see task_env
         if not lib.exists():
             try:
-                lib = build(timeout_s=max(10.0, min(120.0, self.left() / 4))).library
+                lib = build(timeout_s=max(10.0, min(120.0, self.left() / 4))).test_library
             except (BuildError, OSError, subprocess.TimeoutExpired) as exc:
                 return f"not available: libxcuda.so not built ({str(exc).splitlines()[0] if str(exc) else exc})"
         self.xcuda_lib = lib

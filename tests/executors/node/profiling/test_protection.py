@@ -180,11 +180,13 @@ def test_mps_commands_and_environment_are_the_node_scripts() -> None:
     env = pr.task_env(3, 20, {"CUDA_MPS_PIPE_DIRECTORY": "/p"}, Path("/x/libxcuda.so"), 6 * 1024**3,
                       Path("/dev/shm/r/muxflow-gpu-3"), Path("/j/7"), {"kp": 2.0, "ki": None, "kd": 0.0})
     assert env == {"CUDA_MPS_PIPE_DIRECTORY": "/p", "MUXFLOW_PLANNED_GPU": "3",
-                   "CUDA_MPS_ACTIVE_THREAD_PERCENTAGE": "20", "LD_PRELOAD": "/x/libxcuda.so", "XCUDA_GPU_INDEX": "3",
+                   "CUDA_MPS_ACTIVE_THREAD_PERCENTAGE": "20", "LD_PRELOAD": "/x/libxcuda.so",
+                   "XCUDA_TEST_ENV_CONFIG": "1", "XCUDA_GPU_INDEX": "3",
                    "XCUDA_STATS_DIR": "/j/7", "XCUDA_MEM_QUOTA_BYTES": str(6 * 1024**3), "XCUDA_KP": "2.0",
                    "XCUDA_KD": "0.0", "XCUDA_SHM_PATH": "/dev/shm/r/muxflow-gpu-3"}
     task_prolog = (SCRIPTS / "task_prolog.sh").read_text()
-    for name in set(env) - {"XCUDA_SHM_PATH"}:  # the experiment's own record path is its only addition
+    # The experiment's own record path, and the test build's switch to take these as its plan, are its additions.
+    for name in set(env) - {"XCUDA_SHM_PATH", "XCUDA_TEST_ENV_CONFIG"}:
         assert f"export {name}=" in task_prolog, name
     assert pr.task_env(0, 35, {}) == {"MUXFLOW_PLANNED_GPU": "0", "CUDA_MPS_ACTIVE_THREAD_PERCENTAGE": "35"}
 
@@ -231,7 +233,8 @@ def test_each_setup_configures_the_job_as_production_would(tmp_path) -> None:
             for k, e in env.items()}
     assert mine["a"] == {} and env["a"]["PYTHONPATH"].split(os.pathsep)[0] == str(pr.ROOT)
     assert mine["b"] == {**daemon.env, "CUDA_MPS_ACTIVE_THREAD_PERCENTAGE": "20"}
-    assert mine["c"] == mine["d"] == {**mine["b"], "LD_PRELOAD": "/x/libxcuda.so", "XCUDA_GPU_INDEX": "2",
+    assert mine["c"] == mine["d"] == {**mine["b"], "LD_PRELOAD": "/x/libxcuda.so", "XCUDA_TEST_ENV_CONFIG": "1",
+                                      "XCUDA_GPU_INDEX": "2",
                                       "XCUDA_STATS_DIR": str(tmp_path / "7"), "XCUDA_MEM_QUOTA_BYTES": str(4 << 30),
                                       "XCUDA_KI": "10.0", "XCUDA_SHM_PATH": str(tmp_path / "muxflow-gpu-2")}
     assert mine["e"] == {**mine["d"], "CUDA_MPS_CLIENT_PRIORITY": "1"}
