@@ -74,6 +74,13 @@ log = logging.getLogger(__name__)
 @click.option("--xcuda-check", "xcuda_check_s", type=click.FloatRange(min=0), default=5.0, show_default=True,
               help="Seconds between two checks that every process of the node's offline Slurm jobs has xCUDA "
                    "loaded (a job that unset LD_PRELOAD is evicted; docs/NODE_AGENT.md); 0: off.")
+@click.option("--xcuda-lib", "xcuda_lib", type=click.Path(dir_okay=False, exists=True), default=None,
+              help="The installed libxcuda.so the TaskProlog preloads (the node scripts' @XCUDA_LIB@): a process "
+                   "counts as paced only when it maps this very file (its device and inode), whatever its name "
+                   "(default: this tree's build).")
+@click.option("--notice-dir", "notice_dir", type=click.Path(file_okay=False), default=None,
+              help="Where the xCUDA check tells a user why a process of theirs was stopped (<dir>/<uid>, readable "
+                   "by that user alone; a directory of root's alone, e.g. /run/muxflow/notices); default: the log.")
 @click.option("--prolog", type=click.Path(dir_okay=False, exists=True), default=None,
               help="The node's Slurm Prolog: run it for a job whose TaskProlog waits for a plan file slurmd's "
                    "skipped Prolog did not write (a requeued job restarted on this node; docs/SLURM.md). "
@@ -104,7 +111,8 @@ def node_agent(node: str | None, simulated: bool, db_url: str | None, interval_m
                ring_seconds: float, sm_config: Path | None, placements_from: str, poll_s: float, scrape_s: float,
                scrape_timeout_s: float, solo_window_s: float, partial_every_s: float, burst_margin: float,
                sim_noise_pct: float,
-               sim_xcuda_target: float, sim_mps_split_gaps: bool, xcuda_check_s: float, prolog: str | None,
+               sim_xcuda_target: float, sim_mps_split_gaps: bool, xcuda_check_s: float, xcuda_lib: str | None,
+               notice_dir: str | None, prolog: str | None,
                plan_dir: str | None, task_prolog: str | None, job_dir: str | None, metrics_port: int | None,
                metrics_host: str | None, web_config_file: str | None, time_scale: float, seed: int) -> None:
     """Run the node agent for the GPUs of one node until SIGTERM/SIGINT."""
@@ -155,6 +163,7 @@ def node_agent(node: str | None, simulated: bool, db_url: str | None, interval_m
     sources = SourceConfig(placements=placements_from, slurm_client=slurm, plan_key=plan_key,
                            poll_s=poll_s, scrape_s=scrape_s, scrape_timeout_s=scrape_timeout_s,
                            solo_window_s=solo_window_s, noise_pct=sim_noise_pct, xcuda_check_s=xcuda_check_s,
+                           xcuda_lib=xcuda_lib, notice_dir=notice_dir,
                            prolog=prolog, plan_dir=plan_dir, task_prolog=task_prolog, job_dir=job_dir,
                            sim_xcuda_target_util=sim_xcuda_target if sim_xcuda_target > 0 else None,
                            sim_mps_split_gaps=sim_mps_split_gaps)
