@@ -4,10 +4,11 @@ Slurm 22.05 in ``make test`` and 24.11 in ``make test-slurm-compat``.
 
 - a memory need of one byte (``mem=1``), which would have made the Prolog's MPS limit ``0M`` (no limit), is
   refused at pick-up with one line;
-- placed jobs whose scripts leave the job's process tree (``setsid -f env -u SLURM_JOB_ID -u LD_PRELOAD``) or
-  preload their own file named ``libxcuda.so``, and a process of another user carrying a placed job's
-  ``SLURM_JOB_ID``: the node agent stops the escaped process and evicts the jobs that dodged xCUDA, and leaves
-  the job whose id was borrowed running;
+- placed jobs whose scripts leave the job's process tree (``setsid -f env -u SLURM_JOB_ID -u LD_PRELOAD``),
+  preload their own file named ``libxcuda.so`` or fill their own directory on the node, and a process of another
+  user carrying a placed job's ``SLURM_JOB_ID``: the node agent stops the escaped process (its owner finds why in
+  their notice file), evicts the jobs that dodged xCUDA or filled the directory, and leaves the job whose id was
+  borrowed running;
 - meanwhile an attacker holds a thousand idle connections to the agent's metrics endpoint: the agent still
   answers a scrape and still checks and evicts.
 
@@ -99,11 +100,13 @@ def test_processes_that_dodge_xcuda_are_stopped_and_a_borrowed_job_id_evicts_no_
         # its own copy of the library: a file named libxcuda.so that is not the installed one
         "impostor": f'cp "$LD_PRELOAD" {d}/libxcuda.so && LD_PRELOAD={d}/libxcuda.so exec sleep 600\n',
         "good": "sleep 600\n",
+        # fills its own directory on the node (the job-state tmpfs, shared by every job there)
+        "filler": 'head -c 9437184 /dev/zero > "$XCUDA_STATS_DIR/fill" && sleep 600\n',
     }
     sids = {k: sbatch(live, user_script(d, f"{k}.sh", body), "-p", "offline", "--gres=mps:20", "-J", f"mx-dodge-{k}",
                       f"--output={d}/%j.out", f"--comment={GOOD_COMMENT.format(name=k)}", user=USER)
             for k, body in bodies.items()}
-    gpu_of = {"escaper": 0, "impostor": 1, "good": 2}
+    gpu_of = {"escaper": 0, "impostor": 1, "good": 2, "filler": 3}
     notices = private_tmp / "notices"
     table: list[dict] = []
     idle: list[socket.socket] = []
@@ -139,7 +142,8 @@ def test_processes_that_dodge_xcuda_are_stopped_and_a_borrowed_job_id_evicts_no_
             agent = procs.start("agent", [sys.executable, "-m", "pipelines.cli", "--db", url, "node-agent", "--node",
                                           NODE, "--simulated", "--evict", "scontrol", "--no-shm", "--interval-ms",
                                           "100", "--placement-poll", "1", "--xcuda-check", "1", "--notice-dir",
-                                          str(notices), "--metrics-port", str(port), "--metrics-host", "127.0.0.1"],
+                                          str(notices), "--metrics-port", str(port), "--metrics-host", "127.0.0.1",
+                                          "--job-dir", str(live.layout.job_state_dir)],
                                 env=env, cwd=REPO)
             def serving() -> bool:
                 assert agent.alive(), agent.log_tail()
@@ -163,8 +167,8 @@ def test_processes_that_dodge_xcuda_are_stopped_and_a_borrowed_job_id_evicts_no_
                 with store.session() as s:
                     return s.scalars(select(m.Eviction)).all()
 
-            evs = live.wait_for("the agent to evict the job with its own libxcuda.so", evicted, 90,
-                                explain=agent.log_tail)
+            live.wait_for("the agent to evict the job with its own libxcuda.so and the one filling its directory",
+                          lambda: len(evicted()) >= 2, 90, explain=agent.log_tail)
             live.wait_for("the escaped process and the borrower to be stopped",
                           lambda: not Path(f"/proc/{escaped}").exists() and borrower.popen.poll() is not None, 60,
                           explain=agent.log_tail)
@@ -179,16 +183,18 @@ def test_processes_that_dodge_xcuda_are_stopped_and_a_borrowed_job_id_evicts_no_
                           "outcome": f"agent descriptors {fds_before} -> {fds}; checks and evictions went on; "
                                      "scraped again"})
             with live.client() as c:
-                held = live.wait_job(c, sids["impostor"], lambda j: j.held, "the impostor job requeued held", 60)
-                states = {k: c.get_job(sid) for k, sid in sids.items() if k != "impostor"}
-            assert held.state == "PENDING"
+                for k in ("impostor", "filler"):
+                    held = live.wait_job(c, sids[k], lambda j: j.held, f"the {k} job requeued held", 60)
+                    assert held.state == "PENDING", (k, held.state)
+                states = {k: c.get_job(sid) for k, sid in sids.items() if k not in ("impostor", "filler")}
             # the job the escaped process left and the job whose id was borrowed run on
             assert all(j.state == "RUNNING" and not j.held for j in states.values()), \
                 {k: (j.state, j.held) for k, j in states.items()}
             with store.session() as s:
                 reasons = {e.job_id: e.reason for e in s.scalars(select(m.Eviction))}
-            assert set(reasons) == {ids["impostor"]}, reasons
+            assert set(reasons) == {ids["impostor"], ids["filler"]}, reasons
             assert "not the installed library" in reasons[ids["impostor"]], reasons
+            assert "job directory" in reasons[ids["filler"]] and "9.0 MiB" in reasons[ids["filler"]], reasons
             told = {u.pw_name: (notices / str(u.pw_uid)).read_text() for u in (u1, u2)}
             assert str(escaped) in told[USER], told
             assert str(borrower.popen.pid) in told[OTHER], told
@@ -196,6 +202,8 @@ def test_processes_that_dodge_xcuda_are_stopped_and_a_borrowed_job_id_evicts_no_
             table += [{"attempt": "setsid -f env -u SLURM_JOB_ID -u LD_PRELOAD (a placed job's child)", "as": USER,
                        "outcome": "killed, owner told; the job it left runs on"},
                       {"attempt": "preload a copy of libxcuda.so", "as": USER, "outcome": reasons[ids["impostor"]]},
+                      {"attempt": "write 9 MiB into its own directory on the node", "as": USER,
+                       "outcome": reasons[ids["filler"]]},
                       {"attempt": f"a process claiming {USER}'s placed job by SLURM_JOB_ID", "as": OTHER,
                        "outcome": "killed, owner told; the claimed job runs on"}]
             assert not procs.dead() or procs.dead() == [p for p in procs.dead() if p.startswith("borrower")], \
