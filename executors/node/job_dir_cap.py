@@ -23,26 +23,47 @@ CAP_BYTES = 8 * 1024**2
 MAX_ENTRIES = 1000
 
 
+_DIR_FLAGS = os.O_RDONLY | os.O_DIRECTORY | os.O_NOFOLLOW | os.O_CLOEXEC
+
+
 def dir_usage(path: Path, max_entries: int = MAX_ENTRIES) -> tuple[int, int]:
-    """(allocated bytes, entries) below ``path``, links not followed; counting stops past ``max_entries``."""
-    used, entries, todo = 0, 0, [os.fspath(path)]
-    while todo and entries <= max_entries:
-        try:
-            it = os.scandir(todo.pop())
-        except OSError:
-            continue
-        with it:
-            for e in it:
-                entries += 1
-                if entries > max_entries:
-                    break
-                try:
-                    st = e.stat(follow_symlinks=False)
-                except OSError:
-                    continue
-                used += st.st_blocks * 512
-                if stat.S_ISDIR(st.st_mode):
-                    todo.append(e.path)
+    """(allocated bytes, entries) below ``path``, links not followed; counting stops past ``max_entries``.
+
+    Every directory is opened relative to its parent's descriptor with ``O_NOFOLLOW``: the job may swap a
+    subdirectory for a link to one of root's between the listing and the descent, and root's walk must not follow
+    it there (its sizes would then show in the eviction reason)."""
+    used, entries = 0, 0
+    try:
+        todo = [os.open(os.fspath(path), _DIR_FLAGS)]
+    except OSError:
+        return 0, 0
+    try:
+        while todo and entries <= max_entries:
+            fd = todo.pop()
+            try:
+                names = []
+                with os.scandir(fd) as it:
+                    for e in it:
+                        entries += 1
+                        if entries > max_entries:
+                            break
+                        try:
+                            st = e.stat(follow_symlinks=False)
+                        except OSError:
+                            continue
+                        used += st.st_blocks * 512
+                        if stat.S_ISDIR(st.st_mode):
+                            names.append(e.name)
+                for name in names:
+                    try:
+                        todo.append(os.open(name, _DIR_FLAGS, dir_fd=fd))
+                    except OSError:  # gone, or swapped for a link: not followed
+                        continue
+            finally:
+                os.close(fd)
+    finally:
+        for fd in todo:
+            os.close(fd)
     return used, entries
 
 

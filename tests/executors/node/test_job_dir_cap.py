@@ -47,3 +47,33 @@ def test_jobs_not_placed_here_and_missing_directories_are_left_alone(tmp_path: P
     (tmp_path / "9").mkdir()
     _fill(tmp_path / "9", 2)
     assert JobDirCap(tmp_path, lambda: [(0, 1, 7)], cap_bytes=MIB).once() == []
+
+
+def test_attack_a_subdirectory_swapped_for_a_link_after_the_listing_is_not_followed(tmp_path: Path, monkeypatch) -> None:
+    """The job swaps its subdirectory for a link to one of root's between root's listing and its descent."""
+    d = tmp_path / "7"
+    (d / "sub").mkdir(parents=True)
+    roots = tmp_path / "roots"
+    roots.mkdir()
+    _fill(roots, 2)
+    real = os.scandir
+    swapped = []
+
+    class Swapping:
+        def __init__(self, target):
+            self.it = real(target)
+
+        def __enter__(self):
+            return self.it.__enter__()
+
+        def __exit__(self, *exc):
+            out = self.it.__exit__(*exc)
+            if not swapped:  # right after the top directory was listed: the job's move
+                (d / "sub").rmdir()
+                (d / "sub").symlink_to(roots)
+                swapped.append(True)
+            return out
+
+    monkeypatch.setattr(os, "scandir", Swapping)
+    used, entries = dir_usage(d)
+    assert swapped and entries == 1 and used < MIB  # the link was not walked into
