@@ -39,6 +39,8 @@ typedef struct CUgraphExec_st *CUgraphExec;
 typedef struct CUmemPoolHandle_st *CUmemoryPool;
 typedef struct CUarray_st *CUarray;
 typedef struct CUmipmappedArray_st *CUmipmappedArray;
+typedef struct CUgraph_st *CUgraph;
+typedef struct CUgraphNode_st *CUgraphNode;
 
 /* Passed through untouched, so their contents need no declaration. */
 typedef struct CUmemAllocationProp_st CUmemAllocationProp;
@@ -46,6 +48,8 @@ typedef struct CUlaunchConfig_st CUlaunchConfig;
 typedef struct CUDA_LAUNCH_PARAMS_st CUDA_LAUNCH_PARAMS;
 typedef struct CUexecAffinityParam_st CUexecAffinityParam;
 typedef struct CUctxCreateParams_st CUctxCreateParams;
+typedef struct CUgraphEdgeData_st CUgraphEdgeData;
+typedef struct CUmemAccessDesc_st CUmemAccessDesc;
 
 typedef enum CUarray_format_enum {
     CU_AD_FORMAT_UNSIGNED_INT8 = 0x01,
@@ -89,6 +93,51 @@ typedef struct CUDA_ARRAY3D_DESCRIPTOR_st {
     unsigned int NumChannels;
     unsigned int Flags;
 } CUDA_ARRAY3D_DESCRIPTOR;
+
+/* Graph memory-allocation nodes: only `bytesize` is read (and `dptr` passed back). */
+typedef struct CUmemLocation_st {
+    int type;  /* CUmemLocationType */
+    int id;
+} CUmemLocation;
+
+typedef struct CUmemPoolProps_st {
+    int allocType;    /* CUmemAllocationType */
+    int handleTypes;  /* CUmemAllocationHandleType */
+    CUmemLocation location;
+    void *win32SecurityAttributes;
+    size_t maxSize;
+    unsigned short usage;
+    unsigned char reserved[54];
+} CUmemPoolProps;
+
+typedef struct CUDA_MEM_ALLOC_NODE_PARAMS_v1_st {
+    CUmemPoolProps poolProps;
+    const CUmemAccessDesc *accessDescs;
+    size_t accessDescCount;
+    size_t bytesize;   /* in: size of the allocation */
+    CUdeviceptr dptr;  /* out: its address */
+} CUDA_MEM_ALLOC_NODE_PARAMS;
+
+enum { CU_GRAPH_NODE_TYPE_KERNEL = 0, CU_GRAPH_NODE_TYPE_MEM_ALLOC = 10 };
+
+/* cuGraphAddNode's parameters: a type and a union of every node type's
+ * parameters (only the allocation's spelled out; reserved1 gives the size). */
+typedef struct CUgraphNodeParams_st {
+    int type;  /* CUgraphNodeType */
+    int reserved0[3];
+    union {
+        CUDA_MEM_ALLOC_NODE_PARAMS alloc;
+        long long reserved1[29];
+    };
+    long long reserved2;
+} CUgraphNodeParams;
+
+_Static_assert(sizeof(CUmemPoolProps) == 88, "CUmemPoolProps is 88 bytes");
+_Static_assert(offsetof(CUDA_MEM_ALLOC_NODE_PARAMS, bytesize) == 104, "bytesize at 104");
+_Static_assert(offsetof(CUDA_MEM_ALLOC_NODE_PARAMS, dptr) == 112, "dptr at 112");
+_Static_assert(sizeof(CUDA_MEM_ALLOC_NODE_PARAMS) == 120, "CUDA_MEM_ALLOC_NODE_PARAMS is 120 bytes");
+_Static_assert(offsetof(CUgraphNodeParams, alloc) == 16, "the union starts at 16");
+_Static_assert(sizeof(CUgraphNodeParams) == 256, "CUgraphNodeParams is 256 bytes");
 
 typedef enum CUdriverProcAddress_flags_enum {
     CU_GET_PROC_ADDRESS_DEFAULT = 0,

@@ -369,6 +369,72 @@ CUresult xc_w_cuMipmappedArrayCreate(CUmipmappedArray *pHandle, const CUDA_ARRAY
 }
 XC_EXPORT(cuMipmappedArrayCreate)
 
+/* -- graph memory-allocation nodes ------------------------------------------ */
+
+/* A graph's allocation exists from a launch of an instantiation of the graph until its free node, an explicit
+ * cuMemFree* or another graph's free node; an instantiation outlives the graph it came from, and an allocation the
+ * graph does not free outlives both. xCUDA follows neither instantiations nor launches, so the node is charged when
+ * it is created and stays charged for the life of the process: that can only over-charge. Refunding when the graph
+ * is destroyed would let a program instantiate, destroy the graph and go on launching the instantiation, whose
+ * allocation no longer counts. The parameters are copied before they are read and the driver gets the copy: the
+ * program's own threads could change the size between xCUDA's check and the driver's read. */
+CUresult xc_w_cuGraphAddMemAllocNode(CUgraphNode *phGraphNode, CUgraph hGraph, const CUgraphNode *dependencies,
+                                     size_t numDependencies, CUDA_MEM_ALLOC_NODE_PARAMS *nodeParams)
+{
+    if (nodeParams == NULL)
+        return xc_real_cuGraphAddMemAllocNode(phGraphNode, hGraph, dependencies, numDependencies, NULL);
+    CUDA_MEM_ALLOC_NODE_PARAMS p;
+    memcpy(&p, nodeParams, sizeof p);
+    if (!charge(p.bytesize))
+        return refuse("cuGraphAddMemAllocNode", p.bytesize);
+    CUresult r = xc_real_cuGraphAddMemAllocNode(phGraphNode, hGraph, dependencies, numDependencies, &p);
+    if (r != CUDA_SUCCESS)
+        refund(p.bytesize);
+    else
+        nodeParams->dptr = p.dptr;
+    return r;
+}
+XC_EXPORT(cuGraphAddMemAllocNode)
+
+/* The generic form: charged like the above when the node is an allocation. Every node type goes to the driver as
+ * a copy (a type read once, so a thread of the program cannot turn it into an allocation after the check), and
+ * what the driver wrote into the copy is handed back. */
+#define ADD_NODE(name, nodeParams, call)                                                  \
+    do {                                                                                  \
+        if ((nodeParams) == NULL) {                                                       \
+            CUgraphNodeParams *const p_ = NULL;                                           \
+            return call;                                                                  \
+        }                                                                                 \
+        CUgraphNodeParams c_;                                                             \
+        memcpy(&c_, (nodeParams), sizeof c_);                                             \
+        CUgraphNodeParams *const p_ = &c_;                                                \
+        uint64_t b_ = c_.type == CU_GRAPH_NODE_TYPE_MEM_ALLOC ? c_.alloc.bytesize : 0;    \
+        if (b_ > 0 && !charge(b_))                                                        \
+            return refuse(#name, b_);                                                     \
+        CUresult r_ = call;                                                               \
+        if (r_ != CUDA_SUCCESS)                                                           \
+            refund(b_);                                                                   \
+        memcpy((nodeParams), &c_, sizeof c_);                                             \
+        return r_;                                                                        \
+    } while (0)
+
+CUresult xc_w_cuGraphAddNode(CUgraphNode *phGraphNode, CUgraph hGraph, const CUgraphNode *dependencies,
+                             size_t numDependencies, CUgraphNodeParams *nodeParams)
+{
+    ADD_NODE(cuGraphAddNode, nodeParams,
+             xc_real_cuGraphAddNode(phGraphNode, hGraph, dependencies, numDependencies, p_));
+}
+XC_EXPORT(cuGraphAddNode)
+
+CUresult xc_w_cuGraphAddNode_v2(CUgraphNode *phGraphNode, CUgraph hGraph, const CUgraphNode *dependencies,
+                                const CUgraphEdgeData *dependencyData, size_t numDependencies,
+                                CUgraphNodeParams *nodeParams)
+{
+    ADD_NODE(cuGraphAddNode_v2, nodeParams,
+             xc_real_cuGraphAddNode_v2(phGraphNode, hGraph, dependencies, dependencyData, numDependencies, p_));
+}
+XC_EXPORT(cuGraphAddNode_v2)
+
 /* -- releases -------------------------------------------------------------- */
 
 CUresult xc_w_cuMemFree(CUdeviceptr_v1 dptr)

@@ -311,6 +311,60 @@ EXPORT CUresult cuMipmappedArrayCreate(CUmipmappedArray *pHandle, const CUDA_ARR
     TAKE_INTO(pHandle, CUmipmappedArray, 2 * array_size(a->Width, a->Height, a->Depth, a->NumChannels), 1);
 }
 
+/* Graph allocation nodes: the memory is taken at once and never given back (the fake has no launches to
+ * materialise it); a node is only a number. */
+static _Atomic unsigned long long next_node = 0x3000;
+
+static CUresult alloc_node(CUgraphNode *phGraphNode, CUgraph hGraph, CUDA_MEM_ALLOC_NODE_PARAMS *p)
+{
+    if (phGraphNode == NULL || hGraph == NULL || p == NULL || p->bytesize == 0)
+        return CUDA_ERROR_INVALID_VALUE;
+    uint64_t k;
+    CUresult r = take(p->bytesize, &k, 0);
+    if (r != CUDA_SUCCESS)
+        return r;
+    p->dptr = k;
+    *phGraphNode = (CUgraphNode)(uintptr_t)atomic_fetch_add(&next_node, 16);
+    return CUDA_SUCCESS;
+}
+
+static CUresult add_node(CUgraphNode *phGraphNode, CUgraph hGraph, CUgraphNodeParams *p)
+{
+    if (p == NULL)
+        return CUDA_ERROR_INVALID_VALUE;
+    if (p->type == CU_GRAPH_NODE_TYPE_MEM_ALLOC)
+        return alloc_node(phGraphNode, hGraph, &p->alloc);
+    if (phGraphNode == NULL || hGraph == NULL)
+        return CUDA_ERROR_INVALID_VALUE;
+    *phGraphNode = (CUgraphNode)(uintptr_t)atomic_fetch_add(&next_node, 16);
+    return CUDA_SUCCESS;
+}
+
+EXPORT CUresult cuGraphAddMemAllocNode(CUgraphNode *phGraphNode, CUgraph hGraph, const CUgraphNode *dependencies,
+                                       size_t numDependencies, CUDA_MEM_ALLOC_NODE_PARAMS *nodeParams)
+{
+    ENTER(cuGraphAddMemAllocNode);
+    (void)dependencies, (void)numDependencies;
+    return alloc_node(phGraphNode, hGraph, nodeParams);
+}
+
+EXPORT CUresult cuGraphAddNode(CUgraphNode *phGraphNode, CUgraph hGraph, const CUgraphNode *dependencies,
+                               size_t numDependencies, CUgraphNodeParams *nodeParams)
+{
+    ENTER(cuGraphAddNode);
+    (void)dependencies, (void)numDependencies;
+    return add_node(phGraphNode, hGraph, nodeParams);
+}
+
+EXPORT CUresult cuGraphAddNode_v2(CUgraphNode *phGraphNode, CUgraph hGraph, const CUgraphNode *dependencies,
+                                  const CUgraphEdgeData *dependencyData, size_t numDependencies,
+                                  CUgraphNodeParams *nodeParams)
+{
+    ENTER(cuGraphAddNode_v2);
+    (void)dependencies, (void)dependencyData, (void)numDependencies;
+    return add_node(phGraphNode, hGraph, nodeParams);
+}
+
 EXPORT CUresult cuMemFree(CUdeviceptr_v1 dptr) { ENTER(cuMemFree); return give(dptr); }
 EXPORT CUresult cuMemFree_v2(CUdeviceptr dptr) { ENTER(cuMemFree_v2); return give(dptr); }
 EXPORT CUresult cuMemFreeAsync(CUdeviceptr dptr, CUstream s) { ENTER(cuMemFreeAsync); (void)s; return give(dptr); }

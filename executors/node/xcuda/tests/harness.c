@@ -491,6 +491,37 @@ int main(int argc, char **argv)
                 slots[slot].path = p;
             }
             printf("alloc %s rc=%d slot=%d\n", kinds[k].name, (int)r, slot);
+        } else if (!strcmp(c, "graph-alloc")) {
+            /* graph-alloc node|add|add_v2 <bytes> [path]: a graph memory-allocation node of that many bytes
+             * (cuGraphAddMemAllocNode, or cuGraphAddNode / _v2 with an allocation's parameters). */
+            const char *how = ARG();
+            uint64_t bytes = parse_u64(ARG());
+            enum path p = i + 1 < argc && is_path(argv[i + 1]) ? parse_path(argv[++i]) : P_DIRECT;
+            CUgraph g = (CUgraph)(uintptr_t)0x10;
+            CUgraphNode n = NULL;
+            CUresult r;
+            CUdeviceptr dptr;
+            if (!strcmp(how, "node")) {
+                CUDA_MEM_ALLOC_NODE_PARAMS a = {.bytesize = bytes};
+                r = ((pfn_cuGraphAddMemAllocNode)resolve(TID_cuGraphAddMemAllocNode, p))(&n, g, NULL, 0, &a);
+                dptr = a.dptr;
+            } else {
+                CUgraphNodeParams a = {.type = CU_GRAPH_NODE_TYPE_MEM_ALLOC, .alloc = {.bytesize = bytes}};
+                if (!strcmp(how, "add"))
+                    r = ((pfn_cuGraphAddNode)resolve(TID_cuGraphAddNode, p))(&n, g, NULL, 0, &a);
+                else if (!strcmp(how, "add_v2"))
+                    r = ((pfn_cuGraphAddNode_v2)resolve(TID_cuGraphAddNode_v2, p))(&n, g, NULL, NULL, 0, &a);
+                else
+                    die("graph-alloc takes node, add or add_v2");
+                dptr = a.alloc.dptr;
+            }
+            printf("graph-alloc %s rc=%d dptr=%s\n", how, (int)r, dptr != 0 ? "set" : "none");
+        } else if (!strcmp(c, "graph-kernel")) {
+            /* A node of another type through cuGraphAddNode: not charged. */
+            CUgraphNode n = NULL;
+            CUgraphNodeParams a = {.type = CU_GRAPH_NODE_TYPE_KERNEL, .alloc = {.bytesize = 1ull << 40}};
+            CUresult r = cuGraphAddNode(&n, (CUgraph)(uintptr_t)0x10, NULL, 0, &a);
+            printf("graph-kernel rc=%d\n", (int)r);
         } else if (!strcmp(c, "free")) {
             int slot = (int)parse_u64(ARG());
             if (slot < 0 || slot >= n_slots)

@@ -65,6 +65,24 @@ static void call_cuMipmappedArrayCreate(void *fn)
     CUmipmappedArray a = NULL;
     CALL(cuMipmappedArrayCreate, &a, &desc3_v2, 3);
 }
+static void call_cuGraphAddMemAllocNode(void *fn)
+{
+    CUgraphNode n = NULL;
+    CUDA_MEM_ALLOC_NODE_PARAMS p = {.bytesize = 4096};
+    CALL(cuGraphAddMemAllocNode, &n, (CUgraph)(uintptr_t)0x10, NULL, 0, &p);
+}
+static void call_cuGraphAddNode(void *fn)
+{
+    CUgraphNode n = NULL;
+    CUgraphNodeParams p = {.type = CU_GRAPH_NODE_TYPE_MEM_ALLOC, .alloc = {.bytesize = 4096}};
+    CALL(cuGraphAddNode, &n, (CUgraph)(uintptr_t)0x10, NULL, 0, &p);
+}
+static void call_cuGraphAddNode_v2(void *fn)
+{
+    CUgraphNode n = NULL;
+    CUgraphNodeParams p = {.type = CU_GRAPH_NODE_TYPE_MEM_ALLOC, .alloc = {.bytesize = 4096}};
+    CALL(cuGraphAddNode_v2, &n, (CUgraph)(uintptr_t)0x10, NULL, NULL, 0, &p);
+}
 /* Frees of pointers nobody allocated: the driver says no, the call still counts. */
 static void call_cuMemFree(void *fn) { CALL(cuMemFree, 0x10); }
 static void call_cuMemFree_v2(void *fn) { CALL(cuMemFree_v2, 0x10); }
