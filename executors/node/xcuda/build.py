@@ -30,6 +30,8 @@ class Artifacts:
     test_config: Path
     test_control: Path
     test_memtrack: Path
+    fakever_dir: Path  # the fake driver with a version node on its exports (dlvsym finds them)
+    dlvsym_probe: Path
 
     @classmethod
     def at(cls, build_dir: Path = BUILD_DIR) -> Artifacts:
@@ -44,6 +46,8 @@ class Artifacts:
             test_config=build_dir / "test_config",
             test_control=build_dir / "test_control",
             test_memtrack=build_dir / "test_memtrack",
+            fakever_dir=build_dir / "fakever",
+            dlvsym_probe=build_dir / "xcuda_dlvsym_probe",
         )
 
 

@@ -9,7 +9,7 @@ from executors.node.xcuda.build import XCUDA_DIR, Artifacts
 
 from .conftest import hooked_entry_points, resolved_only_entry_points
 
-INTERPOSED_LIBC = {"dlsym", "sigaction", "signal"}
+INTERPOSED_LIBC = {"dlsym", "dlvsym", "sigaction", "signal"}
 
 
 def _exports(path) -> set[str]:
