@@ -142,3 +142,38 @@ def dispatch_actions(store: Store, be: SlurmBackend, actions: list[dict], window
 def dispatch_cmd(url: str, round_id: int, retry_deadline_s: float = 60.0, state_dir: Path | None = None) -> list[str]:
     return [sys.executable, "-m", "pipelines.cli", "slurm", "dispatch", "--db", url, "--round", str(round_id),
             "--retry-deadline", str(retry_deadline_s), *(["--state-dir", str(state_dir)] if state_dir else [])]
+
+
+def place_running(live, store: Store, sids: dict[str, int], gpu_of: dict[str, int], node: str,
+                  share_pct: int = 20) -> dict[str, int]:
+    """Pick up the held jobs ``sids`` (name → Slurm job id), dispatch each to GPU ``gpu_of[name]`` of ``node`` at
+    ``share_pct``, wait until Slurm runs them all and record them RUNNING, as the job-state sync would: name →
+    the store's job id."""
+    from scheduler_core.domain import Action, PlanAction
+
+    with store.session() as s:
+        gpus = {(g.node.name, g.gpu_index): g.id for g in s.scalars(select(m.Gpu))}
+    with live.client() as c:
+        import_submissions(store, c, None, only=list(sids.values()))
+    with store.session() as s:
+        ids = {k: s.scalars(select(m.OfflineJob.id).where(m.OfflineJob.slurm_job_id == sid)).one()
+               for k, sid in sids.items()}
+    make_pending(store, list(ids.values()))
+    actions = [PlanAction(Action.START, ids[k], gpus[(node, i)], None, share_pct) for k, i in gpu_of.items()]
+    assert all(r.ok for r in backend(live).cluster(store).dispatch(actions, dt.datetime.now(dt.UTC)))
+    with live.client() as c:
+        for k, sid in sids.items():
+            live.wait_job(c, sid, lambda j: j.state == "RUNNING", f"the {k} job to run", timeout_s=60)
+    with store.session() as s:  # what the job-state sync does when it sees the release and the start
+        for job_id in ids.values():
+            transition(s, job_id, JobState.PLACED, "test: released on its planned GPU")
+            transition(s, job_id, JobState.RUNNING, "test: Slurm started it")
+    return ids
+
+
+def node_agent_env(live) -> dict[str, str]:
+    """The environment a node agent of the dev cluster runs with: its Slurm, its REST socket, the nodes' plan key."""
+    slurm = live.cluster.slurm_env(live.layout)
+    return {**os.environ, **slurm, "PATH": os.environ["PATH"] + ":" + slurm["PATH"],
+            "MUXFLOW_SLURM_URL": f"unix:{live.layout.rest_socket}", "PYTHONUNBUFFERED": "1",
+            "MUXFLOW_SLURM_PLAN_KEY_FILE": str(live.layout.node_plan_key_file)}

@@ -17,11 +17,9 @@ Each attempt and its outcome go to ``test-artifacts/job_attacks_<release>.json``
 
 from __future__ import annotations
 
-import datetime as dt
 import os
 import pwd
 import socket
-import subprocess
 import sys
 import urllib.request
 from pathlib import Path
@@ -30,10 +28,8 @@ from sqlalchemy import select
 
 from executors.scheduler.slurm.pickup import import_submissions
 from executors.store import models as m
-from executors.store.jobs import transition
-from scheduler_core.domain import Action, JobState, PlanAction
 from tests.live.conftest import cancel_quietly
-from tests.live.muxflow_helpers import GOOD_COMMENT, REPO, backend, make_pending, make_store, register, sbatch
+from tests.live.muxflow_helpers import GOOD_COMMENT, REPO, make_store, node_agent_env, place_running, register, sbatch
 from tests.live.site_helpers import release_of, site_cluster, write_artifact  # noqa: F401  (the fixture)
 from tests.live.test_profiling_live import user_script
 from tests.processes import processes
@@ -90,7 +86,7 @@ def test_processes_that_dodge_xcuda_are_stopped_and_a_borrowed_job_id_evicts_no_
     live = site_cluster
     release = release_of(live)
     store, url = make_store(private_tmp)
-    gpus = register(store, live)
+    register(store, live)
     d = live.user_dir("dodge", USER)
     u1, u2 = pwd.getpwnam(USER), pwd.getpwnam(OTHER)
     bodies = {
@@ -111,28 +107,11 @@ def test_processes_that_dodge_xcuda_are_stopped_and_a_borrowed_job_id_evicts_no_
     table: list[dict] = []
     idle: list[socket.socket] = []
     try:
-        with live.client() as c:
-            import_submissions(store, c, None, only=list(sids.values()))
-        with store.session() as s:
-            ids = {k: s.scalars(select(m.OfflineJob.id).where(m.OfflineJob.slurm_job_id == sid)).one()
-                   for k, sid in sids.items()}
-        make_pending(store, list(ids.values()))
-        actions = [PlanAction(Action.START, ids[k], gpus[(NODE, i)], None, 20) for k, i in gpu_of.items()]
-        assert all(r.ok for r in backend(live).cluster(store).dispatch(actions, dt.datetime.now(dt.UTC)))
-        with live.client() as c:
-            for k, sid in sids.items():
-                live.wait_job(c, sid, lambda j: j.state == "RUNNING", f"the {k} job to run", timeout_s=60)
-        with store.session() as s:  # what the job-state sync does when it sees the release and the start
-            for job_id in ids.values():
-                transition(s, job_id, JobState.PLACED, "test: released on its planned GPU")
-                transition(s, job_id, JobState.RUNNING, "test: Slurm started it")
+        ids = place_running(live, store, sids, gpu_of, NODE)
         live.wait_for("the escaped process to write its pid", lambda: (d / "escaped.pid").exists(), 30)
         escaped = int((d / "escaped.pid").read_text())
 
-        slurm_env = live.cluster.slurm_env(live.layout)
-        env = {**os.environ, **slurm_env, "PATH": os.environ["PATH"] + ":" + slurm_env["PATH"],
-               "MUXFLOW_SLURM_URL": f"unix:{live.layout.rest_socket}", "PYTHONUNBUFFERED": "1",
-               "MUXFLOW_SLURM_PLAN_KEY_FILE": str(live.layout.node_plan_key_file)}
+        env = node_agent_env(live)
         port = _free_port()
         with processes(private_tmp) as procs:
             # another user's process that claims the good job (its id, its GPU, its node) from outside its tree

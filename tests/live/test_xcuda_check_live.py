@@ -9,23 +9,18 @@ the reason, EVICTED in the store. The well-behaved job, checked in the same pass
 
 from __future__ import annotations
 
-import datetime as dt
-import os
 import sys
 
 from sqlalchemy import select
 
-from executors.scheduler.slurm.pickup import import_submissions
 from executors.store import models as m
-from executors.store.jobs import transition
-from scheduler_core.domain import Action, JobState, PlanAction
 from tests.live.conftest import cancel_quietly
 from tests.live.muxflow_helpers import (
     GOOD_COMMENT,
     REPO,
-    backend,
-    make_pending,
     make_store,
+    node_agent_env,
+    place_running,
     register,
     sbatch,
     write_script,
@@ -45,26 +40,8 @@ def test_a_job_that_unsets_ld_preload_is_evicted_and_its_neighbour_is_not(privat
     sids = {k: sbatch(live, p, "-p", "offline", "--gres=mps:20", "-J", f"mx-xc-{k}", f"--output={d}/%j.out",
                       f"--comment={GOOD_COMMENT.format(name=k)}", user="mxuser1") for k, p in scripts.items()}
     try:
-        with live.client() as c:
-            import_submissions(store, c, None, only=list(sids.values()))
-        with store.session() as s:
-            ids = {k: s.scalars(select(m.OfflineJob.id).where(m.OfflineJob.slurm_job_id == sid)).one()
-                   for k, sid in sids.items()}
-        make_pending(store, list(ids.values()))
-        actions = [PlanAction(Action.START, ids[k], gpus[(NODE, i)], None, 20) for i, k in enumerate(("rogue", "good"))]
-        assert all(r.ok for r in backend(live).cluster(store).dispatch(actions, dt.datetime.now(dt.UTC)))
-        with live.client() as c:
-            for k, sid in sids.items():
-                live.wait_job(c, sid, lambda j: j.state == "RUNNING", f"the {k} job to run", timeout_s=60)
-        with store.session() as s:  # what the job-state sync does when it sees the release and the start
-            for job_id in ids.values():
-                transition(s, job_id, JobState.PLACED, "test: released on its planned GPU")
-                transition(s, job_id, JobState.RUNNING, "test: Slurm started it")
-
-        env = {**os.environ, **live.cluster.slurm_env(live.layout),
-               "PATH": os.environ["PATH"] + ":" + live.cluster.slurm_env(live.layout)["PATH"],
-               "MUXFLOW_SLURM_URL": f"unix:{live.layout.rest_socket}", "PYTHONUNBUFFERED": "1",
-               "MUXFLOW_SLURM_PLAN_KEY_FILE": str(live.layout.node_plan_key_file)}
+        ids = place_running(live, store, sids, {"rogue": 0, "good": 1}, NODE)
+        env = node_agent_env(live)
         with processes(private_tmp) as procs:
             agent = procs.start("agent", [sys.executable, "-m", "pipelines.cli", "--db", url, "node-agent", "--node",
                                           NODE, "--simulated", "--evict", "scontrol", "--no-shm", "--interval-ms",
