@@ -171,9 +171,26 @@ def place_running(live, store: Store, sids: dict[str, int], gpu_of: dict[str, in
     return ids
 
 
-def node_agent_env(live) -> dict[str, str]:
-    """The environment a node agent of the dev cluster runs with: its Slurm, its REST socket, the nodes' plan key."""
+def node_agent_env(live, tmp: Path) -> dict[str, str]:
+    """The environment a node agent of the dev cluster runs with: its Slurm, its REST socket (with a token file in
+    ``tmp`` where the release's socket takes tokens: 23.11 and later), the nodes' plan key."""
     slurm = live.cluster.slurm_env(live.layout)
-    return {**os.environ, **slurm, "PATH": os.environ["PATH"] + ":" + slurm["PATH"],
-            "MUXFLOW_SLURM_URL": f"unix:{live.layout.rest_socket}", "PYTHONUNBUFFERED": "1",
-            "MUXFLOW_SLURM_PLAN_KEY_FILE": str(live.layout.node_plan_key_file)}
+    env = {**os.environ, **slurm, "PATH": os.environ["PATH"] + ":" + slurm["PATH"],
+           "MUXFLOW_SLURM_URL": f"unix:{live.layout.rest_socket}", "PYTHONUNBUFFERED": "1",
+           "MUXFLOW_SLURM_PLAN_KEY_FILE": str(live.layout.node_plan_key_file)}
+    if live.layout.root_fs:  # another release's tree: the agent's `scontrol` (requeue-hold) is that release's
+        import shlex
+
+        shim = tmp / "bin"
+        shim.mkdir(exist_ok=True)
+        (shim / "scontrol").write_text(f"#!/bin/sh\nexec {shlex.join(live.cluster.command(live.layout, ['scontrol']))} "
+                                       '"$@"\n')
+        (shim / "scontrol").chmod(0o755)
+        env["PATH"] = f"{shim}:{env['PATH']}"
+    rest = live.cluster.rest_settings(live.layout, "local")
+    if rest.token:
+        token = tmp / "agent.jwt"
+        token.write_text(rest.token)
+        token.chmod(0o600)
+        env["MUXFLOW_SLURM_JWT_FILE"] = str(token)
+    return env

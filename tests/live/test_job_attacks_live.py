@@ -111,7 +111,7 @@ def test_processes_that_dodge_xcuda_are_stopped_and_a_borrowed_job_id_evicts_no_
         live.wait_for("the escaped process to write its pid", lambda: (d / "escaped.pid").exists(), 30)
         escaped = int((d / "escaped.pid").read_text())
 
-        env = node_agent_env(live)
+        env = node_agent_env(live, private_tmp)
         port = _free_port()
         with processes(private_tmp) as procs:
             # another user's process that claims the good job (its id, its GPU, its node) from outside its tree

@@ -41,7 +41,7 @@ def test_a_job_that_unsets_ld_preload_is_evicted_and_its_neighbour_is_not(privat
                       f"--comment={GOOD_COMMENT.format(name=k)}", user="mxuser1") for k, p in scripts.items()}
     try:
         ids = place_running(live, store, sids, {"rogue": 0, "good": 1}, NODE)
-        env = node_agent_env(live)
+        env = node_agent_env(live, private_tmp)
         with processes(private_tmp) as procs:
             agent = procs.start("agent", [sys.executable, "-m", "pipelines.cli", "--db", url, "node-agent", "--node",
                                           NODE, "--simulated", "--evict", "scontrol", "--no-shm", "--interval-ms",
